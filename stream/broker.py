@@ -1,0 +1,377 @@
+"""A real Apache Kafka broker for tests, demos and `stream broker`.
+
+Order of choice in `kafka_bootstrap`: a configured address, then a Docker container, then a
+single-node KRaft broker run straight from Maven jars, so the project works on machines that
+have a JDK but no Docker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import base64
+import concurrent.futures
+import contextlib
+import fcntl
+import importlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from stream.errors import StreamError
+
+__all__ = [
+    "BrokerError",
+    "LocalKafka",
+    "docker_available",
+    "ensure_jars",
+    "kafka_bootstrap",
+    "run_foreground",
+]
+
+log = logging.getLogger("stream.broker")
+
+POM = Path(__file__).parent / "kafka" / "pom.xml"
+HOST = "127.0.0.1"
+_T = TypeVar("_T")
+
+
+class BrokerError(StreamError):
+    """The broker could not be provided; `retriable` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retriable: bool = False, **data: Any) -> None:
+        super().__init__(message, **data)
+        self.retriable = retriable
+
+
+def _kafka_version() -> str:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    node = ET.parse(POM).getroot().find("m:properties/m:kafka.version", ns)
+    if node is None or not node.text:
+        raise BrokerError(f"{POM} declares no kafka.version")
+    return node.text.strip()
+
+
+def _require(tool: str, hint: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        raise BrokerError(f"`{tool}` not found on PATH; install {hint}")
+    return found
+
+
+def ensure_jars() -> Path:
+    """Download the broker's jars once and return the folder holding them."""
+    version = _kafka_version()
+    default = Path.home() / ".cache" / "instanced-stream" / f"kafka-{version}"
+    cache = Path(os.environ.get("STREAM_KAFKA_CACHE") or default)
+    jars, marker = cache / "jars", cache / "complete"
+    cache.mkdir(parents=True, exist_ok=True)
+    # Parallel test workers and a demo may all arrive here at once; one downloads, the
+    # others block on the lock and then find the marker.
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and marker.read_text().strip() == version:
+            return jars
+        mvn = _require("mvn", "Apache Maven (e.g. `apt-get install maven`)")
+        # Jars left by an interrupted run may be truncated; start from nothing.
+        shutil.rmtree(jars, ignore_errors=True)
+        log.info("downloading Kafka %s jars into %s", version, jars)
+        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
+        cmd += [f"-DoutputDirectory={jars}", "-DincludeScope=runtime"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+            raise BrokerError(f"mvn could not fetch the Kafka jars:\n{tail}", retriable=True)
+        marker.write_text(version + "\n")
+        return jars
+
+
+def _free_ports(count: int) -> list[int]:
+    # All sockets stay open until every port is picked, so the ports differ.
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def _cluster_id() -> str:
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # A leading dash would be read as an option by StorageTool's argument parser.
+        if not cid.startswith("-"):
+            return cid
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine to completion even when the calling thread already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+LOG4J = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+"""
+
+
+class LocalKafka:
+    """One KRaft broker+controller JVM on 127.0.0.1, started from the cached Maven jars."""
+
+    def __init__(self, data_dir: Path | None = None, port: int | None = None, heap_mb: int = 512):
+        self._given_dir = data_dir
+        self._dir: Path | None = data_dir
+        self._port = port
+        self._cport: int | None = None
+        self._heap_mb = heap_mb
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        if self._port is None:
+            raise BrokerError("LocalKafka has not been started")
+        return f"{HOST}:{self._port}"
+
+    @property
+    def data_dir(self) -> Path | None:
+        return self._dir
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 120) -> str:
+        if self._proc is not None and self._proc.poll() is None:
+            return self.bootstrap
+        java = _require("java", "a Java 11+ runtime (e.g. `apt-get install openjdk-17-jdk`)")
+        jars = ensure_jars()
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
+        data = self._dir
+        data.mkdir(parents=True, exist_ok=True)
+        # Ports are fixed on first start so a restart looks like the same broker to clients.
+        if self._port is None:
+            self._port = _free_ports(1)[0]
+        if self._cport is None:
+            self._cport = next(p for p in _free_ports(2) if p != self._port)
+        config = data / "server.properties"
+        config.write_text(self._properties(data))
+        (data / "log4j.properties").write_text(LOG4J)
+        classpath = [f"-Dlog4j.configuration=file:{data / 'log4j.properties'}", "-cp", f"{jars}/*"]
+        if not (data / "logs" / "meta.properties").exists():
+            cmd = [java, *classpath, "kafka.tools.StorageTool", "format", "-t", _cluster_id()]
+            done = subprocess.run(
+                [*cmd, "-c", str(config), "--ignore-formatted"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise BrokerError(f"formatting {data} failed:\n{done.stdout}{done.stderr}")
+        heap = f"{self._heap_mb}m"
+        jvm = [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+ExitOnOutOfMemoryError", *classpath]
+        with (data / "kafka.out").open("ab") as out:
+            self._proc = subprocess.Popen(
+                [*jvm, "kafka.Kafka", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Its own process group: Ctrl-C in a terminal must not kill the broker
+                # before we have a chance to stop it in order.
+                start_new_session=True,
+            )
+        atexit.unregister(self._reap_at_exit)
+        atexit.register(self._reap_at_exit)
+        try:
+            _run_sync(self._wait_ready(time.monotonic() + timeout, timeout))
+        except BaseException:
+            self.kill()
+            self.stop()
+            raise
+        return self.bootstrap
+
+    def _properties(self, data: Path) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{HOST}:{self._cport}",
+            "listeners": f"PLAINTEXT://{HOST}:{self._port},CONTROLLER://{HOST}:{self._cport}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self._port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(data / "logs"),
+            "offsets.topic.replication.factor": "1",
+            # Fewer offset partitions: the group coordinator loads faster on a 2-core box.
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "true",
+            "num.partitions": "1",
+            "log.retention.hours": "24",
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    async def _wait_ready(self, deadline: float, budget: float) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        assert self._proc is not None
+        assert self._dir is not None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                out = _tail(self._dir / "kafka.out")
+                raise BrokerError(f"Kafka exited with code {code} during start-up:\n{out}")
+            if time.monotonic() > deadline:
+                raise BrokerError(f"Kafka not ready after {budget:.0f}s", retriable=True)
+            # The listening socket accepts connections before the broker serves requests;
+            # a plain connect first keeps aiokafka from logging errors on every early poll.
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(HOST, self._port), timeout=1
+                )
+                writer.close()
+            except (OSError, TimeoutError):
+                await asyncio.sleep(0.2)
+                continue
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
+            try:
+                await admin.start()
+                await admin.list_topics()
+                return
+            except Exception as e:
+                log.debug("broker not ready yet: %r", e)
+                await asyncio.sleep(0.5)
+            finally:
+                await admin.close()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, sig)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Shut down cleanly (SIGKILL after `timeout`); a temporary data dir is removed."""
+        if self._proc is not None:
+            self._signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("Kafka did not stop within %.0fs; killing it", timeout)
+                self.kill()
+            self._proc = None
+        atexit.unregister(self._reap_at_exit)
+        if self._given_dir is None and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def kill(self) -> None:
+        """Crash the broker (SIGKILL) but keep its data, as a fault test needs."""
+        if self._proc is not None:
+            self._signal(signal.SIGKILL)
+            self._proc.wait()
+
+    def _reap_at_exit(self) -> None:
+        # The broker lives in its own session, so nothing else ends it if Python exits first.
+        self.stop(timeout=10)
+
+    def __enter__(self) -> LocalKafka:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def docker_available() -> bool:
+    """True only when a Docker daemon answers within a few seconds."""
+    try:
+        # Imported by name: the docker package ships no type information.
+        docker: Any = importlib.import_module("docker")
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(env_var: str = "STREAM_BOOTSTRAP_SERVERS") -> Iterator[str]:
+    """Yield a bootstrap address, starting a broker only when none is configured."""
+    configured = os.environ.get(env_var)
+    if configured:
+        log.info("using Kafka at %s (from %s)", configured, env_var)
+        yield configured
+        return
+    if docker_available():
+        try:
+            from testcontainers.community.kafka import KafkaContainer
+        except ImportError:  # testcontainers before the community split
+            from testcontainers.kafka import KafkaContainer
+        container = KafkaContainer()
+        if hasattr(container, "with_kraft"):
+            container = container.with_kraft()
+        log.info("starting Kafka in Docker (%s)", container.image)
+        with container:
+            yield str(container.get_bootstrap_server())
+        return
+    log.info("Docker not available; starting a local Kafka %s from jars", _kafka_version())
+    with LocalKafka() as broker:
+        yield broker.bootstrap
+
+
+def run_foreground(port: int | None, data_dir: Path | None) -> int:
+    """Run a broker until SIGINT or SIGTERM; the body of `stream broker`."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    broker = LocalKafka(data_dir=data_dir, port=port)
+    try:
+        address = broker.start()
+        print(
+            f"Kafka {_kafka_version()} ready at {address} (data: {broker.data_dir}). "
+            "Ctrl-C to stop.",
+            flush=True,
+        )
+        while not stop.wait(1):
+            if not broker.running:
+                print(f"Kafka exited unexpectedly; see {broker.data_dir}/kafka.out", flush=True)
+                return 1
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,66 @@
+"""One root for every error the product raises, each carrying data and a retriable flag.
+
+Callers decide between "try again later" and "dead-letter it" by reading `retriable`
+instead of matching exception types from three libraries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BadRecord",
+    "InvalidCall",
+    "LLMError",
+    "SpecError",
+    "StreamError",
+]
+
+
+class StreamError(Exception):
+    """Root of the product's errors."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class SpecError(StreamError):
+    """The agent spec file is missing or invalid; raised at start-up, never mid-stream."""
+
+
+class BadRecord(StreamError):
+    """An input record that cannot become an instance (not JSON, no id, too large)."""
+
+    def __init__(self, code: str, message: str, **data: Any) -> None:
+        super().__init__(message, **data)
+        self.code = code
+
+
+class InvalidCall(StreamError):
+    """A call in the model's answer that must not reach an activity topic."""
+
+    def __init__(self, code: str, message: str, **data: Any) -> None:
+        super().__init__(message, **data)
+        self.code = code
+
+
+class LLMError(StreamError):
+    """The endpoint failed. Retriable errors pause the stream; the others fail the attempt."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retriable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+        **data: Any,
+    ) -> None:
+        super().__init__(message, **data)
+        self.retriable = retriable
+        self.status = status
+        self.retry_after = retry_after

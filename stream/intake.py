@@ -1,0 +1,44 @@
+"""The input edge: turns one Kafka record into an Instance, or says exactly why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from stream.errors import BadRecord
+from stream.models import SourcePosition
+from stream.prompt import Instance
+
+__all__ = ["parse_item"]
+
+_MAX_ID = 512
+
+
+def parse_item(
+    value: bytes | None, key: bytes | None, source: SourcePosition, max_bytes: int
+) -> Instance:
+    """Every record is one instance: id from `_instance`, else the record key."""
+    if value is None:
+        raise BadRecord("not_json", "record has no value (tombstone)")
+    if len(value) > max_bytes:
+        raise BadRecord("too_large", f"record is {len(value)} bytes; the limit is {max_bytes}")
+    try:
+        payload: Any = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise BadRecord("not_json", f"record value is not JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise BadRecord("not_object", f"record is JSON {type(payload).__name__}, not an object")
+    instance = payload.pop("_instance", None)
+    if instance is None and key is not None:
+        instance = key.decode("utf-8", "replace")
+    if isinstance(instance, int | float) and not isinstance(instance, bool):
+        instance = str(instance)
+    if not isinstance(instance, str) or not instance.strip():
+        raise BadRecord("no_instance", "record has neither an '_instance' string nor a record key")
+    if len(instance) > _MAX_ID:
+        raise BadRecord("no_instance", f"instance id is longer than {_MAX_ID} characters")
+    kind = payload.get("type", "input")
+    if kind not in ("input", "state"):
+        payload["type"] = "input"
+    return Instance(id=instance, payload=payload, source=source, size=len(value))

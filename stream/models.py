@@ -1,0 +1,135 @@
+"""Wire contracts: every record the product writes, and the call the model writes.
+
+These pydantic models are the source of truth; `stream schemas` renders them (and the
+spec) into schemas/*.json, and a test fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ITEM_CODES",
+    "ActivityRecord",
+    "BatchRef",
+    "Call",
+    "DeadLetter",
+    "DeadLetterCode",
+    "NoActionRecord",
+    "SourcePosition",
+]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, frozen=True)
+
+
+class SourcePosition(_Record):
+    """Where an item came from: its identity for auditing and for `call_id`."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    timestamp_ms: int | None = Field(None, description="Producer timestamp of the item")
+
+
+class Call(BaseModel):
+    """One call as the protocol defines it: meta properties start with `_`, the rest are
+    the tool's arguments. On activity topics `_instance` is the producer's id."""
+
+    # Aliases only: a tool argument named "tool" or "instance" must stay an argument.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    tool: str = Field(alias="_tool")
+    instance: str = Field(alias="_instance")
+    output_path: str | None = Field(None, alias="_outputPath")
+    reasoning: str | None = Field(None, alias="_reasoningForCall")
+    scopes: list[str] | None = Field(None, alias="_scopes")
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def wire(self) -> dict[str, Any]:
+        """The call as the protocol writes it (aliases, no empty meta properties)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class BatchRef(_Record):
+    id: str = Field(description="Batch id, unique per processor run")
+    size: int = Field(description="Instances in the request that produced this record")
+    token: str = Field(description="The batch-local token the model saw for this instance")
+    attempt: int = Field(description="1 for the first ask; more for re-asks and splits")
+
+
+class ActivityRecord(_Record):
+    """Published to the tool's activity topic, keyed by the producer's instance id."""
+
+    call_id: str = Field(description="Deterministic: source topic/partition/offset/tool/ordinal")
+    tool: str
+    instance: str = Field(description="The producer's instance id")
+    call: Call
+    context: list[dict[str, Any]] = Field(
+        default_factory=list, description="Messages the call imports through its scopes"
+    )
+    source: SourcePosition
+    batch: BatchRef
+    model: str
+    advice: dict[str, Any] | None = None
+
+
+class NoActionRecord(_Record):
+    """The model decided explicitly that an instance needs no call: recorded, not lost."""
+
+    instance: str
+    reason: str
+    source: SourcePosition
+    batch: BatchRef
+
+
+DeadLetterCode = Literal[
+    # the item itself ends here
+    "not_json",
+    "not_object",
+    "no_instance",
+    "too_large",
+    "unanswered",
+    "llm_rejected",
+    "internal_error",
+    # one call of the model's answer was refused; its item is asked again
+    "unknown_tool",
+    "unknown_instance",
+    "bad_arguments",
+    "malformed_call",
+    # an activity handler kept failing on a published call
+    "activity_failed",
+]
+
+ITEM_CODES: frozenset[str] = frozenset(
+    {
+        "not_json",
+        "not_object",
+        "no_instance",
+        "too_large",
+        "unanswered",
+        "llm_rejected",
+        "internal_error",
+    }
+)
+
+
+class DeadLetter(_Record):
+    code: DeadLetterCode
+    reason: str = Field(description="Human-readable cause")
+    scope: Literal["item", "call"] = Field(
+        description="item: the input item ends here; call: one refused call of an answer"
+    )
+    instance: str | None = None
+    source: SourcePosition | None = None
+    raw_b64: str | None = Field(None, description="The input record's value, base64")
+    call: dict[str, Any] | None = Field(None, description="The refused call, as the model wrote it")
+    attempts: int = 0
+    batch_id: str | None = None

@@ -1,0 +1,358 @@
+"""The processor: a faust-streaming app that windows items into batches, asks the model
+once per batch, and publishes the validated per-instance calls.
+
+Flow per record: track its offset -> parse (bad records: dead letter) -> window ->
+batch task (bounded number in flight) -> solve -> publish in batch order, await acks ->
+finish offsets (acked to faust in offset order, so commits never pass unfinished work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import secrets
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import faust
+import orjson
+
+from stream.errors import BadRecord, SpecError
+from stream.intake import parse_item
+from stream.llm import LLM
+from stream.models import ActivityRecord, BatchRef, DeadLetter, NoActionRecord, SourcePosition
+from stream.offsets import Entry, OffsetLedger
+from stream.prompt import Instance, PromptBuilder, estimate_tokens
+from stream.publish import OutRecord, Publisher
+from stream.settings import Settings, Topics
+from stream.solve import Answer, Outcome, Solver
+from stream.spec import NO_ACTION, AgentSpec
+from stream.validate import Validator
+from stream.windowing import Windower
+
+__all__ = ["Pipeline", "build_app", "call_id", "resolve_api_key"]
+
+log = logging.getLogger("stream.processor")
+
+_BATCH_TRIES = 3
+
+
+def call_id(source: SourcePosition, tool: str, ordinal: int) -> str:
+    """Same item, tool and ordinal: same id, however often the batch is redone."""
+    return f"{source.topic}/{source.partition}/{source.offset}/{tool}/{ordinal}"
+
+
+def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
+    if settings.llm_api_key is not None:
+        return settings.llm_api_key.get_secret_value()
+    if spec.model.api_key_file is not None:
+        return spec.model.api_key_file.read_text().strip()
+    key = os.environ.get(spec.model.api_key_env)
+    if key:
+        return key
+    if spec.model.base_url is None:
+        return "simulator"  # the bundled simulator takes any key
+    raise SpecError(
+        f"no API key: set {spec.model.api_key_env}, STREAM_LLM_API_KEY or model.api_key_file"
+    )
+
+
+def _dumps(record: Any) -> bytes:
+    return orjson.dumps(record.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+class _Item:
+    __slots__ = ("entry", "instance")
+
+    def __init__(self, instance: Instance, entry: Entry) -> None:
+        self.instance = instance
+        self.entry = entry
+
+
+class Pipeline:
+    """Everything between a delivered record and its acknowledged outcome."""
+
+    def __init__(self, settings: Settings, spec: AgentSpec, llm: LLM, publisher: Publisher) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.topics: Topics = settings.topics
+        self.llm = llm
+        self.publisher = publisher
+        self.solver = Solver(llm, PromptBuilder(spec), Validator(spec), settings.max_attempts)
+        self.ledger = OffsetLedger()
+        self.slots = asyncio.Semaphore(spec.window.max_in_flight)
+        self.windower: Windower[_Item] = Windower(
+            max_items=spec.window.max_items,
+            max_wait_s=spec.window.max_wait_ms / 1000,
+            max_tokens=spec.window.max_input_tokens,
+            on_close=self._launch,
+            tokens_of=lambda item: estimate_tokens(item.instance.size),
+        )
+        self.worker = secrets.token_hex(3)
+        self.batches = 0
+        self.stats: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_publish: asyncio.Future[None] | None = None
+
+    async def start(self) -> None:
+        await self.publisher.start()
+        self.windower.start()
+
+    async def stop(self) -> None:
+        await self.windower.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.publisher.stop()
+        await self.llm.close()
+
+    async def offer(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        source: SourcePosition,
+        ack: Callable[[], object],
+    ) -> None:
+        """Takes one delivered record. Awaits while all batch slots are busy."""
+        entry = self.ledger.track((source.topic, source.partition), source.offset, ack)
+        self.stats["items_in"] += 1
+        try:
+            instance = parse_item(value, key, source, self.settings.max_record_bytes)
+        except BadRecord as exc:
+            letter = DeadLetter(
+                code=exc.code,
+                reason=exc.message,
+                scope="item",
+                source=source,
+                raw_b64=base64.b64encode(value).decode() if value is not None else None,
+            )
+            log.warning(
+                "dead letter %s at %s/%d/%d: %s",
+                exc.code,
+                source.topic,
+                source.partition,
+                source.offset,
+                exc.message,
+            )
+            await self.publisher.publish([self._letter_record(letter)])
+            self.stats[f"dead_letter.{exc.code}"] += 1
+            self.ledger.finish(entry)
+            return
+        await self.windower.add(_Item(instance, entry))
+
+    async def _launch(self, items: list[_Item], reason: str) -> None:
+        await self.slots.acquire()
+        self.batches += 1
+        batch_id = f"{self.worker}-{self.batches}"
+        previous = self._last_publish
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_publish = turn
+        self.stats[f"window_close.{reason}"] += 1
+        task = asyncio.create_task(self._run(batch_id, items, previous, turn), name=batch_id)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self,
+        batch_id: str,
+        items: list[_Item],
+        previous: asyncio.Future[None] | None,
+        turn: asyncio.Future[None],
+    ) -> None:
+        try:
+            records = await self._outcome_records(batch_id, items)
+            if previous is not None:
+                # Publish in batch order so each instance's outputs keep its input order.
+                await asyncio.shield(previous)
+            await self.publisher.publish(records)
+            for item in items:
+                self.ledger.finish(item.entry)
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+            self.slots.release()
+
+    async def _outcome_records(self, batch_id: str, items: list[_Item]) -> list[OutRecord]:
+        """Solves the batch; an unexpected error retries it, then dead-letters its items
+        with the error, so nothing of the batch is acked without an outcome."""
+        instances = [item.instance for item in items]
+        for attempt in range(1, _BATCH_TRIES + 1):
+            try:
+                outcome = await self.solver.solve(instances)
+                return self._records(batch_id, outcome)
+            except Exception as exc:  # a bug must cost a retry, never an item
+                log.exception("batch %s failed (try %d of %d)", batch_id, attempt, _BATCH_TRIES)
+                error = exc
+                await asyncio.sleep(0.5 * attempt)
+        return [
+            self._letter_record(
+                DeadLetter(
+                    code="internal_error",
+                    reason=f"processing failed: {error!r}",
+                    scope="item",
+                    instance=inst.id,
+                    source=inst.source,
+                    attempts=_BATCH_TRIES,
+                    batch_id=batch_id,
+                )
+            )
+            for inst in instances
+        ]
+
+    def _records(self, batch_id: str, outcome: Outcome) -> list[OutRecord]:
+        self.stats["llm_requests"] += outcome.requests
+        self.stats["prompt_tokens"] += outcome.prompt_tokens
+        self.stats["completion_tokens"] += outcome.completion_tokens
+        self.stats["cached_tokens"] += outcome.cached_tokens
+        out: list[OutRecord] = []
+        # Keep input order: answers arrive grouped by ask, not by offset.
+        for answer in sorted(outcome.answers, key=lambda a: a.instance.source.offset):
+            out.extend(self._answer_records(batch_id, answer))
+        for refusal, owner, attempt in outcome.refusals:
+            out.append(
+                self._letter_record(
+                    DeadLetter(
+                        code=refusal.code,
+                        reason=refusal.reason,
+                        scope="call",
+                        instance=owner.id if owner else None,
+                        source=owner.source if owner else None,
+                        call=refusal.call,
+                        attempts=attempt,
+                        batch_id=batch_id,
+                    )
+                )
+            )
+            self.stats[f"refused.{refusal.code}"] += 1
+        for miss in outcome.unanswered:
+            out.append(
+                self._letter_record(
+                    DeadLetter(
+                        code=miss.code,
+                        reason=miss.reason,
+                        scope="item",
+                        instance=miss.instance.id,
+                        source=miss.instance.source,
+                        attempts=miss.attempts,
+                        batch_id=batch_id,
+                    )
+                )
+            )
+            self.stats[f"dead_letter.{miss.code}"] += 1
+        return out
+
+    def _answer_records(self, batch_id: str, answer: Answer) -> list[OutRecord]:
+        inst = answer.instance
+        key = inst.id.encode()
+        batch = BatchRef(id=batch_id, size=answer.size, token=answer.token, attempt=answer.attempt)
+        ordinals: Counter[str] = Counter()
+        records = []
+        for call in answer.calls:
+            ordinal = ordinals[call.tool]
+            ordinals[call.tool] += 1
+            if call.tool == NO_ACTION:
+                rec: Any = NoActionRecord(
+                    instance=inst.id,
+                    reason=str(call.arguments.get("reason", "")),
+                    source=inst.source,
+                    batch=batch,
+                )
+                records.append(OutRecord(self.topics.no_action, key, _dumps(rec)))
+                self.stats["no_action"] += 1
+                continue
+            tool = self.spec.tool(call.tool)
+            assert tool is not None  # the validator admits known tools only
+            # The model addressed a token; the world gets the producer's id back.
+            published = call.model_copy(update={"instance": inst.id})
+            rec = ActivityRecord(
+                call_id=call_id(inst.source, call.tool, ordinal),
+                tool=call.tool,
+                instance=inst.id,
+                call=published,
+                context=self._context(inst, call.scopes),
+                source=inst.source,
+                batch=batch,
+                model=self.llm.model,
+            )
+            records.append(
+                OutRecord(tool.topic or self.topics.activity(tool.name), key, _dumps(rec))
+            )
+            self.stats[f"calls.{call.tool}"] += 1
+        return records
+
+    def _context(self, inst: Instance, scopes: list[str] | None) -> list[dict[str, Any]]:
+        """Only what the call imports, and only from its own instance plus globals."""
+        if not scopes:
+            return []
+        context: list[dict[str, Any]] = []
+        if "input" in scopes:
+            context += [m.model_dump(by_alias=True, exclude_none=True) for m in self.spec.inputs]
+            context.append({**inst.payload, "_instance": inst.id})
+        return context
+
+    def _letter_record(self, letter: DeadLetter) -> OutRecord:
+        key = letter.instance.encode() if letter.instance else None
+        return OutRecord(self.topics.dead_letter, key, _dumps(letter))
+
+
+def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str) -> faust.App:
+    topics = settings.topics
+    app = faust.App(
+        settings.topic_prefix + settings.app_id,
+        broker=f"kafka://{bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        store="memory://",
+        datadir=str(settings.data_dir),
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.commit_interval,
+        # Waiting for in-flight batches on a rebalance would stall the group during an
+        # LLM outage; their items are redone by the new owner instead (same call_ids).
+        stream_wait_empty=False,
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_allow_declare=False,
+    )
+    llm = LLM(
+        base_url=llm_url,
+        api_key=resolve_api_key(settings, spec),
+        model=spec.model.name,
+        timeout_s=spec.model.timeout_s,
+        temperature=spec.model.temperature,
+        max_output_tokens=spec.model.max_output_tokens,
+    )
+    pipeline = Pipeline(settings, spec, llm, Publisher(bootstrap))
+    source_topic = app.topic(topics.input, key_type=bytes, value_type=bytes)
+
+    @app.agent(source_topic, concurrency=1)
+    async def process(stream: Any) -> None:
+        await pipeline.start()
+        try:
+            async for event in stream.noack().events():
+                msg = event.message
+                source = SourcePosition(
+                    topic=msg.topic,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                    key=msg.key.decode("utf-8", "replace") if msg.key is not None else None,
+                    timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
+                )
+                await pipeline.offer(msg.value, msg.key, source, event.ack)
+        finally:
+            await pipeline.stop()
+
+    async def on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        revoked = args[0] if args else kwargs.get("revoked", set())
+        dropped = pipeline.ledger.drop((tp.topic, tp.partition) for tp in revoked)
+        if dropped:
+            log.info(
+                "rebalance: %d unfinished records of revoked partitions left to their next owner",
+                dropped,
+            )
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.pipeline = pipeline  # type: ignore[attr-defined]
+    return app

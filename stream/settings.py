@@ -1,0 +1,68 @@
+"""Process settings: one frozen object, read once from the environment (prefix STREAM_).
+
+The agent spec says *what* the agent does; these settings say *where* it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_SPEC", "Settings", "Topics"]
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "examples" / "moderation" / "agent.yaml"
+
+
+class Topics:
+    """Every topic name the product reads or writes, derived from one prefix."""
+
+    def __init__(self, prefix: str, input_topic: str) -> None:
+        self.prefix = prefix
+        self.input = prefix + input_topic
+        self.dead_letter = prefix + "stream.deadletter"
+        self.no_action = prefix + "stream.noaction"
+        self.context = prefix + "stream.context"
+        self.advice = prefix + "stream.advice"
+        self.results = prefix + "stream.results"
+        self.review = prefix + "stream.review"
+
+    def activity(self, tool: str) -> str:
+        return f"{self.prefix}activity.{tool}"
+
+    def outcome_topics(self, tools: list[str]) -> list[str]:
+        """Topics on which an input item can end: what the auditor reads."""
+        return [self.activity(t) for t in tools] + [self.no_action, self.dead_letter]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="STREAM_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap address; unset: the project starts a local broker"
+    )
+    spec: Path = Field(DEFAULT_SPEC, description="Agent spec file (YAML or JSON)")
+    topic_prefix: str = Field("", description="Prefix for every topic and the consumer group")
+    input_topic: str = Field("items", description="Topic producers publish items to")
+    partitions: int = Field(4, ge=1, description="Partitions for topics the product creates")
+    app_id: str = Field("instanced-stream", description="Consumer group of the processors")
+    max_record_bytes: int = Field(
+        256_000, ge=64, description="Larger input records are dead-lettered (too_large)"
+    )
+    data_dir: Path = Field(Path(".stream-data"), description="Local state of the processor")
+    llm_base_url: str | None = Field(None, description="Overrides the spec's model.base_url")
+    llm_api_key: SecretStr | None = Field(
+        None, description="API key; else the env var or file the spec names"
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="Asks per group of instances before it is split or dead-lettered"
+    )
+    commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
+    log_level: str = Field("INFO", description="Log level of the processor")
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix, self.input_topic)

@@ -1,0 +1,351 @@
+"""An OpenAI-compatible LLM SIMULATOR. It is not a language model.
+
+It stands in for a model where none is reachable: it reads our multi-instance request,
+decides moderation with a real trained classifier (alt-profanity-check, whose model ships
+in its wheel) plus spam rules, answers with a solution valid for the requested schema,
+reports token usage (and prompt-prefix cache hits), and injects faults for tests.
+
+Faults: per-request switches (`next`: a queue of "429", "500", "hang", "malformed",
+"truncated"), rates for the same and for per-instance faults, and markers in an item's
+text that force a per-instance fault deterministically:
+`[[sim:skip-once]]`, `[[sim:skip-always]]`, `[[sim:unknown-tool]]`, `[[sim:invent]]`,
+`[[sim:bad-args]]`, `[[sim:noaction]]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+__all__ = ["Faults", "SimConfig", "Simulator", "running_simulator", "serve"]
+
+log = logging.getLogger("stream.simulator")
+
+MODEL_NAME = "stream-sim-1"
+_SPAM = re.compile(
+    r"https?://|www\.|buy now|free money|click here|limited offer|\$\$\$|subscribe to my"
+    r"|cheap (?:watches|pills|followers)|earn \d+",
+    re.IGNORECASE,
+)
+_MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
+
+
+class Faults(BaseModel):
+    next: list[str] = Field(default_factory=list, description="Request faults, used in order")
+    rate_limit_rate: float = 0.0
+    error_rate: float = 0.0
+    hang_rate: float = 0.0
+    malformed_rate: float = 0.0
+    skip_rate: float = 0.0
+    invent_rate: float = 0.0
+    unknown_tool_rate: float = 0.0
+    bad_args_rate: float = 0.0
+    retry_after_s: float = 1.0
+    hang_s: float = 3600.0
+
+
+class SimConfig(BaseModel):
+    latency_ms: float = 0.0
+    per_output_token_ms: float = 0.0
+    seed: int = 7
+    faults: Faults = Field(default_factory=Faults)
+
+
+def _is_spam(text: str) -> bool:
+    letters = [c for c in text if c.isalpha()]
+    shouting = len(letters) >= 12 and sum(c.isupper() for c in letters) / len(letters) > 0.7
+    return bool(_SPAM.search(text)) or shouting or re.search(r"(.)\1{7,}", text) is not None
+
+
+class Simulator:
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        self.rng = random.Random(self.config.seed)
+        self.stats: Counter[str] = Counter()
+        self._seen_prefixes: set[bytes] = set()
+        self._seen_skip_once: set[str] = set()
+        self._predict: Any = None
+
+    # -- the model's "judgement" --------------------------------------------------
+    def _toxicity(self, texts: list[str]) -> list[float]:
+        if self._predict is None:
+            from profanity_check import predict_prob  # loads the bundled sklearn model
+
+            self._predict = predict_prob
+        return [float(p) for p in self._predict(texts)] if texts else []
+
+    def _fill(self, schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
+        if "anyOf" in schema:
+            branch: dict[str, Any] = next(
+                (s for s in schema["anyOf"] if s.get("type") != "null"), {}
+            )
+            return self._fill(branch, name, flagged, why)
+        if "enum" in schema:
+            options = list(schema["enum"])
+            wanted = "reject" if flagged else "approve"
+            return wanted if wanted in options else options[0]
+        kind = schema.get("type")
+        if kind == "string":
+            if name == "message":
+                return f"Your comment was removed: {why}."
+            return why
+        if kind in ("number", "integer"):
+            return 1 if flagged else 0
+        if kind == "boolean":
+            return flagged
+        if kind == "array":
+            return []
+        if kind == "object":
+            props = schema.get("properties", {})
+            return {k: self._fill(v, k, flagged, why) for k, v in props.items()}
+        return None
+
+    def solve(self, tools: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[Any]:
+        faults = self.config.faults
+        texts = [
+            " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
+            for item in items
+        ]
+        scores = self._toxicity(texts)
+        real = [t for t in tools if t["name"] != "NoAction"]
+        calls: list[Any] = []
+        for item, text, score in zip(items, texts, scores, strict=True):
+            token = item.get("_instance")
+            markers = set(_MARKER.findall(text))
+            if "skip-always" in markers or self.rng.random() < faults.skip_rate:
+                self.stats["fault_skip"] += 1
+                continue
+            if "skip-once" in markers and text not in self._seen_skip_once:
+                self._seen_skip_once.add(text)
+                self.stats["fault_skip"] += 1
+                continue
+            if "noaction" in markers:
+                calls.append(
+                    {
+                        "_tool": "NoAction",
+                        "_instance": token,
+                        "_reasoningForCall": "nothing to do",
+                        "reason": "marked",
+                    }
+                )
+                continue
+            spam = _is_spam(text)
+            flagged = score > 0.5 or spam
+            why = (
+                ("spam" if spam else "insulting or profane language")
+                if flagged
+                else ("within the community rules")
+            )
+            for pos, tool in enumerate(real):
+                if pos > 0 and not flagged:
+                    continue  # follow-up tools act on flagged items only
+                args = self._fill(tool.get("parameters", {}), "", flagged, why)
+                call = {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": f"toxicity {score:.2f}; {why}",
+                    **(args if isinstance(args, dict) else {}),
+                }
+                if pos == 0 and ("bad-args" in markers or self.rng.random() < faults.bad_args_rate):
+                    self.stats["fault_bad_args"] += 1
+                    call = {**call, **dict.fromkeys(args, 12345)} if args else {**call, "x": 1}
+                if pos == 0 and (
+                    "unknown-tool" in markers or self.rng.random() < faults.unknown_tool_rate
+                ):
+                    self.stats["fault_unknown_tool"] += 1
+                    call["_tool"] = "deleteEverything"
+                calls.append(call)
+            if "invent" in markers or self.rng.random() < faults.invent_rate:
+                self.stats["fault_invent"] += 1
+                calls.append(
+                    {**calls[-1], "_instance": "⑨⑨"}
+                    if calls
+                    else {"_tool": real[0]["name"], "_instance": "⑨⑨"}
+                )
+        return calls
+
+    # -- HTTP ----------------------------------------------------------------------
+    def _request_fault(self) -> str | None:
+        f = self.config.faults
+        if f.next:
+            return f.next.pop(0)
+        draw = self.rng.random()
+        for kind, rate in (
+            ("429", f.rate_limit_rate),
+            ("500", f.error_rate),
+            ("hang", f.hang_rate),
+            ("malformed", f.malformed_rate),
+        ):
+            if draw < rate:
+                return kind
+            draw -= rate
+        return None
+
+    async def chat(self, request: web.Request) -> web.Response:
+        self.stats["requests"] += 1
+        try:
+            body = orjson.loads(await request.read())
+            messages = body["messages"]
+            system = next(m["content"] for m in messages if m["role"] == "system")
+            user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+            tools = orjson.loads(system.split("# Tools\n\n", 1)[1].split("\n\n", 1)[0])
+            items = [m for m in orjson.loads(user) if isinstance(m, dict) and "_instance" in m]
+        except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
+            self.stats["bad_requests"] += 1
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"simulator cannot read this request: {exc!r}",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=400,
+            )
+        fault = self._request_fault()
+        if fault:
+            self.stats[f"fault_{fault}"] += 1
+        if fault == "429":
+            return web.json_response(
+                {"error": {"message": "rate limited (simulated)", "type": "rate_limit"}},
+                status=429,
+                headers={"retry-after": str(self.config.faults.retry_after_s)},
+            )
+        if fault == "500":
+            return web.json_response(
+                {"error": {"message": "server error (simulated)", "type": "server_error"}},
+                status=500,
+            )
+        if fault == "hang":
+            await asyncio.sleep(self.config.faults.hang_s)
+        calls = self.solve(tools, items)
+        content = orjson.dumps({"calls": calls}).decode()
+        finish = "stop"
+        if fault == "malformed":
+            content = content[: len(content) // 2].replace('"', "'", 3) + "}}oops"
+        elif fault == "truncated":
+            content, finish = content[: len(content) // 2], "length"
+        prompt_tokens = sum(len(m["content"]) for m in messages) // 4 + 1
+        completion_tokens = len(content) // 4 + 1
+        prefix = hashlib.blake2b(system.encode(), digest_size=16).digest()
+        cached = len(system) // 4 if prefix in self._seen_prefixes else 0
+        self._seen_prefixes.add(prefix)
+        delay = self.config.latency_ms + self.config.per_output_token_ms * completion_tokens
+        if delay:
+            await asyncio.sleep(delay / 1000)
+        self.stats["completions"] += 1
+        self.stats["instances"] += len(items)
+        self.stats["prompt_tokens"] += prompt_tokens
+        self.stats["completion_tokens"] += completion_tokens
+        self.stats["cached_tokens"] += cached
+        return web.json_response(
+            {
+                "id": f"simcmpl-{self.stats['requests']}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", MODEL_NAME),
+                "system_fingerprint": "stream-llm-simulator",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": finish,
+                        "message": {"role": "assistant", "content": content},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": cached},
+                },
+            },
+            dumps=lambda o: orjson.dumps(o).decode(),
+        )
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": MODEL_NAME,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "stream LLM simulator (not a real model)",
+                    }
+                ],
+            }
+        )
+
+    async def get_stats(self, _: web.Request) -> web.Response:
+        return web.json_response(dict(self.stats))
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        update = await request.json()
+        merged = {**self.config.faults.model_dump(), **update}
+        self.config = self.config.model_copy(update={"faults": Faults.model_validate(merged)})
+        return web.json_response(self.config.faults.model_dump())
+
+    async def set_config(self, request: web.Request) -> web.Response:
+        update = await request.json()
+        self.config = SimConfig.model_validate({**self.config.model_dump(), **update})
+        return web.json_response(self.config.model_dump())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/sim/stats", self.get_stats)
+        app.router.add_post("/sim/faults", self.set_faults)
+        app.router.add_post("/sim/config", self.set_config)
+        return app
+
+
+async def serve(sim: Simulator, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(sim.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server: Any = site._server
+    bound = server.sockets[0].getsockname()[1] if server is not None else port
+    return runner, int(bound)
+
+
+@contextmanager
+def running_simulator(
+    config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[tuple[Simulator, str]]:
+    """Runs the simulator on its own event-loop thread; yields it and its /v1 base URL."""
+    sim = Simulator(config)
+    sim._toxicity(["warm up"])  # load the classifier before the first timed request
+    loop = asyncio.new_event_loop()
+    ready: dict[str, Any] = {}
+    started = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        ready["runner"], ready["port"] = loop.run_until_complete(serve(sim, host, port))
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="llm-simulator", daemon=True)
+    thread.start()
+    started.wait(30)
+    try:
+        yield sim, f"http://{host}:{ready['port']}/v1"
+    finally:
+        asyncio.run_coroutine_threadsafe(ready["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

@@ -1,0 +1,174 @@
+"""The agent spec: one file declaring tools, advisors, plan, global inputs, model and window.
+
+Validated at start-up so a bad spec stops the process with a message naming the field,
+instead of failing on the first batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from stream.errors import SpecError
+
+__all__ = [
+    "NO_ACTION",
+    "Advisor",
+    "AgentSpec",
+    "ContextMessage",
+    "ModelEndpoint",
+    "Plan",
+    "Tool",
+    "Window",
+    "load_spec",
+]
+
+# The model's explicit way to say "this instance needs nothing": an outcome that is
+# recorded, so that it is never confused with an instance the model skipped.
+NO_ACTION = "NoAction"
+
+_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Tool(_Strict):
+    type: Literal["tool"] = "tool"
+    name: str = Field(pattern=_NAME)
+    description: str
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON Schema of the call's arguments",
+    )
+    kind: Literal["activity", "latent"] = "activity"
+    topic: str | None = Field(None, description="Activity topic; default activity.<name>")
+    output: dict[str, Any] | None = Field(
+        None, description="JSON Schema of the activity's result, for awaited calls"
+    )
+
+    @field_validator("parameters")
+    @classmethod
+    def _is_object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from exc
+        if value.get("type") != "object":
+            raise ValueError('parameters must be a JSON Schema with "type": "object"')
+        reserved = [p for p in value.get("properties", {}) if p.startswith("_")]
+        if reserved:
+            raise ValueError(f"parameter names starting with '_' are reserved: {reserved}")
+        return value
+
+
+class Advisor(_Strict):
+    type: Literal["advisor"] = "advisor"
+    id: str = Field(pattern=_NAME)
+    role: str
+    schema_: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}, alias="schema"
+    )
+    on: Literal["start", "finish", "request"] | None = None
+    scopes: list[str] = Field(default_factory=list)
+    is_instanced: bool = Field(False, alias="isInstanced")
+    weight: float = Field(1.0, ge=0)
+
+
+class Plan(_Strict):
+    type: Literal["plan"] = "plan"
+    mode: Literal["eager", "lazy"] = "eager"
+    steps: list[str] = Field(default_factory=list)
+    max_turns: int = Field(5, ge=1, alias="maxTurns")
+
+
+class ContextMessage(BaseModel):
+    """An input or state message. Without `_instance` it is global: every instance sees it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    type: Literal["input", "state"] = "input"
+    instance: str | None = Field(None, alias="_instance")
+
+
+class ModelEndpoint(_Strict):
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint; unset: the bundled LLM simulator"
+    )
+    name: str = "stream-sim-1"
+    api_key_env: str = Field("OPENAI_API_KEY", description="Env var holding the API key")
+    api_key_file: Path | None = Field(None, description="File holding the API key")
+    structured_output: Literal["json_schema", "json_object"] = Field(
+        "json_schema", description="json_schema is strict; json_object for endpoints without it"
+    )
+    temperature: float = 0.0
+    timeout_s: float = Field(60.0, gt=0)
+    max_output_tokens: int | None = None
+
+
+class Window(_Strict):
+    max_items: int = Field(25, ge=1, le=500)
+    max_wait_ms: int = Field(250, ge=0)
+    max_in_flight: int = Field(4, ge=1, le=256)
+    max_input_tokens: int = Field(
+        60_000, ge=256, description="A window closes before its prompt would exceed this"
+    )
+
+
+class AgentSpec(_Strict):
+    name: str
+    instructions: str
+    model: ModelEndpoint = Field(default_factory=ModelEndpoint)
+    window: Window = Field(default_factory=Window)
+    tools: list[Tool] = Field(min_length=1)
+    advisors: list[Advisor] = Field(default_factory=list)
+    plan: Plan | None = None
+    inputs: list[ContextMessage] = Field(
+        default_factory=list, description="Global input messages every instance sees"
+    )
+
+    @model_validator(mode="after")
+    def _unique_and_global(self) -> AgentSpec:
+        names = [t.name for t in self.tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tool names must be unique: {dupes}")
+        if NO_ACTION in names:
+            raise ValueError(f"tool name {NO_ACTION!r} is reserved")
+        ids = [a.id for a in self.advisors]
+        if len(set(ids)) != len(ids):
+            raise ValueError("advisor ids must be unique")
+        for message in self.inputs:
+            if message.instance is not None:
+                raise ValueError("spec inputs are global: they must not carry _instance")
+        return self
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def load_spec(path: Path) -> AgentSpec:
+    """Read and validate a spec file; every failure is a SpecError naming file and field."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read agent spec {path}: {exc.strerror}", path=str(path)) from exc
+    try:
+        data = orjson.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(f"agent spec {path} is not valid YAML/JSON: {exc}") from exc
+    try:
+        return AgentSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SpecError(f"agent spec {path} is invalid: {problems}", path=str(path)) from exc

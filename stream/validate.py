@@ -1,0 +1,96 @@
+"""Checks the model's answer call by call: known tool, known instance, valid arguments.
+
+A refused call never reaches an activity topic; its instance counts as unanswered and is
+asked again. Nothing here raises on bad model output: everything becomes data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from stream.models import Call
+from stream.prompt import NO_ACTION_TOOL
+from stream.spec import AgentSpec
+
+__all__ = ["Refusal", "Validator", "Verdict"]
+
+_META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    code: str
+    reason: str
+    call: dict[str, Any] | None
+    token: str | None = None
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Accepted calls per token (in answer order), refused calls, and whole-answer failure."""
+
+    calls: dict[str, list[Call]] = field(default_factory=dict)
+    refusals: list[Refusal] = field(default_factory=list)
+    malformed: str | None = None
+
+    def missing(self, tokens: Sequence[str]) -> list[str]:
+        return [t for t in tokens if t not in self.calls]
+
+
+class Validator:
+    def __init__(self, spec: AgentSpec) -> None:
+        tools = [*spec.tools, NO_ACTION_TOOL]
+        self._validators = {t.name: Draft202012Validator(t.parameters) for t in tools}
+        self._required = {t.name: set(t.parameters.get("required", [])) for t in tools}
+
+    def check(self, text: str, tokens: Sequence[str]) -> Verdict:
+        verdict = Verdict()
+        try:
+            answer = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
+            return verdict
+        calls = answer.get("calls") if isinstance(answer, dict) else None
+        if not isinstance(calls, list):
+            verdict.malformed = 'answer has no "calls" array'
+            return verdict
+        known = set(tokens)
+        for raw in calls:
+            outcome = self._check_call(raw, known)
+            if isinstance(outcome, Refusal):
+                verdict.refusals.append(outcome)
+            else:
+                verdict.calls.setdefault(outcome.instance, []).append(outcome)
+        return verdict
+
+    def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
+        if not isinstance(raw, dict):
+            return Refusal("malformed_call", "call is not a JSON object", None)
+        tool, token = raw.get("_tool"), raw.get("_instance")
+        where = token if isinstance(token, str) else None
+        if not isinstance(tool, str) or tool not in self._validators:
+            return Refusal("unknown_tool", f"unknown tool {tool!r}", raw, where)
+        if not isinstance(token, str) or token not in known:
+            return Refusal("unknown_instance", f"unknown instance {token!r}", raw, None)
+        required = self._required[tool]
+        # Strict output sends optional arguments as null; absent is what the tool means.
+        args = {
+            k: v
+            for k, v in raw.items()
+            if not k.startswith("_") and (v is not None or k in required)
+        }
+        error = best_match(self._validators[tool].iter_errors(args))
+        if error is not None:
+            path = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
+            return Refusal("bad_arguments", f"{tool}: {path}: {error.message}", raw, token)
+        meta = {k: v for k, v in raw.items() if k in _META and v is not None}
+        try:
+            return Call.model_validate({**meta, **args})
+        except ValueError as exc:
+            return Refusal("malformed_call", f"bad meta property: {exc}", raw, token)

@@ -1,0 +1,88 @@
+"""Collects instances into batches: a window closes at max items, max estimated prompt
+tokens, or max wait after its first item, whichever comes first.
+
+One window spans every partition this worker owns: at low traffic that fills requests
+faster than one window per partition would. Order is kept because items enter in the
+order the consumer delivers them, and a closed window is handed on before the next opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Windower"]
+
+T = TypeVar("T")
+
+Flush = Callable[[list[T], str], Awaitable[None]]
+
+
+class Windower(Generic[T]):
+    def __init__(
+        self,
+        *,
+        max_items: int,
+        max_wait_s: float,
+        max_tokens: int,
+        on_close: Flush[T],
+        tokens_of: Callable[[T], int],
+    ) -> None:
+        self.max_items = max_items
+        self.max_wait_s = max_wait_s
+        self.max_tokens = max_tokens
+        self._on_close = on_close
+        self._tokens_of = tokens_of
+        self._items: list[T] = []
+        self._tokens = 0
+        self._opened_at = 0.0
+        self._lock = asyncio.Lock()
+        self._opened = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def add(self, item: T) -> None:
+        """Adds an item; awaits the hand-over of any window it closes (backpressure)."""
+        async with self._lock:
+            cost = self._tokens_of(item)
+            if self._items and self._tokens + cost > self.max_tokens:
+                await self._close("tokens")
+            if not self._items:
+                self._opened_at = time.monotonic()
+                self._opened.set()
+            self._items.append(item)
+            self._tokens += cost
+            if len(self._items) >= self.max_items:
+                await self._close("items")
+
+    async def flush(self, reason: str = "flush") -> None:
+        async with self._lock:
+            if self._items:
+                await self._close(reason)
+
+    async def _close(self, reason: str) -> None:
+        items, self._items, self._tokens = self._items, [], 0
+        self._opened.clear()
+        await self._on_close(items, reason)
+
+    def start(self) -> None:
+        self._timer = asyncio.create_task(self._run_timer(), name="window-timer")
+
+    async def stop(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+
+    async def _run_timer(self) -> None:
+        while True:
+            await self._opened.wait()
+            opened_at = self._opened_at
+            await asyncio.sleep(max(0.0, opened_at + self.max_wait_s - time.monotonic()))
+            async with self._lock:
+                # Only close the window this timer was armed for, not a newer one.
+                if self._items and self._opened_at == opened_at:
+                    await self._close("wait")
