@@ -236,6 +236,11 @@ class LocalKafka:
             "auto.create.topics.enable": "true",
             "num.partitions": "1",
             "log.retention.hours": "24",
+            # After a SIGKILL the controller keeps the dead broker's registration until its
+            # session expires, and the restarted broker cannot register before then; the
+            # default 9 s (plus retry back-off) made every crash-restart take ~15 s.
+            "broker.heartbeat.interval.ms": "1000",
+            "broker.session.timeout.ms": "4000",
         }
         return "".join(f"{k}={v}\n" for k, v in props.items())
 

@@ -1,0 +1,3 @@
+from stream.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Conservation check: every input item must end as a published call, an explicit
+NoAction, or an item-level dead letter. Reports missing, duplicated and unexpected records.
+
+Shipped as `stream audit` so users can run the same check against their own topics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import BaseModel, Field
+
+from stream.models import ITEM_CODES
+
+__all__ = ["AuditReport", "audit", "read_topic"]
+
+Position = tuple[str, int, int]
+
+
+class AuditReport(BaseModel):
+    inputs: int
+    accounted: int
+    missing: list[Position] = Field(description="Input items with no outcome yet")
+    duplicate_calls: int = Field(description="Activity records whose call_id was seen before")
+    unexpected: int = Field(description="Outcomes whose source is not on the input topic")
+    calls_by_tool: dict[str, int]
+    fire_and_forget: int
+    no_action: int
+    dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
+    item_dead_letters: int
+    instances_in_calls: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def unaccounted(self) -> int:
+        return len(self.missing)
+
+
+async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[tuple[int, int, bytes | None]]:
+    """Yields (partition, offset, value) of everything on a topic up to its current end."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            await consumer.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=1000)
+            for tp, records in batch.items():
+                for rec in records:
+                    if rec.offset < ends[tp]:
+                        yield tp.partition, rec.offset, rec.value
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+    finally:
+        await consumer.stop()
+
+
+async def audit(
+    bootstrap: str,
+    input_topic: str,
+    activity_topics: list[str],
+    no_action_topic: str,
+    dead_letter_topic: str,
+) -> AuditReport:
+    inputs: set[Position] = set()
+    async for partition, offset, _ in read_topic(bootstrap, input_topic):
+        inputs.add((input_topic, partition, offset))
+    accounted: set[Position] = set()
+    unexpected = 0
+    calls: Counter[str] = Counter()
+    letters: Counter[str] = Counter()
+    seen_ids: set[str] = set()
+    duplicates = fire_and_forget = no_action = item_letters = 0
+    instances: list[str] = []
+
+    def mark(source: dict[str, object] | None) -> None:
+        nonlocal unexpected
+        if not source:
+            return
+        pos = (str(source["topic"]), int(source["partition"]), int(source["offset"]))  # type: ignore[call-overload]
+        if pos[0] != input_topic:
+            return
+        if pos in inputs:
+            accounted.add(pos)
+        else:
+            unexpected += 1
+
+    for topic in activity_topics:
+        async for _, _, value in read_topic(bootstrap, topic):
+            rec = orjson.loads(value or b"{}")
+            if rec.get("call_id") in seen_ids:
+                duplicates += 1
+                continue
+            seen_ids.add(rec.get("call_id"))
+            calls[rec.get("tool", "?")] += 1
+            if "_outputPath" not in rec.get("call", {}):
+                fire_and_forget += 1
+            instances.append(str(rec.get("instance")))
+            mark(rec.get("source"))
+    async for _, _, value in read_topic(bootstrap, no_action_topic):
+        no_action += 1
+        mark(orjson.loads(value or b"{}").get("source"))
+    async for _, _, value in read_topic(bootstrap, dead_letter_topic):
+        rec = orjson.loads(value or b"{}")
+        letters[rec.get("code", "?")] += 1
+        if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
+            item_letters += 1
+            mark(rec.get("source"))
+    return AuditReport(
+        inputs=len(inputs),
+        accounted=len(accounted),
+        missing=sorted(inputs - accounted),
+        duplicate_calls=duplicates,
+        unexpected=unexpected,
+        calls_by_tool=dict(calls),
+        fire_and_forget=fire_and_forget,
+        no_action=no_action,
+        dead_letters=dict(letters),
+        item_dead_letters=item_letters,
+        instances_in_calls=instances,
+    )

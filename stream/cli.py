@@ -1,0 +1,159 @@
+"""The `stream` command. User mistakes end in one clear line and a non-zero exit code,
+not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from pathlib import Path
+
+import orjson
+
+from stream.errors import StreamError
+
+__all__ = ["main"]
+
+
+def _process(_: argparse.Namespace) -> int:
+    import faust
+
+    from stream.processor import build_app
+    from stream.settings import Settings
+    from stream.spec import load_spec
+    from stream.topics import ensure_topics, product_topics
+
+    settings = Settings()
+    spec = load_spec(settings.spec)
+    if not settings.bootstrap_servers:
+        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    llm_url = settings.llm_base_url or spec.model.base_url
+    if not llm_url:
+        raise StreamError(
+            "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
+            "(`stream llm-sim` runs the bundled simulator)"
+        )
+    asyncio.run(
+        ensure_topics(
+            settings.bootstrap_servers, product_topics(settings, spec), settings.partitions
+        )
+    )
+    app = build_app(settings, spec, settings.bootstrap_servers, llm_url)
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+def _activities(args: argparse.Namespace) -> int:
+    from stream.activities import load_activities
+    from stream.settings import Settings
+    from stream.spec import load_spec
+
+    settings = Settings()
+    spec = load_spec(settings.spec)
+    if not settings.bootstrap_servers:
+        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    registry = load_activities(args.module)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(registry.run(settings, spec, settings.bootstrap_servers))
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from stream.broker import run_foreground
+
+    return run_foreground(args.port, Path(args.data_dir) if args.data_dir else None)
+
+
+def _llm_sim(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from stream.simulator import SimConfig, Simulator
+
+    sim = Simulator(SimConfig(latency_ms=args.latency_ms))
+    print(f"LLM SIMULATOR (not a model) on http://{args.host}:{args.port}/v1", flush=True)
+    web.run_app(sim.app(), host=args.host, port=args.port, print=None)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from stream.demo import run_demo
+
+    return run_demo(args.items, args.json, timeout=args.timeout, latency_ms=args.latency_ms)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from stream.schemas import write_schemas
+
+    for path in write_schemas(Path(args.out)):
+        print(path)
+    return 0
+
+
+def _audit(_: argparse.Namespace) -> int:
+    from stream.audit import audit
+    from stream.settings import Settings
+    from stream.spec import load_spec
+
+    settings = Settings()
+    spec = load_spec(settings.spec)
+    if not settings.bootstrap_servers:
+        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS")
+    t = settings.topics
+    acts = [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
+    report = asyncio.run(
+        audit(settings.bootstrap_servers, t.input, acts, t.no_action, t.dead_letter)
+    )
+    print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
+    return 0 if not report.missing and not report.unexpected else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stream",
+        description="Batched, multi-instance LLM decisions on a Kafka stream. Settings come "
+        "from STREAM_* environment variables or a .env file (see README).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="run everything on embedded defaults and report")
+    d.add_argument("--items", type=int, default=300, help="items to publish (default 300)")
+    d.add_argument("--json", action="store_true", help="print one JSON object as last line")
+    d.add_argument("--timeout", type=float, default=180, help="seconds to wait for outcomes")
+    d.add_argument("--latency-ms", type=float, default=50, help="simulated LLM latency")
+    d.set_defaults(fn=_demo)
+    sub.add_parser("process", help="run a processor (consumer group member)").set_defaults(
+        fn=_process
+    )
+    a = sub.add_parser("activities", help="run an activity worker for a handler module")
+    a.add_argument("module", help="a module name or .py file defining an Activities registry")
+    a.set_defaults(fn=_activities)
+    b = sub.add_parser("broker", help="run a local Apache Kafka broker in the foreground")
+    b.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    b.add_argument("--data-dir", default=None, help="keep data here (default: temporary)")
+    b.set_defaults(fn=_broker)
+    s = sub.add_parser("llm-sim", help="run the OpenAI-compatible LLM simulator")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--latency-ms", type=float, default=0.0)
+    s.set_defaults(fn=_llm_sim)
+    c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
+    c.add_argument("--out", default="schemas", help="folder (default: schemas)")
+    c.set_defaults(fn=_schemas)
+    sub.add_parser("audit", help="check that every input item has an outcome").set_defaults(
+        fn=_audit
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return int(args.fn(args))
+    except StreamError as exc:
+        print(f"stream: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

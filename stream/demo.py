@@ -1,0 +1,215 @@
+"""`stream demo`: the whole product on embedded defaults, in one command.
+
+A local Kafka broker (or the configured one), the LLM simulator, the processor as its
+own OS process, and the example's activity worker; it publishes sample comments plus a
+few malformed records, waits until every item is accounted for, and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from stream.activities import Activities, load_activities
+from stream.audit import AuditReport, audit
+from stream.broker import kafka_bootstrap
+from stream.samples import comments, malformed_records
+from stream.settings import Settings
+from stream.simulator import SimConfig, Simulator, running_simulator
+from stream.spec import AgentSpec, load_spec
+from stream.topics import ensure_topics, product_topics
+
+__all__ = ["ProcessorProcess", "produce", "run_demo", "wait_accounted"]
+
+EXAMPLE_ACTIVITIES = Path(__file__).resolve().parent.parent / "examples/moderation/activities.py"
+
+
+class ProcessorProcess:
+    """`stream process` as a real OS process (so tests can kill -9 it)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stream", "process"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no processor log)"
+
+
+async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> int:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=8 * 1024 * 1024
+    )
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value, key=key) for key, value in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(records)
+
+
+async def wait_accounted(
+    bootstrap: str,
+    settings: Settings,
+    spec: AgentSpec,
+    expected: int,
+    wait_s: float,
+    proc: ProcessorProcess | None = None,
+) -> AuditReport:
+    t = settings.topics
+    acts = [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
+    deadline = time.monotonic() + wait_s
+    while True:
+        report = await audit(bootstrap, t.input, acts, t.no_action, t.dead_letter)
+        if report.inputs >= expected and report.unaccounted == 0:
+            return report
+        if time.monotonic() > deadline:
+            return report
+        if proc and proc.proc and proc.proc.poll() is not None:
+            raise RuntimeError(f"processor exited ({proc.proc.returncode}):\n{proc.tail()}")
+        await asyncio.sleep(1.0)
+
+
+async def _demo(
+    bootstrap: str, sim: Simulator, llm_url: str, n: int, wait_s: float, say: Any
+) -> dict[str, Any]:
+    prefix = f"demo-{secrets.token_hex(3)}."
+    workdir = Path(tempfile.mkdtemp(prefix="stream-demo-"))
+    settings = Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        llm_base_url=llm_url,
+        data_dir=workdir / "data",
+    )
+    spec = load_spec(settings.spec)
+    await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
+    proc = ProcessorProcess(
+        {
+            "STREAM_BOOTSTRAP_SERVERS": bootstrap,
+            "STREAM_TOPIC_PREFIX": prefix,
+            "STREAM_LLM_BASE_URL": llm_url,
+            "STREAM_DATA_DIR": str(workdir / "data"),
+            "STREAM_SPEC": str(settings.spec),
+        },
+        workdir / "processor.log",
+    )
+    activities: Activities = load_activities(str(EXAMPLE_ACTIVITIES))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(activities.run(settings, spec, bootstrap, stop))
+    started = time.monotonic()
+    proc.start()
+    try:
+        bad = malformed_records(settings.max_record_bytes) if n >= 10 else []
+        good = comments(n - len(bad))
+        records: list[tuple[bytes | None, bytes]] = [
+            (c["_instance"].encode(), orjson.dumps(c)) for c in good
+        ]
+        for i, (key, value, _) in enumerate(bad):
+            records.insert((i + 1) * len(records) // (len(bad) + 1), (key, value))
+        say(f"publishing {n} items ({len(bad)} malformed on purpose) to {settings.topics.input}")
+        await produce(bootstrap, settings.topics.input, records)
+        report = await wait_accounted(bootstrap, settings, spec, n, wait_s, proc)
+        expected_calls = sum(report.calls_by_tool.values())
+        deadline = time.monotonic() + 30
+        while activities.handled + activities.duplicates < expected_calls:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        proc.stop()
+        await asyncio.gather(worker, return_exceptions=True)
+    if report.unaccounted:
+        say(f"processor log (last lines):\n{proc.tail()}")
+    stats = sim.stats
+    return {
+        "items": n,
+        "llm_requests": stats["requests"],
+        "llm_requests_per_item": round(stats["requests"] / max(n, 1), 4),
+        "calls": report.calls_by_tool,
+        "fire_and_forget": report.fire_and_forget,
+        "no_action": report.no_action,
+        "dead_letters": report.item_dead_letters,
+        "dead_letter_codes": report.dead_letters,
+        "unaccounted": report.unaccounted,
+        "duplicate_calls": report.duplicate_calls,
+        "activity_handled": activities.handled,
+        "prompt_tokens": stats["prompt_tokens"],
+        "completion_tokens": stats["completion_tokens"],
+        "cached_tokens": stats["cached_tokens"],
+        "window_max_items": spec.window.max_items,
+        "elapsed_s": round(elapsed, 2),
+        "topics_prefix": prefix,
+        "llm": "stream LLM simulator (not a real model)",
+    }
+
+
+def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: float = 50.0) -> int:
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    with (
+        kafka_bootstrap() as bootstrap,
+        running_simulator(SimConfig(latency_ms=latency_ms)) as (sim, url),
+    ):
+        say(f"broker {bootstrap}; LLM simulator {url} (a simulator, not a model)")
+        result = asyncio.run(_demo(bootstrap, sim, url, items, timeout, say))
+    if not as_json:
+        calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
+        print(
+            f"\n{result['items']} items -> {result['llm_requests']} LLM requests "
+            f"({result['llm_requests_per_item']} per item, window {result['window_max_items']})\n"
+            f"calls published: {calls} (all fire-and-forget: {result['fire_and_forget']})\n"
+            f"explicit no-action: {result['no_action']}\n"
+            f"dead letters: {result['dead_letters']} {result['dead_letter_codes']}\n"
+            f"tokens: prompt {result['prompt_tokens']} (cached {result['cached_tokens']}), "
+            f"completion {result['completion_tokens']}\n"
+            f"activity handler ran {result['activity_handled']} times\n"
+            f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
+        )
+    else:
+        print(orjson.dumps(result).decode())
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    return 0 if result["unaccounted"] == 0 else 1
