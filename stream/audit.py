@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel, Field
 
 from stream.models import ITEM_CODES
@@ -40,16 +41,24 @@ class AuditReport(BaseModel):
 
 async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[tuple[int, int, bytes | None]]:
     """Yields (partition, offset, value) of everything on a topic up to its current end."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = [
+        p["partition"]
+        for d in described
+        if d.get("error_code") == 0
+        for p in d.get("partitions", [])
+    ]
+    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+    if not tps:
+        return
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            await consumer.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)

@@ -27,7 +27,6 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from stream.errors import StreamError
@@ -72,7 +71,8 @@ def _require(tool: str, hint: str) -> str:
 
 
 def ensure_jars() -> Path:
-    """Download the broker's jars once and return the folder holding them."""
+    """Download the broker's jars once (into $STREAM_KAFKA_CACHE or ~/.cache) and return
+    the folder holding them."""
     version = _kafka_version()
     default = Path.home() / ".cache" / "instanced-stream" / f"kafka-{version}"
     cache = Path(os.environ.get("STREAM_KAFKA_CACHE") or default)
@@ -107,6 +107,18 @@ def _free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
+def _check_free(port: int) -> None:
+    # Kafka only binds its client port late in start-up and then dies with a long stack
+    # trace; finding the clash first gives a short message and saves seconds.
+    with socket.socket() as s:
+        # SO_REUSEADDR as Kafka itself uses, so TIME_WAIT leftovers of a killed broker pass.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            raise BrokerError(f"port {port} on {HOST} is in use", retriable=True) from e
+
+
 def _cluster_id() -> str:
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
@@ -123,13 +135,6 @@ def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no output)"
 
 
 LOG4J = """\
@@ -167,31 +172,40 @@ class LocalKafka:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, timeout: float = 120) -> str:
-        if self._proc is not None and self._proc.poll() is None:
+        if self.running:
             return self.bootstrap
         java = _require("java", "a Java 11+ runtime (e.g. `apt-get install openjdk-17-jdk`)")
         jars = ensure_jars()
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
-        data = self._dir
-        data.mkdir(parents=True, exist_ok=True)
         # Ports are fixed on first start so a restart looks like the same broker to clients.
         if self._port is None:
             self._port = _free_ports(1)[0]
         if self._cport is None:
             self._cport = next(p for p in _free_ports(2) if p != self._port)
+        for p in (self._port, self._cport):
+            _check_free(p)
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="stream-kafka-"))
+        atexit.unregister(self._reap_at_exit)
+        atexit.register(self._reap_at_exit)
+        try:
+            self._launch(java, jars, self._dir)
+            _run_sync(self._wait_ready(time.monotonic() + timeout, timeout))
+        except BaseException:
+            self.kill()
+            self.stop()
+            raise
+        return self.bootstrap
+
+    def _launch(self, java: str, jars: Path, data: Path) -> None:
+        data.mkdir(parents=True, exist_ok=True)
         config = data / "server.properties"
         config.write_text(self._properties(data))
         (data / "log4j.properties").write_text(LOG4J)
         classpath = [f"-Dlog4j.configuration=file:{data / 'log4j.properties'}", "-cp", f"{jars}/*"]
         if not (data / "logs" / "meta.properties").exists():
             cmd = [java, *classpath, "kafka.tools.StorageTool", "format", "-t", _cluster_id()]
-            done = subprocess.run(
-                [*cmd, "-c", str(config), "--ignore-formatted"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            cmd += ["-c", str(config), "--ignore-formatted"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise BrokerError(f"formatting {data} failed:\n{done.stdout}{done.stderr}")
         heap = f"{self._heap_mb}m"
@@ -202,19 +216,10 @@ class LocalKafka:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                # Its own process group: Ctrl-C in a terminal must not kill the broker
-                # before we have a chance to stop it in order.
+                # Its own process group: Ctrl-C in a terminal must not reach the broker
+                # before we stop it in order.
                 start_new_session=True,
             )
-        atexit.unregister(self._reap_at_exit)
-        atexit.register(self._reap_at_exit)
-        try:
-            _run_sync(self._wait_ready(time.monotonic() + timeout, timeout))
-        except BaseException:
-            self.kill()
-            self.stop()
-            raise
-        return self.bootstrap
 
     def _properties(self, data: Path) -> str:
         props = {
@@ -252,12 +257,13 @@ class LocalKafka:
         while True:
             code = self._proc.poll()
             if code is not None:
-                out = _tail(self._dir / "kafka.out")
+                lines = (self._dir / "kafka.out").read_text(errors="replace").splitlines()
+                out = "\n".join(lines[-40:])
                 raise BrokerError(f"Kafka exited with code {code} during start-up:\n{out}")
             if time.monotonic() > deadline:
-                raise BrokerError(f"Kafka not ready after {budget:.0f}s", retriable=True)
-            # The listening socket accepts connections before the broker serves requests;
-            # a plain connect first keeps aiokafka from logging errors on every early poll.
+                raise BrokerError(f"Kafka not ready after {budget:g}s", retriable=True)
+            # Kafka opens its client port only once it serves requests; a plain connect
+            # first keeps aiokafka from logging a connection error on every early poll.
             try:
                 _, writer = await asyncio.wait_for(
                     asyncio.open_connection(HOST, self._port), timeout=1
@@ -311,12 +317,7 @@ class LocalKafka:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -366,11 +367,8 @@ def run_foreground(port: int | None, data_dir: Path | None) -> int:
     broker = LocalKafka(data_dir=data_dir, port=port)
     try:
         address = broker.start()
-        print(
-            f"Kafka {_kafka_version()} ready at {address} (data: {broker.data_dir}). "
-            "Ctrl-C to stop.",
-            flush=True,
-        )
+        where = f"{address} (data: {broker.data_dir})"
+        print(f"Kafka {_kafka_version()} ready at {where}. Ctrl-C to stop.", flush=True)
         while not stop.wait(1):
             if not broker.running:
                 print(f"Kafka exited unexpectedly; see {broker.data_dir}/kafka.out", flush=True)

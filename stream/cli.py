@@ -40,6 +40,8 @@ def _process(_: argparse.Namespace) -> int:
             settings.bootstrap_servers, product_topics(settings, spec), settings.partitions
         )
     )
+    # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     app = build_app(settings, spec, settings.bootstrap_servers, llm_url)
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
     worker.execute_from_commandline()

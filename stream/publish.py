@@ -30,9 +30,17 @@ class OutRecord:
 
 class Publisher:
     def __init__(self, bootstrap: str, *, client_id: str = "stream-publisher") -> None:
+        self._bootstrap = bootstrap
+        self._client_id = client_id
+        self._producer: AIOKafkaProducer | None = None
+        self.sent = 0
+        self.retries = 0
+
+    async def start(self) -> None:
+        # Created here, not in __init__: aiokafka binds to the loop that is running.
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
+            bootstrap_servers=self._bootstrap,
+            client_id=self._client_id,
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
@@ -40,17 +48,15 @@ class Publisher:
             max_request_size=8 * 1024 * 1024,
             request_timeout_ms=30_000,
         )
-        self.sent = 0
-        self.retries = 0
-
-    async def start(self) -> None:
         await self._producer.start()
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
     async def publish(self, records: Sequence[OutRecord]) -> None:
         """Sends all records and returns once the broker acknowledged each of them."""
+        assert self._producer is not None, "Publisher.start() was not awaited"
         todo = list(records)
         attempt = 0
         while todo:

@@ -9,7 +9,8 @@ Faults: per-request switches (`next`: a queue of "429", "500", "hang", "malforme
 "truncated"), rates for the same and for per-instance faults, and markers in an item's
 text that force a per-instance fault deterministically:
 `[[sim:skip-once]]`, `[[sim:skip-always]]`, `[[sim:unknown-tool]]`, `[[sim:invent]]`,
-`[[sim:bad-args]]`, `[[sim:noaction]]`.
+`[[sim:bad-args]]`, `[[sim:noaction]]`, and `[[sim:poison]]` (spoils any answer that
+includes the item, so only splitting the batch can isolate it).
 """
 
 from __future__ import annotations
@@ -177,6 +178,25 @@ class Simulator:
                 )
         return calls
 
+    @staticmethod
+    def read_request(
+        messages: list[dict[str, str]],
+    ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+        """Finds the tools (system message) and the instances (user message)."""
+        system = next(m["content"] for m in messages if m["role"] == "system")
+        user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        tools = orjson.loads(system.split("# Tools\n\n", 1)[1].split("\n\n", 1)[0])
+        items = [m for m in orjson.loads(user) if isinstance(m, dict) and "_instance" in m]
+        return system, tools, items
+
+    def answer(self, tools: list[dict[str, Any]], items: list[dict[str, Any]]) -> str:
+        """The answer text; an item marked poison spoils the whole answer, as a model
+        sometimes does when one input derails it."""
+        if any("[[sim:poison]]" in orjson.dumps(item).decode() for item in items):
+            self.stats["fault_poison"] += 1
+            return '{"calls": [{"_tool": "oops'
+        return orjson.dumps({"calls": self.solve(tools, items)}).decode()
+
     # -- HTTP ----------------------------------------------------------------------
     def _request_fault(self) -> str | None:
         f = self.config.faults
@@ -199,10 +219,7 @@ class Simulator:
         try:
             body = orjson.loads(await request.read())
             messages = body["messages"]
-            system = next(m["content"] for m in messages if m["role"] == "system")
-            user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-            tools = orjson.loads(system.split("# Tools\n\n", 1)[1].split("\n\n", 1)[0])
-            items = [m for m in orjson.loads(user) if isinstance(m, dict) and "_instance" in m]
+            system, tools, items = self.read_request(messages)
         except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
             self.stats["bad_requests"] += 1
             return web.json_response(
@@ -230,8 +247,7 @@ class Simulator:
             )
         if fault == "hang":
             await asyncio.sleep(self.config.faults.hang_s)
-        calls = self.solve(tools, items)
-        content = orjson.dumps({"calls": calls}).decode()
+        content = self.answer(tools, items)
         finish = "stop"
         if fault == "malformed":
             content = content[: len(content) // 2].replace('"', "'", 3) + "}}oops"

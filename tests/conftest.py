@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import asyncio
+import secrets
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaProducer
+
+from stream.audit import AuditReport, read_topic
+from stream.broker import kafka_bootstrap
+from stream.demo import ProcessorProcess, wait_accounted
+from stream.settings import Settings
+from stream.simulator import Faults, Simulator, running_simulator
+from stream.spec import AgentSpec, load_spec
+from stream.topics import ensure_topics, product_topics
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    """A real Kafka broker: configured, or started by the project. Never skipped."""
+    with kafka_bootstrap() as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def simulator() -> Iterator[tuple[Simulator, str]]:
+    with running_simulator() as sim:
+        yield sim
+
+
+@dataclass
+class Deployment:
+    """One processor process on its own topics (fresh prefix), against the shared broker."""
+
+    bootstrap: str
+    settings: Settings
+    spec: AgentSpec
+    sim: Simulator
+    proc: ProcessorProcess
+    positions: list[tuple[int, int]] = field(default_factory=list)
+
+    async def produce(self, records: list[tuple[bytes | None, bytes]]) -> list[tuple[int, int]]:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        await producer.start()
+        try:
+            futs = [await producer.send(self.settings.topics.input, v, key=k) for k, v in records]
+            metas = await asyncio.gather(*futs)
+        finally:
+            await producer.stop()
+        got = [(m.partition, m.offset) for m in metas]
+        self.positions += got
+        return got
+
+    async def produce_items(self, items: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        return await self.produce([(str(i["_instance"]).encode(), orjson.dumps(i)) for i in items])
+
+    async def settle(self, expected: int, wait_s: float = 90) -> AuditReport:
+        return await wait_accounted(self.bootstrap, self.settings, self.spec, expected, wait_s,
+                                    self.proc)
+
+    async def records(self, topic: str) -> list[dict[str, Any]]:
+        return [orjson.loads(v or b"{}") async for _, _, v in read_topic(self.bootstrap, topic)]
+
+    def activity_topic(self, tool: str) -> str:
+        return self.settings.topics.activity(tool)
+
+
+@pytest_asyncio.fixture
+async def deploy(
+    bootstrap: str, simulator: tuple[Simulator, str]
+) -> AsyncIterator[Callable[..., Awaitable[Deployment]]]:
+    """Factory: start a processor on fresh topics; stopped (and its log shown) at the end."""
+    sim, url = simulator
+    sim.config = sim.config.model_copy(update={"faults": Faults()})
+    started: list[Deployment] = []
+
+    async def make(**env: str) -> Deployment:
+        prefix = f"t{secrets.token_hex(4)}."
+        work = Path(tempfile.mkdtemp(prefix="stream-test-"))
+        settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix, llm_base_url=url,
+                            data_dir=work / "data")
+        spec = load_spec(settings.spec)
+        await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
+        proc = ProcessorProcess({
+            "STREAM_BOOTSTRAP_SERVERS": bootstrap, "STREAM_TOPIC_PREFIX": prefix,
+            "STREAM_LLM_BASE_URL": url, "STREAM_DATA_DIR": str(work / "data"),
+            "STREAM_COMMIT_INTERVAL": "0.5", **env,
+        }, work / "processor.log")
+        proc.start()
+        dep = Deployment(bootstrap, settings, spec, sim, proc)
+        started.append(dep)
+        return dep
+
+    yield make
+    for dep in started:
+        dep.proc.stop()
+        print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")

@@ -1,0 +1,33 @@
+"""In-memory fakes: the simulator's decisions without HTTP, for unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stream.errors import LLMError
+from stream.llm import Completion
+from stream.simulator import Simulator
+
+
+class FakeLLM:
+    """Answers like the simulator does, in process; can fail requests on demand."""
+
+    model = "fake"
+
+    def __init__(self, sim: Simulator | None = None) -> None:
+        self.sim = sim or Simulator()
+        self.requests: list[list[dict[str, Any]]] = []
+        self.reject_marker: str | None = None
+
+    async def complete(
+        self, messages: list[dict[str, str]], response_format: dict[str, Any]
+    ) -> Completion:
+        _, tools, items = Simulator.read_request(messages)
+        self.requests.append(items)
+        if self.reject_marker and any(self.reject_marker in str(i) for i in items):
+            raise LLMError("endpoint answered 400: content refused", retriable=False, status=400)
+        text = self.sim.answer(tools, items)
+        return Completion(text, "stop", 10 * len(items), 5 * len(items), 0, 0.0)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import asyncio
+
+from stream.offsets import OffsetLedger
+from stream.windowing import Windower
+
+
+def test_out_of_order_finish_acks_only_in_offset_order() -> None:
+    ledger = OffsetLedger()
+    acked: list[int] = []
+    entries = [ledger.track(("t", 0), off, lambda off=off: acked.append(off)) for off in range(5)]
+    other = ledger.track(("t", 1), 0, lambda: acked.append(100))
+    ledger.finish(entries[2])
+    ledger.finish(entries[1])
+    assert acked == []  # offset 0 still open: nothing may be committed past it
+    ledger.finish(entries[0])
+    assert acked == [0, 1, 2]
+    ledger.finish(other)
+    assert acked == [0, 1, 2, 100]
+    assert ledger.lowest_open(("t", 0)) == 3
+
+
+def test_revoked_partition_is_never_acked() -> None:
+    ledger = OffsetLedger()
+    acked: list[int] = []
+    e = ledger.track(("t", 0), 0, lambda: acked.append(0))
+    assert ledger.drop([("t", 0)]) == 1
+    ledger.finish(e)
+    assert acked == [] and ledger.open_count() == 0
+
+
+async def test_window_closes_on_items_tokens_and_wait() -> None:
+    closed: list[tuple[list[int], str]] = []
+
+    async def on_close(items: list[int], reason: str) -> None:
+        closed.append((items, reason))
+
+    w: Windower[int] = Windower(max_items=3, max_wait_s=0.05, max_tokens=100,
+                                on_close=on_close, tokens_of=lambda n: n)
+    w.start()
+    for n in (1, 2, 3):
+        await w.add(n)
+    assert closed == [([1, 2, 3], "items")]
+    await w.add(60)
+    await w.add(50)  # would exceed 100 tokens: the window closes before it
+    assert closed[-1] == ([60], "tokens")
+    await asyncio.sleep(0.15)
+    assert closed[-1] == ([50], "wait")
+    await w.stop()

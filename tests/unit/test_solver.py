@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import Any, cast
+
+from stream.llm import LLM
+from stream.models import SourcePosition
+from stream.prompt import Instance, PromptBuilder
+from stream.settings import DEFAULT_SPEC
+from stream.solve import Solver
+from stream.spec import load_spec
+from stream.validate import Validator
+from tests.fakes import FakeLLM
+
+
+def _batch(texts: list[str]) -> list[Instance]:
+    return [
+        Instance(id=f"id-{i}", payload={"comment": t},
+                 source=SourcePosition(topic="items", partition=0, offset=i), size=len(t))
+        for i, t in enumerate(texts)
+    ]
+
+
+def _solver(fake: FakeLLM, attempts: int = 3) -> Solver:
+    spec = load_spec(DEFAULT_SPEC)
+    return Solver(cast(LLM, fake), PromptBuilder(spec), Validator(spec), attempts)
+
+
+def _answered(outcome: Any) -> set[str]:
+    return {a.instance.id for a in outcome.answers}
+
+
+async def test_one_request_answers_the_whole_batch() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake).solve(_batch([f"nice post number {i}" for i in range(10)]))
+    assert len(fake.requests) == 1 and len(fake.requests[0]) == 10
+    assert _answered(out) == {f"id-{i}" for i in range(10)} and not out.unanswered
+
+
+async def test_skipped_instance_is_asked_again_alone() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake).solve(_batch(["fine", "fine too [[sim:skip-once]]", "also fine"]))
+    assert [len(r) for r in fake.requests] == [3, 1]
+    assert fake.requests[1][0]["comment"].endswith("[[sim:skip-once]]")
+    assert _answered(out) == {"id-0", "id-1", "id-2"}
+    assert next(a for a in out.answers if a.instance.id == "id-1").attempt == 2
+
+
+async def test_always_skipped_instance_ends_unanswered_after_max_attempts() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake, attempts=3).solve(_batch(["ok", "never [[sim:skip-always]]"]))
+    assert [u.instance.id for u in out.unanswered] == ["id-1"]
+    assert out.unanswered[0].code == "unanswered" and out.unanswered[0].attempts == 3
+    assert len(fake.requests) == 3
+
+
+async def test_poison_item_is_isolated_by_splitting() -> None:
+    fake = FakeLLM()
+    texts = [f"clean {i}" for i in range(8)]
+    texts[5] = "derails the model [[sim:poison]]"
+    out = await _solver(fake, attempts=2).solve(_batch(texts))
+    assert [u.instance.id for u in out.unanswered] == ["id-5"]
+    assert "not JSON" in out.unanswered[0].reason
+    assert _answered(out) == {f"id-{i}" for i in range(8)} - {"id-5"}
+
+
+async def test_refused_request_isolates_the_item_with_llm_rejected() -> None:
+    fake = FakeLLM()
+    fake.reject_marker = "FORBIDDEN"
+    out = await _solver(fake).solve(_batch(["a", "b", "FORBIDDEN text", "d"]))
+    assert [(u.instance.id, u.code) for u in out.unanswered] == [("id-2", "llm_rejected")]
+    assert _answered(out) == {"id-0", "id-1", "id-3"}
+
+
+async def test_invented_and_unknown_tool_calls_are_refused_not_accepted() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake).solve(_batch(["a [[sim:invent]]", "b [[sim:unknown-tool]]"]))
+    codes = sorted(r.code for r, _, _ in out.refusals)
+    assert codes == ["unknown_instance", "unknown_tool", "unknown_tool", "unknown_tool"]
+    # id-1 never gets a valid call: its only call names an unknown tool every time
+    assert [u.instance.id for u in out.unanswered] == ["id-1"]
+    assert all(c.instance in ("①", "②") for a in out.answers for c in a.calls)

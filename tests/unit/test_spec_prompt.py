@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from stream.errors import SpecError
+from stream.models import SourcePosition
+from stream.prompt import Instance, PromptBuilder, token_for
+from stream.settings import DEFAULT_SPEC
+from stream.spec import AgentSpec, load_spec
+
+
+def _inst(i: int, text: str) -> Instance:
+    src = SourcePosition(topic="items", partition=0, offset=i)
+    return Instance(id=f"producer-id-{i}", payload={"comment": text}, source=src, size=40)
+
+
+def test_example_spec_loads_with_room_for_advisors_and_plan() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    assert [t.name for t in spec.tools] == ["moderateComment", "notifyAuthor"]
+    data = spec.model_dump(by_alias=True)
+    assert data["advisors"] == [] and data["plan"] is None
+
+
+def test_bad_spec_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "name: x\ninstructions: y\ntools:\n  - name: t\n    description: d\n"
+        "    parameters: {type: string}\n"
+    )
+    with pytest.raises(SpecError, match=r"tools\.0\.parameters"):
+        load_spec(path)
+
+
+def test_reserved_tool_name_refused() -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        AgentSpec.model_validate(
+            {"name": "x", "instructions": "y", "tools": [{"name": "NoAction", "description": "d"}]}
+        )
+
+
+def test_tokens_are_positional_and_compact() -> None:
+    assert [token_for(k) for k in range(3)] == ["①", "②", "③"]
+    assert len({token_for(k) for k in range(120)}) == 120
+
+
+def test_prompt_hides_producer_ids_and_keeps_static_prefix() -> None:
+    builder = PromptBuilder(load_spec(DEFAULT_SPEC))
+    first = builder.messages([_inst(0, "hello"), _inst(1, "world")])
+    second = builder.messages([_inst(7, "other"), _inst(8, "batch")])
+    assert first[0] == second[0]  # byte-identical system prefix: cacheable
+    body = orjson.loads(first[1]["content"])
+    assert [m["_instance"] for m in body] == ["①", "②"]
+    assert "producer-id" not in first[1]["content"]
+    assert "policy" in first[0]["content"]  # global input sits in the static prefix
+
+
+def test_schema_depends_only_on_batch_size_and_enumerates_tokens_and_tools() -> None:
+    builder = PromptBuilder(load_spec(DEFAULT_SPEC))
+    fmt = builder.response_format(3)
+    assert fmt is builder.response_format(3)  # cached: providers compile it once
+    branches = fmt["json_schema"]["schema"]["properties"]["calls"]["items"]["anyOf"]
+    assert {b["properties"]["_tool"]["enum"][0] for b in branches} == {
+        "moderateComment", "notifyAuthor", "NoAction"}
+    assert all(b["properties"]["_instance"]["enum"] == ["①", "②", "③"] for b in branches)
+    assert fmt["json_schema"]["strict"] is True

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from stream.errors import BadRecord
+from stream.intake import parse_item
+from stream.models import SourcePosition
+from stream.settings import DEFAULT_SPEC
+from stream.spec import AgentSpec, load_spec
+from stream.validate import Validator
+
+SRC = SourcePosition(topic="items", partition=1, offset=5)
+
+
+def _answer(*calls: dict[str, object]) -> str:
+    return orjson.dumps({"calls": list(calls)}).decode()
+
+
+def test_valid_calls_are_accepted_per_token() -> None:
+    v = Validator(load_spec(DEFAULT_SPEC))
+    verdict = v.check(_answer(
+        {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "ok"},
+        {"_tool": "NoAction", "_instance": "②", "reason": "nothing"},
+    ), ["①", "②", "③"])
+    assert set(verdict.calls) == {"①", "②"}
+    assert verdict.missing(["①", "②", "③"]) == ["③"]
+    assert verdict.calls["①"][0].arguments == {"decision": "approve", "reason": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        ({"_tool": "dropTables", "_instance": "①"}, "unknown_tool"),
+        ({"_tool": "moderateComment", "_instance": "⑨⑨", "decision": "approve", "reason": "x"},
+         "unknown_instance"),
+        ({"_tool": "moderateComment", "_instance": "①", "decision": "maybe", "reason": "x"},
+         "bad_arguments"),
+        ({"_tool": "moderateComment", "_instance": "①", "decision": "approve"}, "bad_arguments"),
+        ("not an object", "malformed_call"),
+    ],
+)
+def test_refused_calls(call: object, code: str) -> None:
+    verdict = Validator(load_spec(DEFAULT_SPEC)).check(
+        orjson.dumps({"calls": [call]}).decode(), ["①"])
+    assert [r.code for r in verdict.refusals] == [code]
+    assert verdict.calls == {}
+
+
+def test_malformed_answer_is_data_not_an_exception() -> None:
+    v = Validator(load_spec(DEFAULT_SPEC))
+    assert v.check("{'calls': oops", ["①"]).malformed
+    assert v.check('{"advice": []}', ["①"]).malformed
+
+
+def test_strict_nulls_for_optional_args_are_dropped_and_tool_named_args_stay_args() -> None:
+    spec = AgentSpec.model_validate({"name": "x", "instructions": "y", "tools": [{
+        "name": "route", "description": "d", "parameters": {
+            "type": "object", "properties": {"tool": {"type": "string"},
+                                             "note": {"type": "string"}},
+            "required": ["tool"], "additionalProperties": False}}]})
+    verdict = Validator(spec).check(_answer(
+        {"_tool": "route", "_instance": "①", "tool": "hammer", "note": None}), ["①"])
+    call = verdict.calls["①"][0]
+    assert call.tool == "route"
+    assert call.arguments == {"tool": "hammer"}
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "code"),
+    [
+        (b"{nope", b"k", "not_json"),
+        (b"[1]", b"k", "not_object"),
+        (b'{"comment": "x"}', None, "no_instance"),
+        (b'{"_instance": "", "comment": "x"}', None, "no_instance"),
+        (b'{"_instance": "a", "comment": "' + b"x" * 500 + b'"}', None, "too_large"),
+        (None, b"k", "not_json"),
+    ],
+)
+def test_bad_records_say_why(value: bytes | None, key: bytes | None, code: str) -> None:
+    with pytest.raises(BadRecord) as err:
+        parse_item(value, key, SRC, max_bytes=256)
+    assert err.value.code == code
+
+
+def test_instance_id_from_field_else_key() -> None:
+    assert parse_item(b'{"_instance": "a-1", "c": 1}', b"key", SRC, 1000).id == "a-1"
+    inst = parse_item(b'{"c": 1}', b"key-7", SRC, 1000)
+    assert inst.id == "key-7" and inst.payload == {"c": 1}
