@@ -62,8 +62,9 @@ class Deployment:
         return await self.produce([(str(i["_instance"]).encode(), orjson.dumps(i)) for i in items])
 
     async def settle(self, expected: int, wait_s: float = 90) -> AuditReport:
-        return await wait_accounted(self.bootstrap, self.settings, self.spec, expected, wait_s,
-                                    self.proc)
+        return await wait_accounted(
+            self.bootstrap, self.settings, self.spec, expected, wait_s, self.proc
+        )
 
     async def records(self, topic: str) -> list[dict[str, Any]]:
         return [orjson.loads(v or b"{}") async for _, _, v in read_topic(self.bootstrap, topic)]
@@ -84,15 +85,25 @@ async def deploy(
     async def make(**env: str) -> Deployment:
         prefix = f"t{secrets.token_hex(4)}."
         work = Path(tempfile.mkdtemp(prefix="stream-test-"))
-        settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix, llm_base_url=url,
-                            data_dir=work / "data")
+        settings = Settings(
+            bootstrap_servers=bootstrap,
+            topic_prefix=prefix,
+            llm_base_url=url,
+            data_dir=work / "data",
+        )
         spec = load_spec(settings.spec)
         await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
-        proc = ProcessorProcess({
-            "STREAM_BOOTSTRAP_SERVERS": bootstrap, "STREAM_TOPIC_PREFIX": prefix,
-            "STREAM_LLM_BASE_URL": url, "STREAM_DATA_DIR": str(work / "data"),
-            "STREAM_COMMIT_INTERVAL": "0.5", **env,
-        }, work / "processor.log")
+        proc = ProcessorProcess(
+            {
+                "STREAM_BOOTSTRAP_SERVERS": bootstrap,
+                "STREAM_TOPIC_PREFIX": prefix,
+                "STREAM_LLM_BASE_URL": url,
+                "STREAM_DATA_DIR": str(work / "data"),
+                "STREAM_COMMIT_INTERVAL": "0.5",
+                **env,
+            },
+            work / "processor.log",
+        )
         proc.start()
         dep = Deployment(bootstrap, settings, spec, sim, proc)
         started.append(dep)

@@ -25,24 +25,29 @@ TOKENS = {token_for(k) for k in range(200)}
 
 def _items(n: int, tag: str, extra: dict[int, str] | None = None) -> list[dict[str, Any]]:
     extra = extra or {}
-    return [{"_instance": f"{tag}-{i:04d}", "comment": f"Nice write-up {tag} {i}. {extra.get(i, '')}"}
-            for i in range(n)]
+    return [
+        {"_instance": f"{tag}-{i:04d}", "comment": f"Nice write-up {tag} {i}. {extra.get(i, '')}"}
+        for i in range(n)
+    ]
 
 
 async def test_every_item_ends_published_or_dead_lettered(deploy: Deploy) -> None:
     dep = await deploy()
     items = _items(40, "ok")
     records: list[tuple[bytes | None, bytes]] = [
-        (str(i["_instance"]).encode(), orjson.dumps(i)) for i in items]
+        (str(i["_instance"]).encode(), orjson.dumps(i)) for i in items
+    ]
     records.insert(20, (b"broken-1", b"{definitely not json"))
     await dep.produce(records)
     report = await dep.settle(41)
     assert report.unaccounted == 0, report.missing
-    assert report.inputs == 41 and report.unexpected == 0
+    assert report.inputs == 41
+    assert report.unexpected == 0
     assert report.calls_by_tool["moderateComment"] == 40
     letters = await dep.records(dep.settings.topics.dead_letter)
     assert [(d["code"], d["scope"]) for d in letters] == [("not_json", "item")]
-    assert letters[0]["source"]["key"] == "broken-1" and letters[0]["raw_b64"]
+    assert letters[0]["source"]["key"] == "broken-1"
+    assert letters[0]["raw_b64"]
     # the items around the broken record were processed
     published = await dep.records(dep.activity_topic("moderateComment"))
     ids = {r["instance"] for r in published}
@@ -67,7 +72,8 @@ async def test_invented_instances_and_unknown_tools_never_reach_activity_topics(
     assert report.unaccounted == 0
     for tool in ("moderateComment", "notifyAuthor"):
         for rec in await dep.records(dep.activity_topic(tool)):
-            assert rec["tool"] == tool and rec["instance"] not in TOKENS
+            assert rec["tool"] == tool
+            assert rec["instance"] not in TOKENS
             assert rec["instance"] != "bad-0007"  # its only calls named an unknown tool
     letters = await dep.records(dep.settings.topics.dead_letter)
     codes = {d["code"] for d in letters}
@@ -75,7 +81,8 @@ async def test_invented_instances_and_unknown_tools_never_reach_activity_topics(
     unanswered = [d for d in letters if d["code"] == "unanswered"]
     assert [d["instance"] for d in unanswered] == ["bad-0007"]
     invented = [d for d in letters if d["code"] == "unknown_instance"]
-    assert invented and all(d.get("source") is None for d in invented)
+    assert invented
+    assert all(d.get("source") is None for d in invented)
 
 
 async def test_skipped_instance_is_asked_again_then_published(deploy: Deploy) -> None:
@@ -126,8 +133,11 @@ async def test_fire_and_forget_calls_commit_without_waiting(deploy: Deploy) -> N
         committed: dict[int, int] = {}
         for _ in range(40):
             offsets = await admin.list_consumer_group_offsets(group)
-            committed = {tp.partition: meta.offset for tp, meta in offsets.items()
-                         if tp.topic == dep.settings.topics.input}
+            committed = {
+                tp.partition: meta.offset
+                for tp, meta in offsets.items()
+                if tp.topic == dep.settings.topics.input
+            }
             if all(committed.get(p, 0) >= e for p, e in ends.items() if e):
                 break
             await asyncio.sleep(0.5)
@@ -159,8 +169,11 @@ async def test_activity_handler_receives_call_tool_context(deploy: Deploy) -> No
         await worker
     assert len(seen) == 5
     call, tool, context = seen[0]
-    assert isinstance(call, Call) and call.tool == "moderateComment"
-    assert call.instance.startswith("act-") and call.arguments["decision"] in ("approve", "reject")
-    assert isinstance(tool, Tool) and tool.name == "moderateComment"
+    assert isinstance(call, Call)
+    assert call.tool == "moderateComment"
+    assert call.instance.startswith("act-")
+    assert call.arguments["decision"] in ("approve", "reject")
+    assert isinstance(tool, Tool)
+    assert tool.name == "moderateComment"
     assert tool.parameters["properties"]["decision"]["enum"] == ["approve", "reject"]
     assert context == []  # the call imported no scopes

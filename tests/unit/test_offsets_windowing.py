@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from stream.offsets import OffsetLedger
 from stream.windowing import Windower
@@ -9,7 +10,9 @@ from stream.windowing import Windower
 def test_out_of_order_finish_acks_only_in_offset_order() -> None:
     ledger = OffsetLedger()
     acked: list[int] = []
-    entries = [ledger.track(("t", 0), off, lambda off=off: acked.append(off)) for off in range(5)]
+    entries = [
+        ledger.track(("t", 0), off, functools.partial(acked.append, off)) for off in range(5)
+    ]
     other = ledger.track(("t", 1), 0, lambda: acked.append(100))
     ledger.finish(entries[2])
     ledger.finish(entries[1])
@@ -27,7 +30,8 @@ def test_revoked_partition_is_never_acked() -> None:
     e = ledger.track(("t", 0), 0, lambda: acked.append(0))
     assert ledger.drop([("t", 0)]) == 1
     ledger.finish(e)
-    assert acked == [] and ledger.open_count() == 0
+    assert acked == []
+    assert ledger.open_count() == 0
 
 
 async def test_window_closes_on_items_tokens_and_wait() -> None:
@@ -36,8 +40,9 @@ async def test_window_closes_on_items_tokens_and_wait() -> None:
     async def on_close(items: list[int], reason: str) -> None:
         closed.append((items, reason))
 
-    w: Windower[int] = Windower(max_items=3, max_wait_s=0.05, max_tokens=100,
-                                on_close=on_close, tokens_of=lambda n: n)
+    w: Windower[int] = Windower(
+        max_items=3, max_wait_s=0.05, max_tokens=100, on_close=on_close, tokens_of=lambda n: n
+    )
     w.start()
     for n in (1, 2, 3):
         await w.add(n)

@@ -14,8 +14,12 @@ from tests.fakes import FakeLLM
 
 def _batch(texts: list[str]) -> list[Instance]:
     return [
-        Instance(id=f"id-{i}", payload={"comment": t},
-                 source=SourcePosition(topic="items", partition=0, offset=i), size=len(t))
+        Instance(
+            id=f"id-{i}",
+            payload={"comment": t},
+            source=SourcePosition(topic="items", partition=0, offset=i),
+            size=len(t),
+        )
         for i, t in enumerate(texts)
     ]
 
@@ -32,8 +36,10 @@ def _answered(outcome: Any) -> set[str]:
 async def test_one_request_answers_the_whole_batch() -> None:
     fake = FakeLLM()
     out = await _solver(fake).solve(_batch([f"nice post number {i}" for i in range(10)]))
-    assert len(fake.requests) == 1 and len(fake.requests[0]) == 10
-    assert _answered(out) == {f"id-{i}" for i in range(10)} and not out.unanswered
+    assert len(fake.requests) == 1
+    assert len(fake.requests[0]) == 10
+    assert _answered(out) == {f"id-{i}" for i in range(10)}
+    assert not out.unanswered
 
 
 async def test_skipped_instance_is_asked_again_alone() -> None:
@@ -49,7 +55,8 @@ async def test_always_skipped_instance_ends_unanswered_after_max_attempts() -> N
     fake = FakeLLM()
     out = await _solver(fake, attempts=3).solve(_batch(["ok", "never [[sim:skip-always]]"]))
     assert [u.instance.id for u in out.unanswered] == ["id-1"]
-    assert out.unanswered[0].code == "unanswered" and out.unanswered[0].attempts == 3
+    assert out.unanswered[0].code == "unanswered"
+    assert out.unanswered[0].attempts == 3
     assert len(fake.requests) == 3
 
 

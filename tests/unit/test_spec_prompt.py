@@ -21,7 +21,8 @@ def test_example_spec_loads_with_room_for_advisors_and_plan() -> None:
     spec = load_spec(DEFAULT_SPEC)
     assert [t.name for t in spec.tools] == ["moderateComment", "notifyAuthor"]
     data = spec.model_dump(by_alias=True)
-    assert data["advisors"] == [] and data["plan"] is None
+    assert data["advisors"] == []
+    assert data["plan"] is None
 
 
 def test_bad_spec_names_the_field(tmp_path: Path) -> None:
@@ -63,6 +64,9 @@ def test_schema_depends_only_on_batch_size_and_enumerates_tokens_and_tools() -> 
     assert fmt is builder.response_format(3)  # cached: providers compile it once
     branches = fmt["json_schema"]["schema"]["properties"]["calls"]["items"]["anyOf"]
     assert {b["properties"]["_tool"]["enum"][0] for b in branches} == {
-        "moderateComment", "notifyAuthor", "NoAction"}
+        "moderateComment",
+        "notifyAuthor",
+        "NoAction",
+    }
     assert all(b["properties"]["_instance"]["enum"] == ["①", "②", "③"] for b in branches)
     assert fmt["json_schema"]["strict"] is True

@@ -19,10 +19,13 @@ def _answer(*calls: dict[str, object]) -> str:
 
 def test_valid_calls_are_accepted_per_token() -> None:
     v = Validator(load_spec(DEFAULT_SPEC))
-    verdict = v.check(_answer(
-        {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "ok"},
-        {"_tool": "NoAction", "_instance": "②", "reason": "nothing"},
-    ), ["①", "②", "③"])
+    verdict = v.check(
+        _answer(
+            {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "ok"},
+            {"_tool": "NoAction", "_instance": "②", "reason": "nothing"},
+        ),
+        ["①", "②", "③"],
+    )
     assert set(verdict.calls) == {"①", "②"}
     assert verdict.missing(["①", "②", "③"]) == ["③"]
     assert verdict.calls["①"][0].arguments == {"decision": "approve", "reason": "ok"}
@@ -32,17 +35,22 @@ def test_valid_calls_are_accepted_per_token() -> None:
     ("call", "code"),
     [
         ({"_tool": "dropTables", "_instance": "①"}, "unknown_tool"),
-        ({"_tool": "moderateComment", "_instance": "⑨⑨", "decision": "approve", "reason": "x"},
-         "unknown_instance"),
-        ({"_tool": "moderateComment", "_instance": "①", "decision": "maybe", "reason": "x"},
-         "bad_arguments"),
+        (
+            {"_tool": "moderateComment", "_instance": "⑨⑨", "decision": "approve", "reason": "x"},
+            "unknown_instance",
+        ),
+        (
+            {"_tool": "moderateComment", "_instance": "①", "decision": "maybe", "reason": "x"},
+            "bad_arguments",
+        ),
         ({"_tool": "moderateComment", "_instance": "①", "decision": "approve"}, "bad_arguments"),
         ("not an object", "malformed_call"),
     ],
 )
 def test_refused_calls(call: object, code: str) -> None:
     verdict = Validator(load_spec(DEFAULT_SPEC)).check(
-        orjson.dumps({"calls": [call]}).decode(), ["①"])
+        orjson.dumps({"calls": [call]}).decode(), ["①"]
+    )
     assert [r.code for r in verdict.refusals] == [code]
     assert verdict.calls == {}
 
@@ -54,13 +62,27 @@ def test_malformed_answer_is_data_not_an_exception() -> None:
 
 
 def test_strict_nulls_for_optional_args_are_dropped_and_tool_named_args_stay_args() -> None:
-    spec = AgentSpec.model_validate({"name": "x", "instructions": "y", "tools": [{
-        "name": "route", "description": "d", "parameters": {
-            "type": "object", "properties": {"tool": {"type": "string"},
-                                             "note": {"type": "string"}},
-            "required": ["tool"], "additionalProperties": False}}]})
-    verdict = Validator(spec).check(_answer(
-        {"_tool": "route", "_instance": "①", "tool": "hammer", "note": None}), ["①"])
+    spec = AgentSpec.model_validate(
+        {
+            "name": "x",
+            "instructions": "y",
+            "tools": [
+                {
+                    "name": "route",
+                    "description": "d",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"tool": {"type": "string"}, "note": {"type": "string"}},
+                        "required": ["tool"],
+                        "additionalProperties": False,
+                    },
+                }
+            ],
+        }
+    )
+    verdict = Validator(spec).check(
+        _answer({"_tool": "route", "_instance": "①", "tool": "hammer", "note": None}), ["①"]
+    )
     call = verdict.calls["①"][0]
     assert call.tool == "route"
     assert call.arguments == {"tool": "hammer"}
@@ -86,4 +108,5 @@ def test_bad_records_say_why(value: bytes | None, key: bytes | None, code: str) 
 def test_instance_id_from_field_else_key() -> None:
     assert parse_item(b'{"_instance": "a-1", "c": 1}', b"key", SRC, 1000).id == "a-1"
     inst = parse_item(b'{"c": 1}', b"key-7", SRC, 1000)
-    assert inst.id == "key-7" and inst.payload == {"c": 1}
+    assert inst.id == "key-7"
+    assert inst.payload == {"c": 1}
