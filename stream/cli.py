@@ -118,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Batched, multi-instance LLM decisions on a Kafka stream. Settings come "
         "from STREAM_* environment variables or a .env file (see README).",
     )
+    p.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run everything on embedded defaults and report")
     d.add_argument("--items", type=int, default=300, help="items to publish (default 300)")
@@ -152,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "demo" and not args.verbose:
+        # The demo prints its own summary; the client libraries' start-up chatter (a new
+        # topic's leader election, group coordinator discovery) is retried noise there.
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return int(args.fn(args))
     except StreamError as exc:

@@ -23,7 +23,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from stream.activities import Activities, load_activities
-from stream.audit import AuditReport, audit
+from stream.audit import AuditReport, audit, read_topic
 from stream.broker import kafka_bootstrap
 from stream.samples import comments, malformed_records
 from stream.settings import Settings
@@ -162,6 +162,10 @@ async def _demo(
         await asyncio.gather(worker, return_exceptions=True)
     if report.unaccounted:
         say(f"processor log (last lines):\n{proc.tail()}")
+    letters = [
+        orjson.loads(v or b"{}")
+        async for _, _, v in read_topic(bootstrap, settings.topics.dead_letter)
+    ]
     stats = sim.stats
     return {
         "items": n,
@@ -172,6 +176,10 @@ async def _demo(
         "no_action": report.no_action,
         "dead_letters": report.item_dead_letters,
         "dead_letter_codes": report.dead_letters,
+        "dead_letter_samples": [
+            {"code": d.get("code"), "reason": d.get("reason"), "source": d.get("source")}
+            for d in letters[:10]
+        ],
         "unaccounted": report.unaccounted,
         "duplicate_calls": report.duplicate_calls,
         "activity_handled": activities.handled,
@@ -203,7 +211,10 @@ def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: floa
             f"calls published: {calls} (all fire-and-forget: {result['fire_and_forget']})\n"
             f"explicit no-action: {result['no_action']}\n"
             f"dead letters: {result['dead_letters']} {result['dead_letter_codes']}\n"
-            f"tokens: prompt {result['prompt_tokens']} (cached {result['cached_tokens']}), "
+            + "".join(
+                f"  - {d['code']}: {d['reason'][:90]}\n" for d in result["dead_letter_samples"]
+            )
+            + f"tokens: prompt {result['prompt_tokens']} (cached {result['cached_tokens']}), "
             f"completion {result['completion_tokens']}\n"
             f"activity handler ran {result['activity_handled']} times\n"
             f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
