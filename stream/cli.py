@@ -76,7 +76,7 @@ def _llm_sim(args: argparse.Namespace) -> int:
 
     sim = Simulator(SimConfig(latency_ms=args.latency_ms))
     print(f"LLM SIMULATOR (not a model) on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(sim.app(), host=args.host, port=args.port, print=None)
+    web.run_app(sim.app(), host=args.host, port=args.port, print=None, handler_cancellation=True)
     return 0
 
 

@@ -320,7 +320,7 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
         base_url=llm_url,
         api_key=resolve_api_key(settings, spec),
         model=spec.model.name,
-        timeout_s=spec.model.timeout_s,
+        timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
         temperature=spec.model.temperature,
         max_output_tokens=spec.model.max_output_tokens,
     )

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(
         None, description="API key; else the env var or file the spec names"
     )
+    llm_timeout_s: float | None = Field(
+        None, gt=0, description="Overrides the spec's model.timeout_s"
+    )
     max_attempts: int = Field(
         3, ge=1, description="Asks per group of instances before it is split or dead-lettered"
     )

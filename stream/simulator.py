@@ -330,7 +330,10 @@ class Simulator:
 
 
 async def serve(sim: Simulator, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(sim.app(), access_log=None)
+    # Cancel a handler when its client gives up (a "hang" fault must not outlive it).
+    runner = web.AppRunner(
+        sim.app(), access_log=None, handler_cancellation=True, shutdown_timeout=2.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -1,0 +1,92 @@
+"""The openai client against the simulator over HTTP (loopback only, no broker)."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+from stream.errors import LLMError
+from stream.llm import LLM, RetryPolicy
+from stream.models import SourcePosition
+from stream.prompt import Instance, PromptBuilder
+from stream.settings import DEFAULT_SPEC
+from stream.simulator import Faults, Simulator
+from stream.spec import load_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _messages(n: int) -> tuple[list[dict[str, str]], dict[str, object]]:
+    builder = PromptBuilder(load_spec(DEFAULT_SPEC))
+    batch = [
+        Instance(
+            id=f"p{i}",
+            payload={"comment": f"hello {i}"},
+            source=SourcePosition(topic="t", partition=0, offset=i),
+            size=20,
+        )
+        for i in range(n)
+    ]
+    return builder.messages(batch), builder.response_format(n)
+
+
+def _llm(url: str, timeout_s: float = 10) -> LLM:
+    return LLM(
+        base_url=url,
+        api_key="sk-test",
+        model="stream-sim-1",
+        timeout_s=timeout_s,
+        retry=RetryPolicy(base_s=0.05, cap_s=2),
+    )
+
+
+async def test_models_and_usage_with_prefix_cache(simulator: tuple[Simulator, str]) -> None:
+    sim, url = simulator
+    sim.config = sim.config.model_copy(update={"faults": Faults()})
+    client = openai.AsyncOpenAI(base_url=url, api_key="x")
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["stream-sim-1"]
+    llm = _llm(url)
+    messages, fmt = _messages(4)
+    first = await llm.complete(messages, fmt)
+    second = await llm.complete(messages, fmt)
+    assert first.prompt_tokens > 0 and first.completion_tokens > 0
+    assert second.cached_tokens > 0  # same static prefix: a cache hit is reported
+    await llm.close()
+    await client.close()
+
+
+async def test_retry_after_is_honoured_and_5xx_retried(simulator: tuple[Simulator, str]) -> None:
+    sim, url = simulator
+    sim.config = sim.config.model_copy(
+        update={"faults": Faults(next=["429", "500", "429"], retry_after_s=0.4)}
+    )
+    llm = _llm(url)
+    started = time.monotonic()
+    done = await llm.complete(*_messages(2))
+    assert done.text.startswith('{"calls"')
+    assert llm.retries == 3
+    assert time.monotonic() - started >= 0.8  # two retry-after waits of 0.4 s
+    await llm.close()
+
+
+async def test_hang_times_out_and_is_retried(simulator: tuple[Simulator, str]) -> None:
+    sim, url = simulator
+    sim.config = sim.config.model_copy(update={"faults": Faults(next=["hang"], hang_s=30)})
+    llm = _llm(url, timeout_s=0.5)
+    done = await llm.complete(*_messages(2))
+    assert llm.retries == 1 and '"calls"' in done.text
+    await llm.close()
+
+
+async def test_bad_request_is_not_retried(simulator: tuple[Simulator, str]) -> None:
+    _, url = simulator
+    llm = _llm(url)
+    with pytest.raises(LLMError) as err:
+        await llm.complete(
+            [{"role": "user", "content": "no system message"}], {"type": "json_object"}
+        )
+    assert err.value.status == 400 and not err.value.retriable
+    await llm.close()

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import orjson
+from jsonschema import Draft202012Validator
+
+from stream.models import SourcePosition
+from stream.prompt import Instance, PromptBuilder
+from stream.settings import DEFAULT_SPEC
+from stream.simulator import Simulator
+from stream.spec import load_spec
+from stream.validate import Validator
+
+
+def _batch(texts: list[str]) -> list[Instance]:
+    return [
+        Instance(
+            id=f"p{i}",
+            payload={"comment": t},
+            source=SourcePosition(topic="items", partition=0, offset=i),
+            size=len(t),
+        )
+        for i, t in enumerate(texts)
+    ]
+
+
+def test_simulator_answer_fits_the_strict_schema_and_judges_with_the_classifier() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    builder = PromptBuilder(spec)
+    texts = ["Thanks, very helpful!", "You are a fucking idiot.", "BUY NOW www.spam.test"]
+    messages = builder.messages(_batch(texts))
+    _, tools, items = Simulator.read_request(messages)
+    answer = Simulator().answer(tools, items)
+    schema = builder.response_format(3)["json_schema"]["schema"]
+    assert list(Draft202012Validator(schema).iter_errors(orjson.loads(answer))) == []
+    verdict = Validator(spec).check(answer, ["①", "②", "③"])
+    decisions = {t: c[0].arguments["decision"] for t, c in verdict.calls.items()}
+    assert decisions == {"①": "approve", "②": "reject", "③": "reject"}
+    notified = {
+        t for t, calls in verdict.calls.items() if any(c.tool == "notifyAuthor" for c in calls)
+    }
+    assert notified == {"②", "③"}
+
+
+def test_json_object_mode_uses_the_same_validation() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    spec = spec.model_copy(
+        update={"model": spec.model.model_copy(update={"structured_output": "json_object"})}
+    )
+    builder = PromptBuilder(spec)
+    assert builder.response_format(2) == {"type": "json_object"}
+    _, tools, items = Simulator.read_request(builder.messages(_batch(["ok", "fine"])))
+    verdict = Validator(spec).check(Simulator().answer(tools, items), ["①", "②"])
+    assert set(verdict.calls) == {"①", "②"}
+    assert not verdict.refusals
