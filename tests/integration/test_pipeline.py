@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -177,3 +181,40 @@ async def test_activity_handler_receives_call_tool_context(deploy: Deploy) -> No
     assert tool.name == "moderateComment"
     assert tool.parameters["properties"]["decision"]["enum"] == ["approve", "reject"]
     assert context == []  # the call imported no scopes
+
+
+async def test_poison_item_is_isolated_and_its_batch_mates_published(deploy: Deploy) -> None:
+    dep = await deploy()
+    await dep.produce_items(_items(16, "psn", {5: "[[sim:poison]]"}))
+    report = await dep.settle(16)
+    assert report.unaccounted == 0
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    assert [(d["instance"], d["code"]) for d in letters if d["scope"] == "item"] == [
+        ("psn-0005", "unanswered")
+    ]
+    assert report.calls_by_tool["moderateComment"] == 15
+
+
+def test_demo_command_accounts_for_every_item(bootstrap: str) -> None:
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    done = subprocess.run(
+        [sys.executable, "-m", "stream", "demo", "--items", "80", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["items"] == 80 and result["unaccounted"] == 0
+    assert result["dead_letters"] == 4
+    assert set(result["dead_letter_codes"]) == {
+        "not_json",
+        "not_object",
+        "no_instance",
+        "too_large",
+    }
+    assert 0 < result["llm_requests"] <= 80 / 25 + 4
+    assert result["activity_handled"] == sum(result["calls"].values())
+    assert result["prompt_tokens"] > 0 and result["completion_tokens"] > 0
