@@ -9,40 +9,48 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from stream.errors import StreamError
 
+if TYPE_CHECKING:
+    from stream.settings import Settings
+    from stream.spec import AgentSpec
+
 __all__ = ["main"]
+
+
+def _configured() -> tuple[Settings, AgentSpec, str]:
+    """Settings, the validated spec, and the broker address, or a clear error."""
+    from stream.settings import Settings
+    from stream.spec import load_spec
+
+    settings = Settings()
+    spec = load_spec(settings.spec)
+    if not settings.bootstrap_servers:
+        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    return settings, spec, settings.bootstrap_servers
 
 
 def _process(_: argparse.Namespace) -> int:
     import faust
 
     from stream.processor import build_app
-    from stream.settings import Settings
-    from stream.spec import load_spec
     from stream.topics import ensure_topics, product_topics
 
-    settings = Settings()
-    spec = load_spec(settings.spec)
-    if not settings.bootstrap_servers:
-        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    settings, spec, bootstrap = _configured()
     llm_url = settings.llm_base_url or spec.model.base_url
     if not llm_url:
         raise StreamError(
             "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
             "(`stream llm-sim` runs the bundled simulator)"
         )
-    asyncio.run(
-        ensure_topics(
-            settings.bootstrap_servers, product_topics(settings, spec), settings.partitions
-        )
-    )
+    asyncio.run(ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions))
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    app = build_app(settings, spec, settings.bootstrap_servers, llm_url)
+    app = build_app(settings, spec, bootstrap, llm_url)
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0
@@ -50,16 +58,11 @@ def _process(_: argparse.Namespace) -> int:
 
 def _activities(args: argparse.Namespace) -> int:
     from stream.activities import load_activities
-    from stream.settings import Settings
-    from stream.spec import load_spec
 
-    settings = Settings()
-    spec = load_spec(settings.spec)
-    if not settings.bootstrap_servers:
-        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    settings, spec, bootstrap = _configured()
     registry = load_activities(args.module)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(registry.run(settings, spec, settings.bootstrap_servers))
+        asyncio.run(registry.run(settings, spec, bootstrap))
     return 0
 
 
@@ -96,18 +99,11 @@ def _schemas(args: argparse.Namespace) -> int:
 
 def _audit(_: argparse.Namespace) -> int:
     from stream.audit import audit
-    from stream.settings import Settings
-    from stream.spec import load_spec
 
-    settings = Settings()
-    spec = load_spec(settings.spec)
-    if not settings.bootstrap_servers:
-        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS")
+    settings, spec, bootstrap = _configured()
     t = settings.topics
     acts = [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
-    report = asyncio.run(
-        audit(settings.bootstrap_servers, t.input, acts, t.no_action, t.dead_letter)
-    )
+    report = asyncio.run(audit(bootstrap, t.input, acts, t.no_action, t.dead_letter))
     print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
     return 0 if not report.missing and not report.unexpected else 1
 

@@ -31,7 +31,7 @@ from stream.simulator import SimConfig, Simulator, running_simulator
 from stream.spec import AgentSpec, load_spec
 from stream.topics import ensure_topics, product_topics
 
-__all__ = ["ProcessorProcess", "produce", "run_demo", "wait_accounted"]
+__all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
 EXAMPLE_ACTIVITIES = Path(__file__).resolve().parent.parent / "examples/moderation/activities.py"
 
@@ -110,11 +110,11 @@ async def wait_accounted(
         await asyncio.sleep(1.0)
 
 
-async def _demo(
-    bootstrap: str, sim: Simulator, llm_url: str, n: int, wait_s: float, say: Any
-) -> dict[str, Any]:
-    prefix = f"demo-{secrets.token_hex(3)}."
-    workdir = Path(tempfile.mkdtemp(prefix="stream-demo-"))
+async def launch_processor(
+    bootstrap: str, llm_url: str, prefix: str, tmp_prefix: str, **env: str
+) -> tuple[Settings, AgentSpec, ProcessorProcess]:
+    """Creates a fresh set of topics (by prefix) and starts a processor process on them."""
+    workdir = Path(tempfile.mkdtemp(prefix=tmp_prefix))
     settings = Settings(
         bootstrap_servers=bootstrap,
         topic_prefix=prefix,
@@ -130,14 +130,25 @@ async def _demo(
             "STREAM_LLM_BASE_URL": llm_url,
             "STREAM_DATA_DIR": str(workdir / "data"),
             "STREAM_SPEC": str(settings.spec),
+            **env,
         },
         workdir / "processor.log",
     )
+    proc.start()
+    return settings, spec, proc
+
+
+async def _demo(
+    bootstrap: str, sim: Simulator, llm_url: str, n: int, wait_s: float, say: Any
+) -> dict[str, Any]:
+    settings, spec, proc = await launch_processor(
+        bootstrap, llm_url, f"demo-{secrets.token_hex(3)}.", "stream-demo-"
+    )
+    prefix = settings.topic_prefix
     activities: Activities = load_activities(str(EXAMPLE_ACTIVITIES))
     stop = asyncio.Event()
     worker = asyncio.create_task(activities.run(settings, spec, bootstrap, stop))
     started = time.monotonic()
-    proc.start()
     try:
         bad = malformed_records(settings.max_record_bytes) if n >= 10 else []
         good = comments(n - len(bad))

@@ -353,6 +353,16 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
                 dropped,
             )
 
+    @app.timer(30.0)  # type: ignore[untyped-decorator]
+    async def report() -> None:
+        # A periodic one-line summary until the metrics endpoint lands.
+        log.info(
+            "stats %s open=%d in_flight=%d",
+            orjson.dumps(dict(pipeline.stats)).decode(),
+            pipeline.ledger.open_count(),
+            len(pipeline._tasks),
+        )
+
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
     app.pipeline = pipeline  # type: ignore[attr-defined]
     return app

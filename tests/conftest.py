@@ -2,10 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,11 +13,10 @@ from aiokafka import AIOKafkaProducer
 
 from stream.audit import AuditReport, read_topic
 from stream.broker import kafka_bootstrap
-from stream.demo import ProcessorProcess, wait_accounted
+from stream.demo import ProcessorProcess, launch_processor, wait_accounted
 from stream.settings import Settings
 from stream.simulator import Faults, Simulator, running_simulator
-from stream.spec import AgentSpec, load_spec
-from stream.topics import ensure_topics, product_topics
+from stream.spec import AgentSpec
 
 
 @pytest.fixture(scope="session")
@@ -83,28 +80,14 @@ async def deploy(
     started: list[Deployment] = []
 
     async def make(**env: str) -> Deployment:
-        prefix = f"t{secrets.token_hex(4)}."
-        work = Path(tempfile.mkdtemp(prefix="stream-test-"))
-        settings = Settings(
-            bootstrap_servers=bootstrap,
-            topic_prefix=prefix,
-            llm_base_url=url,
-            data_dir=work / "data",
+        settings, spec, proc = await launch_processor(
+            bootstrap,
+            url,
+            f"t{secrets.token_hex(4)}.",
+            "stream-test-",
+            STREAM_COMMIT_INTERVAL="0.5",
+            **env,
         )
-        spec = load_spec(settings.spec)
-        await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
-        proc = ProcessorProcess(
-            {
-                "STREAM_BOOTSTRAP_SERVERS": bootstrap,
-                "STREAM_TOPIC_PREFIX": prefix,
-                "STREAM_LLM_BASE_URL": url,
-                "STREAM_DATA_DIR": str(work / "data"),
-                "STREAM_COMMIT_INTERVAL": "0.5",
-                **env,
-            },
-            work / "processor.log",
-        )
-        proc.start()
         dep = Deployment(bootstrap, settings, spec, sim, proc)
         started.append(dep)
         return dep

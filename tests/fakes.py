@@ -6,7 +6,22 @@ from typing import Any
 
 from stream.errors import LLMError
 from stream.llm import Completion
+from stream.models import SourcePosition
+from stream.prompt import Instance
 from stream.simulator import Simulator
+
+
+def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:
+    """Instances with ids prefix0.. at offsets 0.. of partition 0 of topic "items"."""
+    return [
+        Instance(
+            id=f"{prefix}{i}",
+            payload={"comment": t},
+            source=SourcePosition(topic="items", partition=0, offset=i),
+            size=len(t),
+        )
+        for i, t in enumerate(texts)
+    ]
 
 
 class FakeLLM:

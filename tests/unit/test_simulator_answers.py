@@ -3,24 +3,16 @@ from __future__ import annotations
 import orjson
 from jsonschema import Draft202012Validator
 
-from stream.models import SourcePosition
 from stream.prompt import Instance, PromptBuilder
 from stream.settings import DEFAULT_SPEC
 from stream.simulator import Simulator
 from stream.spec import load_spec
 from stream.validate import Validator
+from tests.fakes import make_batch
 
 
 def _batch(texts: list[str]) -> list[Instance]:
-    return [
-        Instance(
-            id=f"p{i}",
-            payload={"comment": t},
-            source=SourcePosition(topic="items", partition=0, offset=i),
-            size=len(t),
-        )
-        for i, t in enumerate(texts)
-    ]
+    return make_batch(texts, "p")
 
 
 def test_simulator_answer_fits_the_strict_schema_and_judges_with_the_classifier() -> None:

@@ -3,25 +3,16 @@ from __future__ import annotations
 from typing import Any, cast
 
 from stream.llm import LLM
-from stream.models import SourcePosition
 from stream.prompt import Instance, PromptBuilder
 from stream.settings import DEFAULT_SPEC
 from stream.solve import Solver
 from stream.spec import load_spec
 from stream.validate import Validator
-from tests.fakes import FakeLLM
+from tests.fakes import FakeLLM, make_batch
 
 
 def _batch(texts: list[str]) -> list[Instance]:
-    return [
-        Instance(
-            id=f"id-{i}",
-            payload={"comment": t},
-            source=SourcePosition(topic="items", partition=0, offset=i),
-            size=len(t),
-        )
-        for i, t in enumerate(texts)
-    ]
+    return make_batch(texts, "id-")
 
 
 def _solver(fake: FakeLLM, attempts: int = 3) -> Solver:
