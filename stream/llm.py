@@ -71,7 +71,9 @@ def _classify(exc: Exception) -> LLMError:
             status=status,
             retry_after=_retry_after(exc),
         )
-    return LLMError(f"LLM call failed: {exc!r}", retriable=False)
+    # Unknown failures pause the stream rather than dead-letter the backlog: waiting is
+    # safe, and an operator sees the warnings.
+    return LLMError(f"LLM call failed: {exc!r}", retriable=True)
 
 
 class LLM:

@@ -129,7 +129,10 @@ class DeadLetter(_Record):
     )
     instance: str | None = None
     source: SourcePosition | None = None
-    raw_b64: str | None = Field(None, description="The input record's value, base64")
+    raw_b64: str | None = Field(
+        None, description="The input record's value, base64 (its first 64 KiB)"
+    )
+    raw_size: int | None = Field(None, description="Size of the input record's value in bytes")
     call: dict[str, Any] | None = Field(None, description="The refused call, as the model wrote it")
     attempts: int = 0
     batch_id: str | None = None

@@ -30,6 +30,7 @@ class Entry:
 class OffsetLedger:
     def __init__(self) -> None:
         self._open: dict[TopicPartition, deque[Entry]] = {}
+        self._next: dict[TopicPartition, int] = {}
         self.acked = 0
 
     def track(self, tp: TopicPartition, offset: int, ack: Callable[[], object]) -> Entry:
@@ -45,17 +46,41 @@ class OffsetLedger:
         entry.finished = True
         queue = self._open[entry.tp]
         while queue and queue[0].finished:
-            queue.popleft().ack()
+            done = queue.popleft()
+            done.ack()
+            self._next[done.tp] = done.offset + 1
             self.acked += 1
 
     def drop(self, tps: Iterable[TopicPartition]) -> int:
         """Forgets revoked partitions; their unfinished records will never be acked here."""
         dropped = 0
         for tp in tps:
+            self._next.pop(tp, None)
             for entry in self._open.pop(tp, ()):
                 entry.dropped = True
                 dropped += 1
         return dropped
+
+    def commit_point(self, tp: TopicPartition) -> int | None:
+        """The highest offset that may be committed: the oldest unfinished record, or one
+        past the last finished one; None when nothing of this partition finished here."""
+        queue = self._open.get(tp)
+        if queue:
+            return queue[0].offset
+        return self._next.get(tp)
+
+    def cap(self, tp: TopicPartition, offset: int | None) -> int | None:
+        """Limits a commit that faust proposes to what this ledger has finished.
+
+        faust also acks on its own (it skips records of an older consumer generation that
+        were queued before a rebalance) and then commits past a hole when its committed
+        offset is 0 or unknown; this cap keeps such an ack from carrying the commit over
+        records that are being redone.
+        """
+        if offset is None:
+            return None
+        limit = self.commit_point(tp)
+        return None if limit is None else min(offset, limit)
 
     def open_count(self) -> int:
         return sum(len(q) for q in self._open.values())

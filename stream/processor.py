@@ -15,9 +15,10 @@ import os
 import secrets
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import faust
+import mode
 import orjson
 
 from stream.errors import BadRecord, SpecError
@@ -26,7 +27,7 @@ from stream.llm import LLM
 from stream.models import ActivityRecord, BatchRef, DeadLetter, NoActionRecord, SourcePosition
 from stream.offsets import Entry, OffsetLedger
 from stream.prompt import Instance, PromptBuilder, estimate_tokens
-from stream.publish import OutRecord, Publisher
+from stream.publish import OutRecord, Publisher, PublishError
 from stream.settings import Settings, Topics
 from stream.solve import Answer, Outcome, Solver
 from stream.spec import NO_ACTION, AgentSpec
@@ -38,6 +39,7 @@ __all__ = ["Pipeline", "build_app", "call_id", "resolve_api_key"]
 log = logging.getLogger("stream.processor")
 
 _BATCH_TRIES = 3
+_RAW_KEEP = 64 * 1024
 
 
 def call_id(source: SourcePosition, tool: str, ordinal: int) -> str:
@@ -58,6 +60,10 @@ def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
     raise SpecError(
         f"no API key: set {spec.model.api_key_env}, STREAM_LLM_API_KEY or model.api_key_file"
     )
+
+
+def _position(source: SourcePosition) -> tuple[str, int, int]:
+    return (source.topic, source.partition, source.offset)
 
 
 def _dumps(record: Any) -> bytes:
@@ -127,7 +133,9 @@ class Pipeline:
                 reason=exc.message,
                 scope="item",
                 source=source,
-                raw_b64=base64.b64encode(value).decode() if value is not None else None,
+                # Capped: a dead letter must never be too large for the broker itself.
+                raw_b64=base64.b64encode(value[:_RAW_KEEP]).decode() if value else None,
+                raw_size=len(value) if value is not None else None,
             )
             log.warning(
                 "dead letter %s at %s/%d/%d: %s",
@@ -167,7 +175,14 @@ class Pipeline:
             if previous is not None:
                 # Publish in batch order so each instance's outputs keep its input order.
                 await asyncio.shield(previous)
-            await self.publisher.publish(records)
+            # Items of partitions revoked meanwhile are being redone by their new owner.
+            gone = {_position(i.instance.source) for i in items if i.entry.dropped}
+            records = [r for r in records if r.origin not in gone]
+            try:
+                await self.publisher.publish(records)
+            except PublishError as exc:
+                log.error("batch %s: %s; dead-lettering its items", batch_id, exc.message)
+                await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
             for item in items:
                 self.ledger.finish(item.entry)
         finally:
@@ -187,19 +202,24 @@ class Pipeline:
                 log.exception("batch %s failed (try %d of %d)", batch_id, attempt, _BATCH_TRIES)
                 error = exc
                 await asyncio.sleep(0.5 * attempt)
+        return self._internal_errors(batch_id, items, error, _BATCH_TRIES)
+
+    def _internal_errors(
+        self, batch_id: str, items: list[_Item], error: Exception, attempts: int
+    ) -> list[OutRecord]:
         return [
             self._letter_record(
                 DeadLetter(
                     code="internal_error",
-                    reason=f"processing failed: {error!r}",
+                    reason=f"processing failed: {error!r}"[:2000],
                     scope="item",
-                    instance=inst.id,
-                    source=inst.source,
-                    attempts=_BATCH_TRIES,
+                    instance=item.instance.id,
+                    source=item.instance.source,
+                    attempts=attempts,
                     batch_id=batch_id,
                 )
             )
-            for inst in instances
+            for item in items
         ]
 
     def _records(self, batch_id: str, outcome: Outcome) -> list[OutRecord]:
@@ -260,11 +280,18 @@ class Pipeline:
                     source=inst.source,
                     batch=batch,
                 )
-                records.append(OutRecord(self.topics.no_action, key, _dumps(rec)))
+                records.append(
+                    OutRecord(self.topics.no_action, key, _dumps(rec), _position(inst.source))
+                )
                 self.stats["no_action"] += 1
                 continue
             tool = self.spec.tool(call.tool)
             assert tool is not None  # the validator admits known tools only
+            if tool.kind == "latent":
+                # The model answered it itself: a thought, never published. Writing
+                # latent results to `_outputPath` comes with instance state.
+                self.stats["latent_calls"] += 1
+                continue
             # The model addressed a token; the world gets the producer's id back.
             published = call.model_copy(update={"instance": inst.id})
             rec = ActivityRecord(
@@ -278,9 +305,22 @@ class Pipeline:
                 model=self.llm.model,
             )
             records.append(
-                OutRecord(tool.topic or self.topics.activity(tool.name), key, _dumps(rec))
+                OutRecord(
+                    tool.topic or self.topics.activity(tool.name),
+                    key,
+                    _dumps(rec),
+                    _position(inst.source),
+                )
             )
             self.stats[f"calls.{call.tool}"] += 1
+        if not records:
+            # Only latent calls: the instance needs no action, and says so on the record.
+            rec = NoActionRecord(
+                instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
+            )
+            records.append(
+                OutRecord(self.topics.no_action, key, _dumps(rec), _position(inst.source))
+            )
         return records
 
     def _context(self, inst: Instance, scopes: list[str] | None) -> list[dict[str, Any]]:
@@ -295,7 +335,22 @@ class Pipeline:
 
     def _letter_record(self, letter: DeadLetter) -> OutRecord:
         key = letter.instance.encode() if letter.instance else None
-        return OutRecord(self.topics.dead_letter, key, _dumps(letter))
+        origin = _position(letter.source) if letter.source else None
+        return OutRecord(self.topics.dead_letter, key, _dumps(letter), origin)
+
+
+def _cap_commits(app: faust.App, ledger: OffsetLedger, input_topic: str) -> None:
+    """Routes every commit faust computes for the input topic through the ledger."""
+    consumer: Any = app.consumer  # faust exposes no public hook for this
+    proposed = consumer._new_offset
+
+    def capped(tp: Any) -> int | None:
+        offset = proposed(tp)
+        if tp.topic != input_topic:
+            return cast(int | None, offset)
+        return ledger.cap((tp.topic, tp.partition), offset)
+
+    consumer._new_offset = capped
 
 
 def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str) -> faust.App:
@@ -315,6 +370,10 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
         web_enabled=False,
         topic_partitions=settings.partitions,
         topic_allow_declare=False,
+        # An agent that crashed cannot be resumed in place: its unfinished records would
+        # never be redelivered. Crash the worker instead; the group redelivers from the
+        # last commit and the process supervisor (Kubernetes, compose) restarts it.
+        agent_supervisor=mode.CrashingSupervisor,
     )
     llm = LLM(
         base_url=llm_url,
@@ -329,6 +388,7 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
 
     @app.agent(source_topic, concurrency=1)
     async def process(stream: Any) -> None:
+        _cap_commits(app, pipeline.ledger, topics.input)
         await pipeline.start()
         try:
             async for event in stream.noack().events():

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-__all__ = ["OutRecord", "Publisher"]
+from stream.errors import StreamError
+
+__all__ = ["OutRecord", "PublishError", "Publisher"]
 
 log = logging.getLogger("stream.publish")
 
@@ -26,6 +28,11 @@ class OutRecord:
     topic: str
     key: bytes | None
     value: bytes
+    origin: tuple[str, int, int] | None = None  # the input record this one answers
+
+
+class PublishError(StreamError):
+    """The broker refused a record for good (e.g. too large); retrying cannot help."""
 
 
 class Publisher:
@@ -60,27 +67,33 @@ class Publisher:
         todo = list(records)
         attempt = 0
         while todo:
+            outcomes: list[BaseException | None] = []
             futures = []
-            failed: list[OutRecord] = []
             for rec in todo:
                 try:
                     futures.append(await self._producer.send(rec.topic, rec.value, key=rec.key))
                 except KafkaError as exc:
-                    log.warning("send to %s failed before queueing: %r", rec.topic, exc)
-                    futures.append(None)
-            results = await asyncio.gather(
-                *(f for f in futures if f is not None), return_exceptions=True
+                    futures.append(_failed(exc))
+            for result in await asyncio.gather(*futures, return_exceptions=True):
+                outcomes.append(result if isinstance(result, BaseException) else None)
+            first = next((i for i, err in enumerate(outcomes) if err is not None), None)
+            if first is None:
+                self.sent += len(todo)
+                return
+            error = outcomes[first]
+            if isinstance(error, KafkaError) and not error.retriable:
+                raise PublishError(f"broker refused a record for {todo[first].topic}: {error!r}")
+            # Resend from the first failure on, so an instance's records keep their order.
+            self.sent += first
+            todo = todo[first:]
+            attempt += 1
+            self.retries += len(todo)
+            delay = min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0)
+            log.warning(
+                "%d publishes not acknowledged (%r); retrying in %.1fs", len(todo), error, delay
             )
-            it = iter(results)
-            for rec, fut in zip(todo, futures, strict=True):
-                result = next(it) if fut is not None else KafkaError("not queued")
-                if isinstance(result, BaseException):
-                    failed.append(rec)
-            self.sent += len(todo) - len(failed)
-            if failed:
-                attempt += 1
-                self.retries += len(failed)
-                delay = min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0)
-                log.warning("%d publishes not acknowledged; retrying in %.1fs", len(failed), delay)
-                await asyncio.sleep(delay)
-            todo = failed
+            await asyncio.sleep(delay)
+
+
+async def _failed(exc: BaseException) -> None:
+    raise exc

@@ -46,3 +46,25 @@ class FakeLLM:
 
     async def close(self) -> None:
         return None
+
+
+class FakePublisher:
+    """Keeps what would be published; can refuse a publish for good, like a broker."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+        self.refuse_next = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def publish(self, records: list[Any]) -> None:
+        from stream.publish import PublishError
+
+        if self.refuse_next:
+            self.refuse_next -= 1
+            raise PublishError("broker refused a record (fake): MessageSizeTooLargeError")
+        self.records.extend(records)

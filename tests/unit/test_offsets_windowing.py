@@ -53,3 +53,17 @@ async def test_window_closes_on_items_tokens_and_wait() -> None:
     await asyncio.sleep(0.15)
     assert closed[-1] == ([50], "wait")
     await w.stop()
+
+
+def test_cap_keeps_faust_from_committing_past_unfinished_records() -> None:
+    ledger = OffsetLedger()
+    tp = ("t", 0)
+    assert ledger.cap(tp, 36) is None  # nothing finished here yet: commit nothing
+    entries = [ledger.track(tp, o, lambda: None) for o in range(10, 14)]
+    ledger.finish(entries[0])
+    assert ledger.commit_point(tp) == 11
+    assert ledger.cap(tp, 36) == 11  # a stray ack at 35 must not carry the commit
+    for e in entries[1:]:
+        ledger.finish(e)
+    assert ledger.cap(tp, 36) == 14
+    assert ledger.cap(tp, 12) == 12

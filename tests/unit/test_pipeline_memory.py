@@ -1,0 +1,106 @@
+"""The processor's pipeline in memory: fake LLM and publisher, real windowing and ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, cast
+
+import orjson
+
+from stream.llm import LLM
+from stream.models import SourcePosition
+from stream.processor import Pipeline
+from stream.publish import Publisher
+from stream.settings import DEFAULT_SPEC, Settings
+from stream.spec import AgentSpec, Tool, load_spec
+from tests.fakes import FakeLLM, FakePublisher
+
+
+def _pipeline(spec: AgentSpec | None = None) -> tuple[Pipeline, FakePublisher]:
+    pub = FakePublisher()
+    settings = Settings(bootstrap_servers="unused:9092", max_record_bytes=1000)
+    pipe = Pipeline(
+        settings, spec or load_spec(DEFAULT_SPEC), cast(LLM, FakeLLM()), cast(Publisher, pub)
+    )
+    return pipe, pub
+
+
+async def _feed(pipe: Pipeline, records: list[tuple[int, int, bytes]], acked: list[Any]) -> None:
+    await pipe.start()
+    for partition, offset, value in records:
+        src = SourcePosition(topic="items", partition=partition, offset=offset)
+        await pipe.offer(value, None, src, functools.partial(acked.append, (partition, offset)))
+    await pipe.windower.flush()
+    while pipe._tasks:
+        await asyncio.gather(*list(pipe._tasks))
+
+
+def _item(i: int, text: str = "lovely post") -> bytes:
+    return orjson.dumps({"_instance": f"p-{i}", "comment": f"{text} {i}"})
+
+
+def _decoded(pub: FakePublisher, topic_part: str) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value) for r in pub.records if topic_part in r.topic]
+
+
+async def test_every_record_acked_in_offset_order_with_one_outcome_each() -> None:
+    pipe, pub = _pipeline()
+    records = [(i % 2, i // 2, _item(i)) for i in range(60)]
+    records[11] = (1, 5, b"{broken")
+    acked: list[Any] = []
+    await _feed(pipe, records, acked)
+    for part in (0, 1):
+        offsets = [o for p, o in acked if p == part]
+        assert offsets == list(range(30))
+    calls = _decoded(pub, "activity.moderateComment")
+    letters = _decoded(pub, "deadletter")
+    assert len(calls) == 59
+    assert [(d["code"], d["source"]["offset"]) for d in letters] == [("not_json", 5)]
+    assert pipe.stats["llm_requests"] == 3  # 59 items, windows of 25
+
+
+async def test_revoked_partition_publishes_and_acks_nothing() -> None:
+    pipe, pub = _pipeline()
+    acked: list[Any] = []
+    await pipe.start()
+    for i in range(10):
+        src = SourcePosition(topic="items", partition=i % 2, offset=i // 2)
+        await pipe.offer(_item(i), None, src, functools.partial(acked.append, (i % 2, i // 2)))
+    pipe.ledger.drop([("items", 1)])
+    await pipe.windower.flush()
+    await asyncio.gather(*list(pipe._tasks))
+    assert {p for p, _ in acked} == {0}
+    assert {r.origin[1] for r in pub.records if r.origin} == {0}
+
+
+async def test_refused_publish_dead_letters_the_batch_instead_of_stalling() -> None:
+    pipe, pub = _pipeline()
+    pub.refuse_next = 1
+    acked: list[Any] = []
+    await _feed(pipe, [(0, i, _item(i)) for i in range(5)], acked)
+    letters = _decoded(pub, "deadletter")
+    assert [d["code"] for d in letters] == ["internal_error"] * 5
+    assert "MessageSizeTooLarge" in letters[0]["reason"]
+    assert len(acked) == 5
+
+
+async def test_latent_calls_are_never_published() -> None:
+    base = load_spec(DEFAULT_SPEC)
+    think = Tool(name="think", description="a private thought", kind="latent")
+    spec = base.model_copy(update={"tools": [base.tools[0], think]})
+    pipe, pub = _pipeline(spec)
+    acked: list[Any] = []
+    await _feed(pipe, [(0, 0, _item(0, "you stupid idiot")), (0, 1, _item(1))], acked)
+    assert not [r for r in pub.records if "think" in r.topic]
+    assert pipe.stats["latent_calls"] == 1
+    assert len(_decoded(pub, "activity.moderateComment")) == 2
+
+
+async def test_oversized_record_dead_letter_keeps_a_capped_copy() -> None:
+    pipe, pub = _pipeline()
+    acked: list[Any] = []
+    await _feed(pipe, [(0, 0, b'{"_instance": "x", "c": "' + b"y" * 5000 + b'"}')], acked)
+    (letter,) = _decoded(pub, "deadletter")
+    assert letter["code"] == "too_large" and letter["raw_size"] > 5000
+    assert acked == [(0, 0)]
