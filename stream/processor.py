@@ -364,6 +364,8 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
         datadir=str(settings.data_dir),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.commit_interval,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.session_timeout_s / 5,
         # Waiting for in-flight batches on a rebalance would stall the group during an
         # LLM outage; their items are redone by the new owner instead (same call_ids).
         stream_wait_empty=False,

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(
         3, ge=1, description="Asks per group of instances before it is split or dead-lettered"
     )
+    session_timeout_s: float = Field(
+        15.0, ge=6, description="A processor silent this long leaves the group (crash take-over)"
+    )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     log_level: str = Field("INFO", description="Log level of the processor")
 

@@ -76,7 +76,7 @@ async def deploy(
 ) -> AsyncIterator[Callable[..., Awaitable[Deployment]]]:
     """Factory: start a processor on fresh topics; stopped (and its log shown) at the end."""
     sim, url = simulator
-    sim.config = sim.config.model_copy(update={"faults": Faults()})
+    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
     started: list[Deployment] = []
 
     async def make(**env: str) -> Deployment:
@@ -86,6 +86,7 @@ async def deploy(
             f"t{secrets.token_hex(4)}.",
             "stream-test-",
             STREAM_COMMIT_INTERVAL="0.5",
+            STREAM_SESSION_TIMEOUT_S="6",
             **env,
         )
         dep = Deployment(bootstrap, settings, spec, sim, proc)

@@ -218,3 +218,27 @@ def test_demo_command_accounts_for_every_item(bootstrap: str) -> None:
     assert 0 < result["llm_requests"] <= 80 / 25 + 4
     assert result["activity_handled"] == sum(result["calls"].values())
     assert result["prompt_tokens"] > 0 and result["completion_tokens"] > 0
+
+
+async def test_kill_9_mid_stream_loses_nothing(deploy: Deploy) -> None:
+    dep = await deploy()
+    dep.sim.config.latency_ms = 300  # keep several batches in flight when the kill lands
+    await dep.produce_items(_items(200, "kill"))
+    for _ in range(200):
+        published = await dep.records(dep.activity_topic("moderateComment"))
+        if len(published) >= 25:
+            break
+        await asyncio.sleep(0.1)
+    dep.proc.kill()  # SIGKILL: no commit, no flush, no goodbye
+    assert 25 <= len(published) < 200
+    dep.proc.start()  # the same consumer group picks up from the last commit
+    report = await dep.settle(200, wait_s=120)
+    assert report.unaccounted == 0, report.missing[:5]
+    assert report.unexpected == 0
+    # duplicates are allowed (a redone batch), but they carry the same call_id
+    published = await dep.records(dep.activity_topic("moderateComment"))
+    by_id: dict[str, set[str]] = {}
+    for rec in published:
+        by_id.setdefault(rec["call_id"], set()).add(rec["instance"])
+    assert all(len(ids) == 1 for ids in by_id.values())
+    assert {i for ids in by_id.values() for i in ids} == {f"kill-{i:04d}" for i in range(200)}
