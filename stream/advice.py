@@ -1,0 +1,102 @@
+"""Weighted tool selection: parse the advisors' inline-JSON votes, weight them, and
+reduce a council's opinions about one instance to a consensus and a divergence figure.
+
+Pure functions over plain data, so the arithmetic is testable on its own. Malformed votes
+are data too: they are recorded with the reason and left out of the sum, never raised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["Consensus", "Vote", "aggregate", "parse_votes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """One advisor's opinion reduced to a distribution over options (tools or values)."""
+
+    advisor: str
+    weight: float
+    shares: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Consensus:
+    option: str | None
+    score: float
+    divergence: float
+    distribution: dict[str, float]
+    advisors: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "option": self.option,
+            "score": round(self.score, 4),
+            "divergence": round(self.divergence, 4),
+            "distribution": {k: round(v, 4) for k, v in sorted(self.distribution.items())},
+            "advisors": self.advisors,
+        }
+
+
+def parse_votes(raw: Any) -> tuple[dict[str, float] | None, str | None]:
+    """Inline JSON like '{"approve": 10, "reject": 90}' -> shares summing to 1.
+
+    Returns (shares, None) or (None, reason). Numbers given as strings are accepted;
+    negative, non-finite or non-numeric votes, and an all-zero ballot, are refused.
+    """
+    if isinstance(raw, dict):
+        data: Any = raw
+    elif isinstance(raw, str):
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return None, f"votes are not JSON: {exc}"
+    else:
+        return None, f"votes must be a JSON string, got {type(raw).__name__}"
+    if not isinstance(data, dict) or not data:
+        return None, "votes must be a non-empty JSON object of option -> number"
+    weights: dict[str, float] = {}
+    for option, value in data.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None, f"vote for {option!r} is not a number: {value!r}"
+        if not math.isfinite(number) or number < 0:
+            return None, f"vote for {option!r} must be a finite number >= 0, got {value!r}"
+        weights[str(option)] = weights.get(str(option), 0.0) + number
+    total = sum(weights.values())
+    if total <= 0:
+        return None, "all votes are zero"
+    return {k: v / total for k, v in weights.items()}, None
+
+
+def aggregate(votes: Sequence[Vote]) -> Consensus:
+    """Weighted mean of the advisors' distributions.
+
+    `score` is the consensus option's share; `divergence` is the weighted mean total
+    variation distance between each advisor and the consensus: 0 when the council is
+    unanimous, growing towards 1 as advisors put all their weight on different options
+    (two opposed advisors of equal weight: 0.5).
+    """
+    counted = [v for v in votes if v.weight > 0 and v.shares]
+    total = sum(v.weight for v in counted)
+    if not counted or total <= 0:
+        return Consensus(None, 0.0, 0.0, {}, 0)
+    options = sorted({o for v in counted for o in v.shares})
+    mean = {o: sum(v.weight * v.shares.get(o, 0.0) for v in counted) / total for o in options}
+    # Ties go to the alphabetically first option, so the result never depends on order.
+    best = max(options, key=lambda o: (mean[o], [-ord(c) for c in o]))
+    divergence = (
+        sum(
+            v.weight * 0.5 * sum(abs(v.shares.get(o, 0.0) - mean[o]) for o in options)
+            for v in counted
+        )
+        / total
+    )
+    return Consensus(best, mean[best], divergence, mean, len(counted))

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import math
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stream.advice import Vote, aggregate, parse_votes
+
+Council = list[tuple[str, float, dict[str, int]]]
+OPTIONS = ["approve", "reject", "escalate"]
+ballots = st.dictionaries(st.sampled_from(OPTIONS), st.integers(0, 100), min_size=1).filter(
+    lambda d: sum(d.values()) > 0
+)
+councils = st.lists(
+    st.tuples(st.text(min_size=1, max_size=8), st.floats(0.1, 10), ballots),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _votes(council: Council) -> list[Vote]:
+    out = []
+    for advisor, weight, ballot in council:
+        shares, error = parse_votes(orjson.dumps(ballot).decode())
+        assert error is None and shares is not None
+        out.append(Vote(advisor, weight, shares))
+    return out
+
+
+def test_parse_inline_json_votes() -> None:
+    assert parse_votes('{"approve": 10, "reject": 90}') == ({"approve": 0.1, "reject": 0.9}, None)
+    assert parse_votes('{"approve": "30", "reject": 10}')[0] == {"approve": 0.75, "reject": 0.25}
+
+
+def test_malformed_votes_are_reasons_not_exceptions() -> None:
+    for raw in [
+        '{"approve": ten}',
+        "[1, 2]",
+        '{"a": -1}',
+        '{"a": 0}',
+        "{}",
+        42,
+        '{"a": "x"}',
+        '{"a": 1e999}',
+    ]:
+        shares, error = parse_votes(raw)
+        assert shares is None and error
+
+
+@given(st.one_of(st.text(), st.binary().map(lambda b: b.decode("latin-1"))))
+def test_parse_never_raises(raw: str) -> None:
+    shares, error = parse_votes(raw)
+    assert (shares is None) != (error is None)
+    if shares is not None:
+        assert math.isclose(sum(shares.values()), 1.0)
+
+
+@given(councils, st.floats(0.1, 100))
+def test_scaling_every_weight_changes_nothing(council: Council, factor: float) -> None:
+    base = aggregate(_votes(council))
+    scaled = aggregate(_votes([(a, w * factor, b) for a, w, b in council]))
+    assert base.option == scaled.option
+    assert math.isclose(base.score, scaled.score, abs_tol=1e-9)
+    assert math.isclose(base.divergence, scaled.divergence, abs_tol=1e-9)
+
+
+@given(councils)
+def test_order_of_advisors_does_not_matter(
+    council: Council,
+) -> None:
+    forward = aggregate(_votes(council))
+    backward = aggregate(_votes(list(reversed(council))))
+    assert forward.option == backward.option
+    assert math.isclose(forward.score, backward.score, abs_tol=1e-9)
+    assert math.isclose(forward.divergence, backward.divergence, abs_tol=1e-9)
+
+
+@given(ballots, st.lists(st.floats(0.1, 10), min_size=1, max_size=5))
+def test_unanimous_council_has_zero_divergence(
+    ballot: dict[str, int], weights: list[float]
+) -> None:
+    result = aggregate(_votes([(f"a{i}", w, ballot) for i, w in enumerate(weights)]))
+    assert math.isclose(result.divergence, 0.0, abs_tol=1e-9)
+    assert 0.0 <= result.score <= 1.0
+
+
+@given(st.floats(1.1, 50))
+def test_a_heavier_advisor_pulls_the_consensus(weight: float) -> None:
+    council = [("strict", weight, {"reject": 100}), ("lenient", 1.0, {"approve": 100})]
+    result = aggregate(_votes(council))
+    assert result.option == "reject"
+    assert math.isclose(result.score, weight / (weight + 1))
+    assert 0 < result.divergence <= 1
+
+
+def test_opposed_equal_advisors_diverge() -> None:
+    result = aggregate(_votes([("a", 1, {"approve": 100}), ("b", 1, {"reject": 100})]))
+    assert math.isclose(result.divergence, 0.5)
+    assert result.option == "approve"  # ties: alphabetically first, never order-dependent
