@@ -14,7 +14,11 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Consensus", "Vote", "aggregate", "parse_votes"]
+from stream.models import Call, OpinionRecord
+from stream.spec import AdviceSettings, AgentSpec
+from stream.validate import Opinion
+
+__all__ = ["Consensus", "Vote", "aggregate", "gate", "parse_votes", "summarise"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +104,56 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
         / total
     )
     return Consensus(best, mean[best], divergence, mean, len(counted))
+
+
+def summarise(
+    spec: AgentSpec, opinions: Sequence[Opinion]
+) -> tuple[list[OpinionRecord], Consensus]:
+    """The opinions about one instance as records, and the weighted consensus."""
+    records: list[OpinionRecord] = []
+    votes: list[Vote] = []
+    for opinion in sorted(opinions, key=lambda o: o.advisor):
+        advisor = spec.advisor(opinion.advisor)
+        weight = advisor.weight if advisor else 0.0
+        shares, error = parse_votes(opinion.votes_raw)
+        error = opinion.error or error
+        if shares is not None and opinion.error is None:
+            votes.append(Vote(opinion.advisor, weight, shares))
+        records.append(
+            OpinionRecord(
+                advisor=opinion.advisor,
+                weight=weight,
+                instanced=opinion.token is not None,
+                fields=opinion.fields,
+                votes=None if shares is None else {k: round(v, 4) for k, v in shares.items()},
+                votes_raw=opinion.votes_raw,
+                error=error,
+            )
+        )
+    return records, aggregate(votes)
+
+
+def _options(call: Call) -> set[str]:
+    """What a call chooses: its tool, and the string values of its arguments."""
+    return {call.tool} | {v for v in call.arguments.values() if isinstance(v, str)}
+
+
+def gate(call: Call, consensus: Consensus, settings: AdviceSettings) -> str | None:
+    """Why this call must go to review instead of its activity topic, or None.
+
+    Only calls that choose among the options the council voted on are judged: a call
+    against a clear consensus, or one taken where the council reached no consensus.
+    """
+    if settings.mode != "gate" or consensus.option is None:
+        return None
+    voted_on = _options(call) & set(consensus.distribution)
+    if not voted_on:
+        return None
+    if consensus.score < settings.min_score:
+        return f"no consensus: {consensus.option} at {consensus.score:.2f} < {settings.min_score}"
+    if consensus.option not in voted_on and consensus.score >= settings.clear_score:
+        return (
+            f"against the council: it favours {consensus.option} at {consensus.score:.2f}, "
+            f"the call chose {sorted(voted_on)}"
+        )
+    return None

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel, Field
 
 from stream.models import ITEM_CODES
+from stream.settings import Topics
 
 __all__ = ["AuditReport", "audit", "read_topic"]
 
@@ -29,6 +30,7 @@ class AuditReport(BaseModel):
     unexpected: int = Field(description="Outcomes whose source is not on the input topic")
     calls_by_tool: dict[str, int]
     fire_and_forget: int
+    reviewed: int = Field(description="Calls the advice gate sent to the review topic")
     no_action: int
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
     item_dead_letters: int
@@ -75,13 +77,10 @@ async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[tuple[int, int
         await consumer.stop()
 
 
-async def audit(
-    bootstrap: str,
-    input_topic: str,
-    activity_topics: list[str],
-    no_action_topic: str,
-    dead_letter_topic: str,
-) -> AuditReport:
+async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> AuditReport:
+    """Reads the input topic and every outcome topic (activity, review, no-action, dead
+    letters) and reports which input items have no outcome."""
+    input_topic = topics.input
     inputs: set[Position] = set()
     async for partition, offset, _ in read_topic(bootstrap, input_topic):
         inputs.add((input_topic, partition, offset))
@@ -90,7 +89,7 @@ async def audit(
     calls: Counter[str] = Counter()
     letters: Counter[str] = Counter()
     seen_ids: set[str] = set()
-    duplicates = fire_and_forget = no_action = item_letters = 0
+    duplicates = fire_and_forget = no_action = item_letters = reviewed = 0
     instances: list[str] = []
 
     def mark(source: dict[str, object] | None) -> None:
@@ -105,22 +104,25 @@ async def audit(
         else:
             unexpected += 1
 
-    for topic in activity_topics:
+    for topic in [*activity_topics, topics.review]:
         async for _, _, value in read_topic(bootstrap, topic):
             rec = orjson.loads(value or b"{}")
             if rec.get("call_id") in seen_ids:
                 duplicates += 1
                 continue
             seen_ids.add(rec.get("call_id"))
-            calls[rec.get("tool", "?")] += 1
+            if topic == topics.review:
+                reviewed += 1
+            else:
+                calls[rec.get("tool", "?")] += 1
             if "_outputPath" not in rec.get("call", {}):
                 fire_and_forget += 1
             instances.append(str(rec.get("instance")))
             mark(rec.get("source"))
-    async for _, _, value in read_topic(bootstrap, no_action_topic):
+    async for _, _, value in read_topic(bootstrap, topics.no_action):
         no_action += 1
         mark(orjson.loads(value or b"{}").get("source"))
-    async for _, _, value in read_topic(bootstrap, dead_letter_topic):
+    async for _, _, value in read_topic(bootstrap, topics.dead_letter):
         rec = orjson.loads(value or b"{}")
         letters[rec.get("code", "?")] += 1
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
@@ -134,6 +136,7 @@ async def audit(
         unexpected=unexpected,
         calls_by_tool=dict(calls),
         fire_and_forget=fire_and_forget,
+        reviewed=reviewed,
         no_action=no_action,
         dead_letters=dict(letters),
         item_dead_letters=item_letters,

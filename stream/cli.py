@@ -99,11 +99,10 @@ def _schemas(args: argparse.Namespace) -> int:
 
 def _audit(_: argparse.Namespace) -> int:
     from stream.audit import audit
+    from stream.topics import activity_topics
 
     settings, spec, bootstrap = _configured()
-    t = settings.topics
-    acts = [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
-    report = asyncio.run(audit(bootstrap, t.input, acts, t.no_action, t.dead_letter))
+    report = asyncio.run(audit(bootstrap, settings.topics, activity_topics(settings, spec)))
     print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
     return 0 if not report.missing and not report.unexpected else 1
 

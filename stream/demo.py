@@ -29,7 +29,7 @@ from stream.samples import comments, malformed_records
 from stream.settings import Settings
 from stream.simulator import SimConfig, Simulator, running_simulator
 from stream.spec import AgentSpec, load_spec
-from stream.topics import ensure_topics, product_topics
+from stream.topics import activity_topics, ensure_topics, product_topics
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
@@ -96,11 +96,9 @@ async def wait_accounted(
     wait_s: float,
     proc: ProcessorProcess | None = None,
 ) -> AuditReport:
-    t = settings.topics
-    acts = [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
     deadline = time.monotonic() + wait_s
     while True:
-        report = await audit(bootstrap, t.input, acts, t.no_action, t.dead_letter)
+        report = await audit(bootstrap, settings.topics, activity_topics(settings, spec))
         if report.inputs >= expected and report.unaccounted == 0:
             return report
         if time.monotonic() > deadline:
@@ -177,6 +175,14 @@ async def _demo(
         orjson.loads(v or b"{}")
         async for _, _, v in read_topic(bootstrap, settings.topics.dead_letter)
     ]
+    advice = (
+        [
+            orjson.loads(v or b"{}")
+            async for _, _, v in read_topic(bootstrap, settings.topics.advice)
+        ]
+        if spec.advisors
+        else []
+    )
     stats = sim.stats
     return {
         "items": n,
@@ -193,6 +199,12 @@ async def _demo(
         ],
         "unaccounted": report.unaccounted,
         "duplicate_calls": report.duplicate_calls,
+        "reviewed": report.reviewed,
+        "advice_records": len(advice),
+        "advisor_opinions": sum(len(a["opinions"]) for a in advice),
+        "malformed_votes": sum(1 for a in advice for o in a["opinions"] if o.get("error")),
+        "consults": sum(len(a.get("consulted", [])) for a in advice),
+        "divergent": sum(1 for a in advice if a["divergent"]),
         "activity_handled": activities.handled,
         "prompt_tokens": stats["prompt_tokens"],
         "completion_tokens": stats["completion_tokens"],
@@ -227,6 +239,9 @@ def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: floa
             )
             + f"tokens: prompt {result['prompt_tokens']} (cached {result['cached_tokens']}), "
             f"completion {result['completion_tokens']}\n"
+            f"advisors: {result['advisor_opinions']} opinions on {result['advice_records']} "
+            f"instances, {result['consults']} consults, {result['divergent']} divergent, "
+            f"{result['reviewed']} calls held for review\n"
             f"activity handler ran {result['activity_handled']} times\n"
             f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
         )

@@ -13,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ITEM_CODES",
     "ActivityRecord",
+    "AdviceRecord",
     "BatchRef",
     "Call",
     "DeadLetter",
     "DeadLetterCode",
     "NoActionRecord",
+    "OpinionRecord",
     "SourcePosition",
 ]
 
@@ -78,7 +80,41 @@ class ActivityRecord(_Record):
     source: SourcePosition
     batch: BatchRef
     model: str
-    advice: dict[str, Any] | None = None
+    advice: dict[str, Any] | None = Field(
+        None, description="The council's consensus and votes for this instance, if advised"
+    )
+    review: str | None = Field(
+        None, description="On the review topic: why the advice gate held this call back"
+    )
+
+
+class OpinionRecord(_Record):
+    advisor: str
+    weight: float
+    instanced: bool = Field(description="false: one opinion for the whole request")
+    fields: dict[str, Any] = Field(description="The opinion's own fields (its schema's)")
+    votes: dict[str, float] | None = Field(None, description="Normalised votes (sum 1)")
+    votes_raw: Any = Field(None, description="The inline JSON as the model wrote it")
+    error: str | None = Field(None, description="Why the votes or fields were not usable")
+
+
+class AdviceRecord(_Record):
+    """Published to the advice topic, keyed by instance id: one per instance and turn."""
+
+    instance: str
+    turn: int = 1
+    source: SourcePosition
+    batch: BatchRef
+    opinions: list[OpinionRecord]
+    consensus: dict[str, Any] = Field(
+        description="option, score, divergence, distribution, advisors"
+    )
+    divergent: bool = Field(description="divergence at or above the spec's alert level")
+    consulted: list[str] = Field(default_factory=list)
+    call_ids: list[str] = Field(default_factory=list)
+    reviewed: list[str] = Field(
+        default_factory=list, description="call_ids the gate sent to the review topic"
+    )
 
 
 class NoActionRecord(_Record):

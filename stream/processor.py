@@ -21,10 +21,19 @@ import faust
 import mode
 import orjson
 
+from stream.advice import Consensus, gate, summarise
 from stream.errors import BadRecord, SpecError
 from stream.intake import parse_item
 from stream.llm import LLM
-from stream.models import ActivityRecord, BatchRef, DeadLetter, NoActionRecord, SourcePosition
+from stream.models import (
+    ActivityRecord,
+    AdviceRecord,
+    BatchRef,
+    DeadLetter,
+    NoActionRecord,
+    OpinionRecord,
+    SourcePosition,
+)
 from stream.offsets import Entry, OffsetLedger
 from stream.prompt import Instance, PromptBuilder, estimate_tokens
 from stream.publish import OutRecord, Publisher, PublishError
@@ -87,7 +96,13 @@ class Pipeline:
         self.topics: Topics = settings.topics
         self.llm = llm
         self.publisher = publisher
-        self.solver = Solver(llm, PromptBuilder(spec), Validator(spec), settings.max_attempts)
+        self.solver = Solver(
+            llm,
+            PromptBuilder(spec),
+            Validator(spec),
+            settings.max_attempts,
+            spec.advice.max_consults,
+        )
         self.ledger = OffsetLedger()
         self.slots = asyncio.Semaphore(spec.window.max_in_flight)
         self.windower: Windower[_Item] = Windower(
@@ -227,6 +242,8 @@ class Pipeline:
         self.stats["prompt_tokens"] += outcome.prompt_tokens
         self.stats["completion_tokens"] += outcome.completion_tokens
         self.stats["cached_tokens"] += outcome.cached_tokens
+        self.stats["consults"] += outcome.consults
+        self.stats["stray_opinions"] += outcome.stray_opinions
         out: list[OutRecord] = []
         # Keep input order: answers arrive grouped by ask, not by offset.
         for answer in sorted(outcome.answers, key=lambda a: a.instance.source.offset):
@@ -270,6 +287,19 @@ class Pipeline:
         batch = BatchRef(id=batch_id, size=answer.size, token=answer.token, attempt=answer.attempt)
         ordinals: Counter[str] = Counter()
         records = []
+        advice: dict[str, Any] | None = None
+        consensus: Consensus | None = None
+        opinions: list[OpinionRecord] = []
+        if self.spec.advisors:
+            opinions, consensus = summarise(self.spec, answer.opinions)
+            advice = {
+                **consensus.as_dict(),
+                "divergent": consensus.divergence >= self.spec.advice.divergence_alert,
+                "votes": {o.advisor: o.votes for o in opinions},
+                "consulted": answer.consulted,
+            }
+        call_ids: list[str] = []
+        reviewed: list[str] = []
         for call in answer.calls:
             ordinal = ordinals[call.tool]
             ordinals[call.tool] += 1
@@ -294,8 +324,11 @@ class Pipeline:
                 continue
             # The model addressed a token; the world gets the producer's id back.
             published = call.model_copy(update={"instance": inst.id})
+            cid = call_id(inst.source, call.tool, ordinal)
+            review = gate(call, consensus, self.spec.advice) if consensus else None
+            call_ids.append(cid)
             rec = ActivityRecord(
-                call_id=call_id(inst.source, call.tool, ordinal),
+                call_id=cid,
                 tool=call.tool,
                 instance=inst.id,
                 call=published,
@@ -303,15 +336,14 @@ class Pipeline:
                 source=inst.source,
                 batch=batch,
                 model=self.llm.model,
+                advice=advice,
+                review=review,
             )
-            records.append(
-                OutRecord(
-                    tool.topic or self.topics.activity(tool.name),
-                    key,
-                    _dumps(rec),
-                    _position(inst.source),
-                )
-            )
+            if review:
+                reviewed.append(cid)
+                self.stats["reviewed"] += 1
+            topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
+            records.append(OutRecord(topic, key, _dumps(rec), _position(inst.source)))
             self.stats[f"calls.{call.tool}"] += 1
         if not records:
             # Only latent calls: the instance needs no action, and says so on the record.
@@ -321,6 +353,21 @@ class Pipeline:
             records.append(
                 OutRecord(self.topics.no_action, key, _dumps(rec), _position(inst.source))
             )
+        if consensus is not None:
+            note = AdviceRecord(
+                instance=inst.id,
+                source=inst.source,
+                batch=batch,
+                opinions=opinions,
+                consensus=consensus.as_dict(),
+                divergent=bool(advice and advice["divergent"]),
+                consulted=answer.consulted,
+                call_ids=call_ids,
+                reviewed=reviewed,
+            )
+            records.append(OutRecord(self.topics.advice, key, _dumps(note), _position(inst.source)))
+            self.stats["advisor_opinions"] += len(opinions)
+            self.stats["divergent"] += int(note.divergent)
         return records
 
     def _context(self, inst: Instance, scopes: list[str] | None) -> list[dict[str, Any]]:

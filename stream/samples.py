@@ -32,16 +32,31 @@ _SPAM = [
     "Earn 5000 dollars a week from home, click here https://spam.example.test",
     "Subscribe to my channel for free money $$$",
 ]
+# Blunt but not clearly abusive: where a lenient and a strict advisor part ways.
+_BORDERLINE = [
+    "Stop spreading this garbage.",
+    "This damn API keeps timing out.",
+    "You clearly have no clue what you are talking about.",
+]
 _TOPICS = ["Kafka", "the new release", "this tutorial", "the API", "the roadmap", "batching"]
 
 
 def comments(n: int, seed: int = 1) -> list[dict[str, str]]:
-    """n comment items with ids c-000001..; about 75% clean, 15% toxic, 10% spam."""
+    """n comment items with ids c-000001..; about 70% clean, 5% borderline, 15% toxic,
+    10% spam."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         draw = rng.random()
-        pool = _CLEAN if draw < 0.75 else _TOXIC if draw < 0.9 else _SPAM
+        pool = (
+            _CLEAN
+            if draw < 0.7
+            else _BORDERLINE
+            if draw < 0.75
+            else _TOXIC
+            if draw < 0.9
+            else _SPAM
+        )
         text = f"{rng.choice(pool)} (re: {rng.choice(_TOPICS)})"
         out.append({"_instance": f"c-{i + 1:06d}", "comment": text, "author": f"user{i % 97}"})
     return out

@@ -33,7 +33,7 @@ class Topics:
 
     def outcome_topics(self, tools: list[str]) -> list[str]:
         """Topics on which an input item can end: what the auditor reads."""
-        return [self.activity(t) for t in tools] + [self.no_action, self.dead_letter]
+        return [self.activity(t) for t in tools] + [self.review, self.no_action, self.dead_letter]
 
 
 class Settings(BaseSettings):

@@ -9,8 +9,10 @@ Faults: per-request switches (`next`: a queue of "429", "500", "hang", "malforme
 "truncated"), rates for the same and for per-instance faults, and markers in an item's
 text that force a per-instance fault deterministically:
 `[[sim:skip-once]]`, `[[sim:skip-always]]`, `[[sim:unknown-tool]]`, `[[sim:invent]]`,
-`[[sim:bad-args]]`, `[[sim:noaction]]`, and `[[sim:poison]]` (spoils any answer that
-includes the item, so only splitting the batch can isolate it).
+`[[sim:bad-args]]`, `[[sim:noaction]]`, `[[sim:poison]]` (spoils any answer that
+includes the item, so only splitting the batch can isolate it), and for advisors
+`[[sim:consult]]` (asks the first on-demand advisor), `[[sim:disagree]]` (the council
+votes against the decision) and `[[sim:bad-votes]]` (malformed inline JSON).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-__all__ = ["Faults", "SimConfig", "Simulator", "running_simulator", "serve"]
+__all__ = ["Faults", "SimConfig", "SimRequest", "Simulator", "running_simulator", "serve"]
 
 log = logging.getLogger("stream.simulator")
 
@@ -54,6 +57,7 @@ class Faults(BaseModel):
     invent_rate: float = 0.0
     unknown_tool_rate: float = 0.0
     bad_args_rate: float = 0.0
+    bad_votes_rate: float = 0.0
     retry_after_s: float = 1.0
     hang_s: float = 3600.0
 
@@ -63,6 +67,27 @@ class SimConfig(BaseModel):
     per_output_token_ms: float = 0.0
     seed: int = 7
     faults: Faults = Field(default_factory=Faults)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    system: str
+    tools: list[dict[str, Any]]
+    items: list[dict[str, Any]]
+    advisors: list[dict[str, Any]]
+    active: tuple[str, ...]
+    may_consult: bool
+
+
+def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
+    """What the council votes on: approve/reject when the main tool chooses between them,
+    else the first two tools."""
+    props = tools[0].get("parameters", {}).get("properties", {}) if tools else {}
+    for schema in props.values():
+        if {"approve", "reject"} <= set(schema.get("enum", [])):
+            return "approve", "reject"
+    names = [t["name"] for t in tools] + ["NoAction"]
+    return names[0], names[1]
 
 
 def _is_spam(text: str) -> bool:
@@ -114,17 +139,21 @@ class Simulator:
             return {k: self._fill(v, k, flagged, why) for k, v in props.items()}
         return None
 
-    def solve(self, tools: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[Any]:
+    def solve(self, req: SimRequest) -> dict[str, Any]:
+        """The solution: advisors' opinions first (when any are active), then calls."""
         faults = self.config.faults
         texts = [
             " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
-            for item in items
+            for item in req.items
         ]
         scores = self._toxicity(texts)
-        real = [t for t in tools if t["name"] != "NoAction"]
+        real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+        options = _vote_options(real)
+        on_demand = [a["id"] for a in req.advisors if a.get("on") is None]
         calls: list[Any] = []
-        for item, text, score in zip(items, texts, scores, strict=True):
-            token = item.get("_instance")
+        judged: list[tuple[str, str, float, bool, set[str]]] = []
+        for item, text, score in zip(req.items, texts, scores, strict=True):
+            token = str(item.get("_instance"))
             markers = set(_MARKER.findall(text))
             if "skip-always" in markers or self.rng.random() < faults.skip_rate:
                 self.stats["fault_skip"] += 1
@@ -133,6 +162,9 @@ class Simulator:
                 self._seen_skip_once.add(text)
                 self.stats["fault_skip"] += 1
                 continue
+            spam = _is_spam(text)
+            flagged = score > 0.5 or spam
+            judged.append((token, text, score, flagged, markers))
             if "noaction" in markers:
                 calls.append(
                     {
@@ -143,8 +175,19 @@ class Simulator:
                     }
                 )
                 continue
-            spam = _is_spam(text)
-            flagged = score > 0.5 or spam
+            unsure = 0.35 < score < 0.65 or "consult" in markers
+            if req.may_consult and on_demand and unsure:
+                self.stats["consults"] += 1
+                calls.append(
+                    {
+                        "_tool": "ConsultAdvisor",
+                        "_instance": token,
+                        "_reasoningForCall": "borderline; a second opinion helps",
+                        "advisor": on_demand[0],
+                        "question": "Is this acceptable?",
+                    }
+                )
+                continue
             why = (
                 ("spam" if spam else "insulting or profane language")
                 if flagged
@@ -176,26 +219,104 @@ class Simulator:
                     if calls
                     else {"_tool": real[0]["name"], "_instance": "⑨⑨"}
                 )
-        return calls
+        opinions = self._opinions(req, judged, options)
+        return {"advisors": opinions, "calls": calls} if req.advisors else {"calls": calls}
+
+    def _opinions(
+        self,
+        req: SimRequest,
+        judged: list[tuple[str, str, float, bool, set[str]]],
+        options: tuple[str, str],
+    ) -> list[dict[str, Any]]:
+        """Advisor personas: a strict lens (safety, risk, legal) rejects earlier than a
+        lenient one (community, growth), so borderline items get divergent votes."""
+        out: list[dict[str, Any]] = []
+        if not judged:
+            return out
+        for advisor in req.advisors:
+            if advisor["id"] not in req.active:
+                continue
+            lens = f"{advisor['id']} {advisor.get('role', '')}".lower()
+            bias = (
+                1.6
+                if re.search(r"safety|risk|secur|legal|strict", lens)
+                else (0.6 if re.search(r"communit|growth|lenient|engage", lens) else 1.0)
+            )
+            targets = (
+                judged
+                if advisor.get("isInstanced")
+                else [
+                    (
+                        "",
+                        "",
+                        sum(j[2] for j in judged) / len(judged),
+                        any(j[3] for j in judged),
+                        set().union(*(j[4] for j in judged)),
+                    )
+                ]
+            )
+            for token, _, score, flagged, markers in targets:
+                reject = min(1.0, score * bias + (0.5 if flagged and score < 0.5 else 0.0))
+                if "disagree" in markers:
+                    reject = 0.0 if flagged else 1.0
+                votes: Any = {
+                    options[0]: round(100 * (1 - reject)),
+                    options[1]: round(100 * reject),
+                }
+                votes_text = orjson.dumps(votes).decode()
+                if "bad-votes" in markers or self.rng.random() < self.config.faults.bad_votes_rate:
+                    self.stats["fault_bad_votes"] += 1
+                    votes_text = "{" + f"{options[0]}: ten, {options[1]}: lots"
+                view = f"{advisor['id']} reads a risk of {reject:.2f}"
+                fields = self._fill(advisor.get("schema", {}), "", reject > 0.5, view)
+                opinion = {
+                    "id": advisor["id"],
+                    **(fields if isinstance(fields, dict) else {}),
+                    "calls": votes_text,
+                }
+                if advisor.get("isInstanced"):
+                    opinion["_instance"] = token
+                out.append(opinion)
+        self.stats["opinions"] += len(out)
+        return out
 
     @staticmethod
-    def read_request(
-        messages: list[dict[str, str]],
-    ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-        """Finds the tools (system message) and the instances (user message)."""
+    def read_request(messages: list[dict[str, str]]) -> SimRequest:
+        """Finds tools and advisors (system message), the instances (the user message that
+        is a JSON array) and which advisors speak (the user message that is an object)."""
         system = next(m["content"] for m in messages if m["role"] == "system")
-        user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-        tools = orjson.loads(system.split("# Tools\n\n", 1)[1].split("\n\n", 1)[0])
-        items = [m for m in orjson.loads(user) if isinstance(m, dict) and "_instance" in m]
-        return system, tools, items
+        sections = system.split("\n\n")
+        tools = orjson.loads(sections[sections.index("# Tools") + 1])
+        advisors: list[dict[str, Any]] = []
+        for k, section in enumerate(sections[:-1]):
+            if section.startswith("# Advisors"):
+                advisors = orjson.loads(sections[k + 1])
+        items: list[dict[str, Any]] = []
+        control: dict[str, Any] = {}
+        for m in messages:
+            if m["role"] != "user":
+                continue
+            data = orjson.loads(m["content"])
+            if isinstance(data, list):
+                items = [d for d in data if isinstance(d, dict) and "_instance" in d]
+            elif isinstance(data, dict):
+                control = data
+        return SimRequest(
+            system,
+            tools,
+            items,
+            advisors,
+            tuple(control.get("activeAdvisors", ())),
+            bool(control.get("mayConsult", False)),
+        )
 
-    def answer(self, tools: list[dict[str, Any]], items: list[dict[str, Any]]) -> str:
+    def answer(self, req: SimRequest) -> str:
         """The answer text; an item marked poison spoils the whole answer, as a model
         sometimes does when one input derails it."""
-        if any("[[sim:poison]]" in orjson.dumps(item).decode() for item in items):
+        if any("[[sim:poison]]" in orjson.dumps(item).decode() for item in req.items):
             self.stats["fault_poison"] += 1
             return '{"calls": [{"_tool": "oops'
-        return orjson.dumps({"calls": self.solve(tools, items)}).decode()
+        return orjson.dumps(self.solve(req)).decode()
 
     # -- HTTP ----------------------------------------------------------------------
     def _request_fault(self) -> str | None:
@@ -219,7 +340,7 @@ class Simulator:
         try:
             body = orjson.loads(await request.read())
             messages = body["messages"]
-            system, tools, items = self.read_request(messages)
+            req = self.read_request(messages)
         except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
             self.stats["bad_requests"] += 1
             return web.json_response(
@@ -247,7 +368,7 @@ class Simulator:
             )
         if fault == "hang":
             await asyncio.sleep(self.config.faults.hang_s)
-        content = self.answer(tools, items)
+        content = self.answer(req)
         finish = "stop"
         if fault == "malformed":
             content = content[: len(content) // 2].replace('"', "'", 3) + "}}oops"
@@ -255,14 +376,14 @@ class Simulator:
             content, finish = content[: len(content) // 2], "length"
         prompt_tokens = sum(len(m["content"]) for m in messages) // 4 + 1
         completion_tokens = len(content) // 4 + 1
-        prefix = hashlib.blake2b(system.encode(), digest_size=16).digest()
-        cached = len(system) // 4 if prefix in self._seen_prefixes else 0
+        prefix = hashlib.blake2b(req.system.encode(), digest_size=16).digest()
+        cached = len(req.system) // 4 if prefix in self._seen_prefixes else 0
         self._seen_prefixes.add(prefix)
         delay = self.config.latency_ms + self.config.per_output_token_ms * completion_tokens
         if delay:
             await asyncio.sleep(delay / 1000)
         self.stats["completions"] += 1
-        self.stats["instances"] += len(items)
+        self.stats["instances"] += len(req.items)
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
         self.stats["cached_tokens"] += cached

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from stream.errors import SpecError
 
 __all__ = [
+    "CONSULT",
     "NO_ACTION",
+    "AdviceSettings",
     "Advisor",
     "AgentSpec",
     "ContextMessage",
@@ -32,6 +34,9 @@ __all__ = [
 # The model's explicit way to say "this instance needs nothing": an outcome that is
 # recorded, so that it is never confused with an instance the model skipped.
 NO_ACTION = "NoAction"
+
+# The meta-tool through which the model asks an on-demand advisor (on: null).
+CONSULT = "ConsultAdvisor"
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 
@@ -82,6 +87,24 @@ class Advisor(_Strict):
     weight: float = Field(1.0, ge=0)
 
 
+class AdviceSettings(_Strict):
+    """What the council's consensus does to the calls of an instance."""
+
+    mode: Literal["record", "gate"] = Field(
+        "record", description="record: attach to the call; gate: send doubtful calls to review"
+    )
+    min_score: float = Field(
+        0.5, ge=0, le=1, description="gate: below this consensus score, calls go to review"
+    )
+    clear_score: float = Field(
+        0.7, ge=0, le=1, description="gate: a call against a consensus this clear goes to review"
+    )
+    divergence_alert: float = Field(
+        0.3, ge=0, le=1, description="instances whose advisors diverge this much are flagged"
+    )
+    max_consults: int = Field(1, ge=0, le=3, description="ConsultAdvisor rounds per instance")
+
+
 class Plan(_Strict):
     type: Literal["plan"] = "plan"
     mode: Literal["eager", "lazy"] = "eager"
@@ -129,6 +152,7 @@ class AgentSpec(_Strict):
     window: Window = Field(default_factory=Window)
     tools: list[Tool] = Field(min_length=1)
     advisors: list[Advisor] = Field(default_factory=list)
+    advice: AdviceSettings = Field(default_factory=AdviceSettings)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -140,18 +164,56 @@ class AgentSpec(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique: {dupes}")
-        if NO_ACTION in names:
-            raise ValueError(f"tool name {NO_ACTION!r} is reserved")
+        reserved = sorted({NO_ACTION, CONSULT} & set(names))
+        if reserved:
+            raise ValueError(f"tool names {reserved} are reserved")
         ids = [a.id for a in self.advisors]
         if len(set(ids)) != len(ids):
             raise ValueError("advisor ids must be unique")
+        for advisor in self.advisors:
+            _check_advisor_schema(advisor)
         for message in self.inputs:
             if message.instance is not None:
                 raise ValueError("spec inputs are global: they must not carry _instance")
         return self
 
+    def advisor(self, advisor_id: str) -> Advisor | None:
+        return next((a for a in self.advisors if a.id == advisor_id), None)
+
+    @property
+    def on_demand(self) -> list[Advisor]:
+        return [a for a in self.advisors if a.on is None]
+
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+
+_OPINION_FIELDS = {"id", "calls", "_instance"}
+
+
+def _check_advisor_schema(advisor: Advisor) -> None:
+    where = f"advisor {advisor.id!r}: schema"
+    try:
+        Draft202012Validator.check_schema(advisor.schema_)
+    except SchemaError as exc:
+        raise ValueError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
+    if advisor.schema_.get("type") != "object":
+        raise ValueError(f'{where}: must be a JSON Schema with "type": "object"')
+    clash = sorted(_OPINION_FIELDS & set(advisor.schema_.get("properties", {})))
+    if clash:
+        raise ValueError(f"{where}: properties {clash} are reserved for the opinion itself")
+
+
+def _yaml_on_key(data: dict[Any, Any]) -> dict[Any, Any]:
+    """YAML 1.1 reads an unquoted `on:` key as the boolean true; the Advisor protocol
+    means the field `on`, so put it back where advisors are declared."""
+    advisors = data.get("advisors")
+    if isinstance(advisors, list):
+        data["advisors"] = [
+            {("on" if k is True else k): v for k, v in a.items()} if isinstance(a, dict) else a
+            for a in advisors
+        ]
+    return data
 
 
 def load_spec(path: Path) -> AgentSpec:
@@ -164,6 +226,8 @@ def load_spec(path: Path) -> AgentSpec:
         data = orjson.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
         raise SpecError(f"agent spec {path} is not valid YAML/JSON: {exc}") from exc
+    if isinstance(data, dict):
+        data = _yaml_on_key(data)
     try:
         return AgentSpec.model_validate(data)
     except ValidationError as exc:

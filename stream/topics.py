@@ -16,16 +16,22 @@ from aiokafka.errors import TopicAlreadyExistsError
 from stream.settings import Settings
 from stream.spec import AgentSpec
 
-__all__ = ["ensure_topics", "product_topics"]
+__all__ = ["activity_topics", "ensure_topics", "product_topics"]
 
 log = logging.getLogger("stream.topics")
+
+
+def activity_topics(settings: Settings, spec: AgentSpec) -> list[str]:
+    t = settings.topics
+    return [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
 
 
 def product_topics(settings: Settings, spec: AgentSpec) -> list[str]:
     t = settings.topics
     names = [t.input, t.dead_letter, t.no_action]
-    names += [tool.topic or t.activity(tool.name) for tool in spec.tools if tool.kind == "activity"]
-    return names
+    if spec.advisors:
+        names += [t.advice, t.review]
+    return names + activity_topics(settings, spec)
 
 
 async def ensure_topics(

@@ -15,10 +15,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from stream.models import Call
-from stream.prompt import NO_ACTION_TOOL
-from stream.spec import AgentSpec
+from stream.prompt import Ask, meta_tools
+from stream.spec import CONSULT, AgentSpec
 
-__all__ = ["Refusal", "Validator", "Verdict"]
+__all__ = ["Opinion", "Refusal", "Validator", "Verdict"]
 
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
 
@@ -31,12 +31,27 @@ class Refusal:
     token: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Opinion:
+    """One advisor's opinion as the model wrote it; `token` is None for a batch opinion."""
+
+    advisor: str
+    token: str | None
+    fields: dict[str, Any]
+    votes_raw: Any
+    error: str | None = None  # the opinion broke its advisor's schema
+
+
 @dataclass(slots=True)
 class Verdict:
-    """Accepted calls per token (in answer order), refused calls, and whole-answer failure."""
+    """Accepted calls per token (in answer order), refused calls, advisors' opinions,
+    consult requests per token, and whole-answer failure."""
 
     calls: dict[str, list[Call]] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
+    opinions: list[Opinion] = field(default_factory=list)
+    consults: dict[str, list[str]] = field(default_factory=dict)
+    stray_opinions: int = 0
     malformed: str | None = None
 
     def missing(self, tokens: Sequence[str]) -> list[str]:
@@ -45,11 +60,13 @@ class Verdict:
 
 class Validator:
     def __init__(self, spec: AgentSpec) -> None:
-        tools = [*spec.tools, NO_ACTION_TOOL]
+        tools = [*spec.tools, *meta_tools(spec)]
         self._validators = {t.name: Draft202012Validator(t.parameters) for t in tools}
         self._required = {t.name: set(t.parameters.get("required", [])) for t in tools}
+        self._advisors = {a.id: a for a in spec.advisors}
+        self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
 
-    def check(self, text: str, tokens: Sequence[str]) -> Verdict:
+    def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
         verdict = Verdict()
         try:
             answer = orjson.loads(text)
@@ -61,13 +78,47 @@ class Validator:
             verdict.malformed = 'answer has no "calls" array'
             return verdict
         known = set(tokens)
+        ask = ask or Ask()
         for raw in calls:
             outcome = self._check_call(raw, known)
             if isinstance(outcome, Refusal):
                 verdict.refusals.append(outcome)
+            elif outcome.tool == CONSULT:
+                if ask.consult:
+                    advisor = str(outcome.arguments.get("advisor"))
+                    verdict.consults.setdefault(outcome.instance, []).append(advisor)
             else:
                 verdict.calls.setdefault(outcome.instance, []).append(outcome)
+        # An instance that asked for a consult is decided in the follow-up, not here.
+        for token in verdict.consults:
+            verdict.calls.pop(token, None)
+        raw_opinions = answer.get("advisors", [])
+        for raw in raw_opinions if isinstance(raw_opinions, list) else []:
+            opinion = self._check_opinion(raw, known, ask)
+            if opinion is None:
+                verdict.stray_opinions += 1
+            else:
+                verdict.opinions.append(opinion)
         return verdict
+
+    def _check_opinion(self, raw: Any, known: set[str], ask: Ask) -> Opinion | None:
+        """An opinion of an active advisor about a known instance, else None (stray)."""
+        if not isinstance(raw, dict) or raw.get("id") not in ask.active:
+            return None
+        advisor = self._advisors[raw["id"]]
+        token = raw.get("_instance")
+        if advisor.is_instanced and token not in known:
+            return None
+        fields = {k: v for k, v in raw.items() if k not in ("id", "_instance", "calls")}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        error = best_match(self._opinion_validators[advisor.id].iter_errors(fields))
+        return Opinion(
+            advisor=advisor.id,
+            token=token if advisor.is_instanced else None,
+            fields=fields,
+            votes_raw=raw.get("calls"),
+            error=None if error is None else f"opinion breaks its schema: {error.message}",
+        )
 
     def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
         if not isinstance(raw, dict):

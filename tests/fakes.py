@@ -8,7 +8,7 @@ from stream.errors import LLMError
 from stream.llm import Completion
 from stream.models import SourcePosition
 from stream.prompt import Instance
-from stream.simulator import Simulator
+from stream.simulator import SimRequest, Simulator
 
 
 def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:
@@ -32,17 +32,19 @@ class FakeLLM:
     def __init__(self, sim: Simulator | None = None) -> None:
         self.sim = sim or Simulator()
         self.requests: list[list[dict[str, Any]]] = []
+        self.asks: list[SimRequest] = []
         self.reject_marker: str | None = None
 
     async def complete(
         self, messages: list[dict[str, str]], response_format: dict[str, Any]
     ) -> Completion:
-        _, tools, items = Simulator.read_request(messages)
-        self.requests.append(items)
-        if self.reject_marker and any(self.reject_marker in str(i) for i in items):
+        req = Simulator.read_request(messages)
+        self.requests.append(req.items)
+        self.asks.append(req)
+        if self.reject_marker and any(self.reject_marker in str(i) for i in req.items):
             raise LLMError("endpoint answered 400: content refused", retriable=False, status=400)
-        text = self.sim.answer(tools, items)
-        return Completion(text, "stop", 10 * len(items), 5 * len(items), 0, 0.0)
+        text = self.sim.answer(req)
+        return Completion(text, "stop", 10 * len(req.items), 5 * len(req.items), 0, 0.0)
 
     async def close(self) -> None:
         return None

@@ -66,7 +66,7 @@ async def test_retry_after_is_honoured_and_5xx_retried(simulator: tuple[Simulato
     llm = _llm(url)
     started = time.monotonic()
     done = await llm.complete(*_messages(2))
-    assert done.text.startswith('{"calls"')
+    assert '"calls"' in done.text
     assert llm.retries == 3
     assert time.monotonic() - started >= 0.8  # two retry-after waits of 0.4 s
     await llm.close()

@@ -34,6 +34,7 @@ async def _feed(pipe: Pipeline, records: list[tuple[int, int, bytes]], acked: li
     await pipe.windower.flush()
     while pipe._tasks:
         await asyncio.gather(*list(pipe._tasks))
+    await pipe.windower.stop()
 
 
 def _item(i: int, text: str = "lovely post") -> bytes:
@@ -70,6 +71,7 @@ async def test_revoked_partition_publishes_and_acks_nothing() -> None:
     pipe.ledger.drop([("items", 1)])
     await pipe.windower.flush()
     await asyncio.gather(*list(pipe._tasks))
+    await pipe.windower.stop()
     assert {p for p, _ in acked} == {0}
     assert {r.origin[1] for r in pub.records if r.origin} == {0}
 

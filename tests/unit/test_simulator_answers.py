@@ -20,8 +20,7 @@ def test_simulator_answer_fits_the_strict_schema_and_judges_with_the_classifier(
     builder = PromptBuilder(spec)
     texts = ["Thanks, very helpful!", "You are a fucking idiot.", "BUY NOW www.spam.test"]
     messages = builder.messages(_batch(texts))
-    _, tools, items = Simulator.read_request(messages)
-    answer = Simulator().answer(tools, items)
+    answer = Simulator().answer(Simulator.read_request(messages))
     schema = builder.response_format(3)["json_schema"]["schema"]
     assert list(Draft202012Validator(schema).iter_errors(orjson.loads(answer))) == []
     verdict = Validator(spec).check(answer, ["①", "②", "③"])
@@ -40,7 +39,7 @@ def test_json_object_mode_uses_the_same_validation() -> None:
     )
     builder = PromptBuilder(spec)
     assert builder.response_format(2) == {"type": "json_object"}
-    _, tools, items = Simulator.read_request(builder.messages(_batch(["ok", "fine"])))
-    verdict = Validator(spec).check(Simulator().answer(tools, items), ["①", "②"])
+    req = Simulator.read_request(builder.messages(_batch(["ok", "fine"])))
+    verdict = Validator(spec).check(Simulator().answer(req), ["①", "②"])
     assert set(verdict.calls) == {"①", "②"}
     assert not verdict.refusals

@@ -77,3 +77,25 @@ async def test_invented_and_unknown_tool_calls_are_refused_not_accepted() -> Non
     # id-1 never gets a valid call: its only call names an unknown tool every time
     assert [u.instance.id for u in out.unanswered] == ["id-1"]
     assert all(c.instance in ("①", "②") for a in out.answers for c in a.calls)
+
+
+async def test_consult_round_trip_asks_again_with_the_on_demand_advisor() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake).solve(_batch(["clear and kind", "hmm [[sim:consult]]", "fine"]))
+    assert [len(r) for r in fake.requests] == [3, 1]
+    first, follow = fake.asks
+    assert first.may_consult and "legalCounsel" not in first.active
+    assert "legalCounsel" in follow.active and not follow.may_consult
+    assert out.consults == 1
+    consulted = next(a for a in out.answers if a.instance.id == "id-1")
+    assert consulted.consulted == ["legalCounsel"]
+    assert {o.advisor for o in consulted.opinions} == {
+        "safetyOfficer",
+        "communityManager",
+        "legalCounsel",
+    }
+    assert all(c.tool != "ConsultAdvisor" for a in out.answers for c in a.calls)
+    plain = next(a for a in out.answers if a.instance.id == "id-0")
+    assert {o.advisor for o in plain.opinions} == {"safetyOfficer", "communityManager"}
+    safety = next(o for o in plain.opinions if o.advisor == "safetyOfficer")
+    assert safety.token == plain.token and safety.error is None

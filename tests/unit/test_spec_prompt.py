@@ -7,7 +7,7 @@ import pytest
 
 from stream.errors import SpecError
 from stream.models import SourcePosition
-from stream.prompt import Instance, PromptBuilder, token_for
+from stream.prompt import Ask, Instance, PromptBuilder, token_for
 from stream.settings import DEFAULT_SPEC
 from stream.spec import AgentSpec, load_spec
 
@@ -17,12 +17,15 @@ def _inst(i: int, text: str) -> Instance:
     return Instance(id=f"producer-id-{i}", payload={"comment": text}, source=src, size=40)
 
 
-def test_example_spec_loads_with_room_for_advisors_and_plan() -> None:
+def test_example_spec_loads_with_its_council_and_room_for_a_plan() -> None:
     spec = load_spec(DEFAULT_SPEC)
     assert [t.name for t in spec.tools] == ["moderateComment", "notifyAuthor"]
-    data = spec.model_dump(by_alias=True)
-    assert data["advisors"] == []
-    assert data["plan"] is None
+    assert [(a.id, a.on, a.is_instanced, a.weight) for a in spec.advisors] == [
+        ("safetyOfficer", "request", True, 2.0),
+        ("communityManager", "start", False, 1.0),
+        ("legalCounsel", None, True, 1.5),
+    ]
+    assert spec.plan is None
 
 
 def test_bad_spec_names_the_field(tmp_path: Path) -> None:
@@ -67,6 +70,53 @@ def test_schema_depends_only_on_batch_size_and_enumerates_tokens_and_tools() -> 
         "moderateComment",
         "notifyAuthor",
         "NoAction",
+        "ConsultAdvisor",
     }
     assert all(b["properties"]["_instance"]["enum"] == ["①", "②", "③"] for b in branches)
     assert fmt["json_schema"]["strict"] is True
+
+
+def test_invalid_advisor_is_refused_naming_advisor_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "name: x\ninstructions: y\ntools: [{name: t, description: d}]\n"
+        "advisors:\n  - id: riskAnalyst\n    role: r\n    on: request\n"
+        "    schema: {type: object, properties: {calls: {type: string}}}\n"
+    )
+    with pytest.raises(SpecError, match=r"advisor 'riskAnalyst': schema: .*calls.* reserved"):
+        load_spec(path)
+    path.write_text(
+        "name: x\ninstructions: y\ntools: [{name: t, description: d}]\n"
+        "advisors:\n  - {id: a1, role: r, on: sometimes}\n"
+    )
+    with pytest.raises(SpecError, match=r"advisors\.0\.on"):
+        load_spec(path)
+
+
+def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    builder = PromptBuilder(spec)
+    schema = builder.response_format(2)["json_schema"]["schema"]
+    assert list(schema["properties"]) == ["advisors", "calls"]
+    assert schema["required"] == ["advisors", "calls"]
+    opinions = {
+        b["properties"]["id"]["enum"][0]: b
+        for b in schema["properties"]["advisors"]["items"]["anyOf"]
+    }
+    assert set(opinions) == {"safetyOfficer", "communityManager"}  # on: null stays silent
+    assert opinions["safetyOfficer"]["properties"]["_instance"]["enum"] == ["①", "②"]
+    assert "_instance" not in opinions["communityManager"]["properties"]
+    assert list(opinions["safetyOfficer"]["properties"])[-1] == "calls"
+    follow = Ask(("safetyOfficer", "communityManager", "legalCounsel"), consult=False)
+    later = builder.response_format(2, follow)["json_schema"]["schema"]
+    ids = {
+        b["properties"]["id"]["enum"][0] for b in later["properties"]["advisors"]["items"]["anyOf"]
+    }
+    assert "legalCounsel" in ids
+    tools = {
+        b["properties"]["_tool"]["enum"][0] for b in later["properties"]["calls"]["items"]["anyOf"]
+    }
+    assert "ConsultAdvisor" not in tools  # consults are bounded
+    control = orjson.loads(builder.messages([_inst(0, "x")], follow)[-1]["content"])
+    assert control == {"activeAdvisors": list(follow.active), "mayConsult": False}
+    assert "# Advisors" in builder.system and "†" not in builder.system
