@@ -7,17 +7,15 @@ Shipped as `stream audit` so users can run the same check against their own topi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel, Field
 
 from stream.models import ITEM_CODES
 from stream.settings import Topics
+from stream.topics import read_topic
 
-__all__ = ["AuditReport", "audit", "read_topic"]
+__all__ = ["AuditReport", "audit"]
 
 Position = tuple[str, int, int]
 
@@ -41,49 +39,13 @@ class AuditReport(BaseModel):
         return len(self.missing)
 
 
-async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[tuple[int, int, bytes | None]]:
-    """Yields (partition, offset, value) of everything on a topic up to its current end."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    parts = [
-        p["partition"]
-        for d in described
-        if d.get("error_code") == 0
-        for p in d.get("partitions", [])
-    ]
-    tps = [TopicPartition(topic, p) for p in sorted(parts)]
-    if not tps:
-        return
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            batch = await consumer.getmany(*todo, timeout_ms=1000)
-            for tp, records in batch.items():
-                for rec in records:
-                    if rec.offset < ends[tp]:
-                        yield tp.partition, rec.offset, rec.value
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-    finally:
-        await consumer.stop()
-
-
 async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> AuditReport:
     """Reads the input topic and every outcome topic (activity, review, no-action, dead
     letters) and reports which input items have no outcome."""
     input_topic = topics.input
     inputs: set[Position] = set()
-    async for partition, offset, _ in read_topic(bootstrap, input_topic):
-        inputs.add((input_topic, partition, offset))
+    async for rec in read_topic(bootstrap, input_topic):
+        inputs.add((input_topic, rec.partition, rec.offset))
     accounted: set[Position] = set()
     unexpected = 0
     calls: Counter[str] = Counter()
@@ -105,8 +67,8 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
             unexpected += 1
 
     for topic in [*activity_topics, topics.review]:
-        async for _, _, value in read_topic(bootstrap, topic):
-            rec = orjson.loads(value or b"{}")
+        async for raw in read_topic(bootstrap, topic):
+            rec = orjson.loads(raw.value or b"{}")
             if rec.get("call_id") in seen_ids:
                 duplicates += 1
                 continue
@@ -119,11 +81,11 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
                 fire_and_forget += 1
             instances.append(str(rec.get("instance")))
             mark(rec.get("source"))
-    async for _, _, value in read_topic(bootstrap, topics.no_action):
+    async for raw in read_topic(bootstrap, topics.no_action):
         no_action += 1
-        mark(orjson.loads(value or b"{}").get("source"))
-    async for _, _, value in read_topic(bootstrap, topics.dead_letter):
-        rec = orjson.loads(value or b"{}")
+        mark(orjson.loads(raw.value or b"{}").get("source"))
+    async for raw in read_topic(bootstrap, topics.dead_letter):
+        rec = orjson.loads(raw.value or b"{}")
         letters[rec.get("code", "?")] += 1
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
             item_letters += 1

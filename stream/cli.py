@@ -37,8 +37,9 @@ def _configured() -> tuple[Settings, AgentSpec, str]:
 def _process(_: argparse.Namespace) -> int:
     import faust
 
+    from stream.context import Messages, load_context
     from stream.processor import build_app
-    from stream.topics import ensure_topics, product_topics
+    from stream.topics import ensure_product_topics
 
     settings, spec, bootstrap = _configured()
     llm_url = settings.llm_base_url or spec.model.base_url
@@ -47,10 +48,15 @@ def _process(_: argparse.Namespace) -> int:
             "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
             "(`stream llm-sim` runs the bundled simulator)"
         )
-    asyncio.run(ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions))
+
+    async def prepare() -> tuple[Messages, dict[int, int]]:
+        await ensure_product_topics(bootstrap, settings, spec)
+        return await load_context(bootstrap, settings.topics.context)
+
+    messages, ends = asyncio.run(prepare())
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    app = build_app(settings, spec, bootstrap, llm_url)
+    app = build_app(settings, spec, bootstrap, llm_url, context=(messages, ends))
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0

@@ -23,13 +23,13 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from stream.activities import Activities, load_activities
-from stream.audit import AuditReport, audit, read_topic
+from stream.audit import AuditReport, audit
 from stream.broker import kafka_bootstrap
 from stream.samples import comments, malformed_records
 from stream.settings import Settings
 from stream.simulator import SimConfig, Simulator, running_simulator
 from stream.spec import AgentSpec, load_spec
-from stream.topics import activity_topics, ensure_topics, product_topics
+from stream.topics import activity_topics, ensure_product_topics, read_json
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
@@ -120,7 +120,7 @@ async def launch_processor(
         data_dir=workdir / "data",
     )
     spec = load_spec(settings.spec)
-    await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
+    await ensure_product_topics(bootstrap, settings, spec)
     proc = ProcessorProcess(
         {
             "STREAM_BOOTSTRAP_SERVERS": bootstrap,
@@ -171,18 +171,8 @@ async def _demo(
         await asyncio.gather(worker, return_exceptions=True)
     if report.unaccounted:
         say(f"processor log (last lines):\n{proc.tail()}")
-    letters = [
-        orjson.loads(v or b"{}")
-        async for _, _, v in read_topic(bootstrap, settings.topics.dead_letter)
-    ]
-    advice = (
-        [
-            orjson.loads(v or b"{}")
-            async for _, _, v in read_topic(bootstrap, settings.topics.advice)
-        ]
-        if spec.advisors
-        else []
-    )
+    letters = await read_json(bootstrap, settings.topics.dead_letter)
+    advice = await read_json(bootstrap, settings.topics.advice) if spec.advisors else []
     stats = sim.stats
     return {
         "items": n,

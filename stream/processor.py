@@ -22,6 +22,7 @@ import mode
 import orjson
 
 from stream.advice import Consensus, gate, summarise
+from stream.context import ContextFollower, Messages, apply_context
 from stream.errors import BadRecord, SpecError
 from stream.intake import parse_item
 from stream.llm import LLM
@@ -96,13 +97,8 @@ class Pipeline:
         self.topics: Topics = settings.topics
         self.llm = llm
         self.publisher = publisher
-        self.solver = Solver(
-            llm,
-            PromptBuilder(spec),
-            Validator(spec),
-            settings.max_attempts,
-            spec.advice.max_consults,
-        )
+        self.solver = self._solver(spec)
+        self.follower: ContextFollower | None = None
         self.ledger = OffsetLedger()
         self.slots = asyncio.Semaphore(spec.window.max_in_flight)
         self.windower: Windower[_Item] = Windower(
@@ -118,11 +114,32 @@ class Pipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_publish: asyncio.Future[None] | None = None
 
+    def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
+        """Takes a new spec (from the context topic); batches in flight finish as asked."""
+        for key, reason in refused:
+            log.error("context message %s refused: %s", key, reason)
+        self.stats["context_refused"] = len(refused)
+        self.spec = spec
+        self.solver = self._solver(spec)
+
+    def _solver(self, spec: AgentSpec) -> Solver:
+        return Solver(
+            self.llm,
+            PromptBuilder(spec),
+            Validator(spec),
+            self.settings.max_attempts,
+            spec.advice.max_consults,
+        )
+
     async def start(self) -> None:
         await self.publisher.start()
         self.windower.start()
+        if self.follower is not None:
+            self.follower.start()
 
     async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
         await self.windower.stop()
         for task in self._tasks:
             task.cancel()
@@ -400,7 +417,15 @@ def _cap_commits(app: faust.App, ledger: OffsetLedger, input_topic: str) -> None
     consumer._new_offset = capped
 
 
-def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str) -> faust.App:
+def build_app(
+    settings: Settings,
+    spec: AgentSpec,
+    bootstrap: str,
+    llm_url: str,
+    context: tuple[Messages, dict[int, int]] | None = None,
+) -> faust.App:
+    """The processor app. `context`: what the context topic held at start, and where each
+    of its partitions ended, so the pipeline follows it from there."""
     topics = settings.topics
     app = faust.App(
         settings.topic_prefix + settings.app_id,
@@ -433,6 +458,12 @@ def build_app(settings: Settings, spec: AgentSpec, bootstrap: str, llm_url: str)
         max_output_tokens=spec.model.max_output_tokens,
     )
     pipeline = Pipeline(settings, spec, llm, Publisher(bootstrap))
+    if context is not None:
+        messages, ends = context
+        pipeline.reconfigure(*apply_context(spec, messages))
+        pipeline.follower = ContextFollower(
+            bootstrap, settings.topics.context, spec, messages, ends, pipeline.reconfigure
+        )
     source_topic = app.topic(topics.input, key_type=bytes, value_type=bytes)
 
     @app.agent(source_topic, concurrency=1)

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stream.settings import Settings
 from stream.spec import AgentSpec
 
-__all__ = ["activity_topics", "ensure_topics", "product_topics"]
+__all__ = [
+    "activity_topics",
+    "ensure_product_topics",
+    "ensure_topics",
+    "partitions",
+    "product_topics",
+    "read_json",
+    "read_topic",
+]
 
 log = logging.getLogger("stream.topics")
 
@@ -34,8 +45,21 @@ def product_topics(settings: Settings, spec: AgentSpec) -> list[str]:
     return names + activity_topics(settings, spec)
 
 
+async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentSpec) -> None:
+    """Every topic the product uses; the context topic is compacted, one partition, so
+    every processor reads all of it in order."""
+    await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
+    await ensure_topics(
+        bootstrap, [settings.topics.context], 1, config={"cleanup.policy": "compact"}
+    )
+
+
 async def ensure_topics(
-    bootstrap: str, names: Iterable[str], partitions: int, replication: int = 1
+    bootstrap: str,
+    names: Iterable[str],
+    count: int,
+    replication: int = 1,
+    config: dict[str, str] | None = None,
 ) -> list[str]:
     """Creates the missing ones; returns what was created. Existing topics are left alone."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -48,11 +72,61 @@ async def ensure_topics(
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(
                     [
-                        NewTopic(n, num_partitions=partitions, replication_factor=replication)
+                        NewTopic(
+                            n,
+                            num_partitions=count,
+                            replication_factor=replication,
+                            topic_configs=config or {},
+                        )
                         for n in missing
                     ]
                 )
-            log.info("created topics %s with %d partitions", missing, partitions)
+            log.info("created topics %s with %d partitions", missing, count)
         return missing
     finally:
         await admin.close()
+
+
+async def partitions(bootstrap: str, topic: str) -> list[int]:
+    """The topic's partition numbers, straight from the broker (none if it is missing)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return sorted(
+        p["partition"]
+        for d in described
+        if d.get("error_code") == 0
+        for p in d.get("partitions", [])
+    )
+
+
+async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """Yields every record on a topic, from the beginning up to its end at the call."""
+    tps = [TopicPartition(topic, p) for p in await partitions(bootstrap, topic)]
+    if not tps:
+        return
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=1000)
+            for tp, records in batch.items():
+                for rec in records:
+                    if rec.offset < ends[tp]:
+                        yield rec
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+    finally:
+        await consumer.stop()
+
+
+async def read_json(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every record's value on a topic, parsed (what the demo and the tests inspect)."""
+    return [orjson.loads(rec.value or b"{}") async for rec in read_topic(bootstrap, topic)]

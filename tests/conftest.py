@@ -11,12 +11,13 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
-from stream.audit import AuditReport, read_topic
+from stream.audit import AuditReport
 from stream.broker import kafka_bootstrap
 from stream.demo import ProcessorProcess, launch_processor, wait_accounted
 from stream.settings import Settings
 from stream.simulator import Faults, Simulator, running_simulator
 from stream.spec import AgentSpec
+from stream.topics import read_json
 
 
 @pytest.fixture(scope="session")
@@ -43,15 +44,20 @@ class Deployment:
     proc: ProcessorProcess
     positions: list[tuple[int, int]] = field(default_factory=list)
 
-    async def produce(self, records: list[tuple[bytes | None, bytes]]) -> list[tuple[int, int]]:
+    async def produce_to(
+        self, topic: str, records: list[tuple[bytes | None, bytes | None]]
+    ) -> list[tuple[int, int]]:
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
         await producer.start()
         try:
-            futs = [await producer.send(self.settings.topics.input, v, key=k) for k, v in records]
+            futs = [await producer.send(topic, v, key=k) for k, v in records]
             metas = await asyncio.gather(*futs)
         finally:
             await producer.stop()
-        got = [(m.partition, m.offset) for m in metas]
+        return [(m.partition, m.offset) for m in metas]
+
+    async def produce(self, records: list[tuple[bytes | None, bytes]]) -> list[tuple[int, int]]:
+        got = await self.produce_to(self.settings.topics.input, list(records))
         self.positions += got
         return got
 
@@ -64,7 +70,7 @@ class Deployment:
         )
 
     async def records(self, topic: str) -> list[dict[str, Any]]:
-        return [orjson.loads(v or b"{}") async for _, _, v in read_topic(self.bootstrap, topic)]
+        return await read_json(self.bootstrap, topic)
 
     def activity_topic(self, tool: str) -> str:
         return self.settings.topics.activity(tool)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -117,3 +119,41 @@ async def test_weighted_consensus_and_gate_to_review(deploy: Deploy, tmp_path: P
             assert math.isclose(share, expected, abs_tol=1e-3)
         if record["instance"] == "gt-003":
             assert record["reviewed"] == record["call_ids"][:1]
+
+
+async def test_advisors_from_the_context_topic_live_and_at_start(deploy: Deploy) -> None:
+    dep = await deploy()
+    context = dep.settings.topics.context
+    guardian = {
+        "type": "advisor",
+        "id": "brandGuardian",
+        "role": "Guard the brand voice",
+        "on": "request",
+        "isInstanced": True,
+        "weight": 0.5,
+    }
+    broken = {"type": "advisor", "id": "brokenAdvisor", "role": "r", "on": "always"}
+    await dep.produce_to(
+        context,
+        [(b"brandGuardian", orjson.dumps(guardian)), (b"brokenAdvisor", orjson.dumps(broken))],
+    )
+
+    async def speakers(tag: str) -> set[str]:
+        await dep.produce_items(_items(1, tag))
+        await dep.settle(len(dep.positions))
+        advice = {a["instance"]: a for a in await dep.records(dep.settings.topics.advice)}
+        return {o["advisor"] for o in advice[f"{tag}-000"]["opinions"]}
+
+    heard: set[str] = set()
+    for attempt in range(20):  # the running processor follows the topic live
+        heard = await speakers(f"live{attempt}")
+        if "brandGuardian" in heard:
+            break
+        await asyncio.sleep(0.5)
+    assert "brandGuardian" in heard and "brokenAdvisor" not in heard
+    assert "brokenAdvisor" in dep.proc.tail(400) and "refused" in dep.proc.tail(400)
+    # a tombstone removes it; a restarted processor loads the topic before consuming
+    await dep.produce_to(context, [(b"brandGuardian", None)])
+    dep.proc.stop()
+    dep.proc.start()
+    assert "brandGuardian" not in await speakers("restart")
