@@ -18,7 +18,7 @@ from stream.models import Call, OpinionRecord
 from stream.spec import AdviceSettings, AgentSpec
 from stream.validate import Opinion
 
-__all__ = ["Consensus", "Vote", "aggregate", "gate", "parse_votes", "summarise"]
+__all__ = ["Consensus", "Vote", "aggregate", "gate", "parse_votes", "render", "summarise"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +157,36 @@ def gate(call: Call, consensus: Consensus, settings: AdviceSettings) -> str | No
             f"the call chose {sorted(voted_on)}"
         )
     return None
+
+
+def render(records: Sequence[dict[str, Any]], colour: bool = False) -> str:
+    """Advice records as text for people: the decision, each advisor's votes, and a loud
+    mark where the council diverged or a call was held for review."""
+
+    def loud(text: str) -> str:
+        return f"\x1b[1;33m{text}\x1b[0m" if colour else text
+
+    lines: list[str] = []
+    for rec in records:
+        consensus = rec.get("consensus", {})
+        flags = []
+        if rec.get("divergent"):
+            flags.append(loud(f"DIVERGENT {consensus.get('divergence', 0):.2f}"))
+        if rec.get("reviewed"):
+            flags.append(loud(f"{len(rec['reviewed'])} held for review"))
+        if rec.get("consulted"):
+            flags.append("consulted " + ", ".join(rec["consulted"]))
+        lines.append(
+            f"{rec.get('instance')}  -> {consensus.get('option')} "
+            f"({consensus.get('score', 0):.2f})  {'  '.join(flags)}".rstrip()
+        )
+        for op in rec.get("opinions", []):
+            votes = op.get("votes")
+            shown = (
+                " ".join(f"{k}={v:.2f}" for k, v in sorted(votes.items()))
+                if votes
+                else f"unusable votes: {op.get('error')}"
+            )
+            thought = next((str(v) for v in op.get("fields", {}).values()), "")
+            lines.append(f"    {op['advisor']:<18} w={op['weight']:<4} {shown}  {thought[:70]}")
+    return "\n".join(lines)

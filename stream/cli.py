@@ -113,6 +113,22 @@ def _audit(_: argparse.Namespace) -> int:
     return 0 if not report.missing and not report.unexpected else 1
 
 
+def _advice(args: argparse.Namespace) -> int:
+    from stream.advice import render
+    from stream.topics import read_json
+
+    settings, _, bootstrap = _configured()
+    records = asyncio.run(read_json(bootstrap, settings.topics.advice))
+    if args.divergent:
+        records = [r for r in records if r.get("divergent") or r.get("reviewed")]
+    records = records[-args.last :]
+    if not records:
+        print("no advice records yet", file=sys.stderr)
+        return 0
+    print(render(records, colour=sys.stdout.isatty()))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stream",
@@ -145,6 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")
     c.set_defaults(fn=_schemas)
+    v = sub.add_parser("advice", help="recent decisions with their advisors' votes")
+    v.add_argument("--last", type=int, default=20, help="how many (default 20)")
+    v.add_argument("--divergent", action="store_true", help="only divergent or held calls")
+    v.set_defaults(fn=_advice)
     sub.add_parser("audit", help="check that every input item has an outcome").set_defaults(
         fn=_audit
     )

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from stream.models import ActivityRecord, Call, DeadLetter, NoActionRecord
+from stream.models import ActivityRecord, AdviceRecord, Call, DeadLetter, NoActionRecord
 from stream.spec import Advisor, AgentSpec, ContextMessage, Plan, Tool
 
 __all__ = ["CONTRACTS", "render", "write_schemas"]
@@ -26,6 +26,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "call": Call,
     "activity-record": ActivityRecord,
     "no-action-record": NoActionRecord,
+    "advice-record": AdviceRecord,
     "dead-letter": DeadLetter,
 }
 

@@ -99,3 +99,36 @@ def test_opposed_equal_advisors_diverge() -> None:
     result = aggregate(_votes([("a", 1, {"approve": 100}), ("b", 1, {"reject": 100})]))
     assert math.isclose(result.divergence, 0.5)
     assert result.option == "approve"  # ties: alphabetically first, never order-dependent
+
+
+def test_render_marks_divergence_and_review() -> None:
+    from stream.advice import render
+
+    text = render(
+        [
+            {
+                "instance": "c-7",
+                "divergent": True,
+                "reviewed": ["x"],
+                "consulted": [],
+                "consensus": {"option": "reject", "score": 0.55, "divergence": 0.45},
+                "opinions": [
+                    {
+                        "advisor": "safetyOfficer",
+                        "weight": 2,
+                        "votes": {"reject": 0.9, "approve": 0.1},
+                        "fields": {"thought": "insulting"},
+                    },
+                    {
+                        "advisor": "communityManager",
+                        "weight": 1,
+                        "error": "votes are not JSON",
+                        "fields": {"tone": "heated"},
+                    },
+                ],
+            }
+        ]
+    )
+    assert "c-7  -> reject (0.55)  DIVERGENT 0.45  1 held for review" in text
+    assert "approve=0.10 reject=0.90  insulting" in text
+    assert "unusable votes: votes are not JSON" in text
