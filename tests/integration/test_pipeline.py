@@ -218,6 +218,9 @@ def test_demo_command_accounts_for_every_item(bootstrap: str) -> None:
     assert 0 < result["llm_requests"] <= 80 / 25 + 4
     assert result["activity_handled"] == sum(result["calls"].values())
     assert result["prompt_tokens"] > 0 and result["completion_tokens"] > 0
+    # the example's council: two advisors speak for every answered item
+    assert result["advisor_opinions"] >= 2 * 76
+    assert {"consults", "divergent", "reviewed"} <= set(result)
 
 
 async def test_kill_9_mid_stream_loses_nothing(deploy: Deploy) -> None:

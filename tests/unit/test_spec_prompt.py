@@ -119,4 +119,6 @@ def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
     assert "ConsultAdvisor" not in tools  # consults are bounded
     control = orjson.loads(builder.messages([_inst(0, "x")], follow)[-1]["content"])
     assert control == {"activeAdvisors": list(follow.active), "mayConsult": False}
-    assert "# Advisors" in builder.system and "†" not in builder.system
+    assert "# Advisors" in builder.system
+    assert '"scopes":["input.comment"]' in builder.system  # soft focus, nothing hidden
+    assert "weighs its scopes first" in builder.system
