@@ -29,6 +29,7 @@ class AuditReport(BaseModel):
     calls_by_tool: dict[str, int]
     fire_and_forget: int
     reviewed: int = Field(description="Calls the advice gate sent to the review topic")
+    proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
     no_action: int
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
     item_dead_letters: int
@@ -51,7 +52,7 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
     calls: Counter[str] = Counter()
     letters: Counter[str] = Counter()
     seen_ids: set[str] = set()
-    duplicates = fire_and_forget = no_action = item_letters = reviewed = 0
+    duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
     instances: list[str] = []
 
     def mark(source: dict[str, object] | None) -> None:
@@ -84,6 +85,9 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
     async for raw in read_topic(bootstrap, topics.no_action):
         no_action += 1
         mark(orjson.loads(raw.value or b"{}").get("source"))
+    async for raw in read_topic(bootstrap, topics.proposals):
+        proposals += 1  # a lazy plan's outcome: the proposal waits for a person
+        mark(orjson.loads(raw.value or b"{}").get("source"))
     async for raw in read_topic(bootstrap, topics.dead_letter):
         rec = orjson.loads(raw.value or b"{}")
         letters[rec.get("code", "?")] += 1
@@ -99,6 +103,7 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
         calls_by_tool=dict(calls),
         fire_and_forget=fire_and_forget,
         reviewed=reviewed,
+        proposals=proposals,
         no_action=no_action,
         dead_letters=dict(letters),
         item_dead_letters=item_letters,

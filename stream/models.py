@@ -14,13 +14,18 @@ __all__ = [
     "ITEM_CODES",
     "ActivityRecord",
     "AdviceRecord",
+    "ApprovalRecord",
     "BatchRef",
     "Call",
     "DeadLetter",
     "DeadLetterCode",
+    "DoneRecord",
     "NoActionRecord",
     "OpinionRecord",
+    "ProposalRecord",
+    "ResultRecord",
     "SourcePosition",
+    "TraceEntry",
 ]
 
 
@@ -60,6 +65,15 @@ class Call(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+class TraceEntry(_Record):
+    """One turn of an instance: follow an item from input to done."""
+
+    turn: int
+    batch_id: str
+    call_ids: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
 class BatchRef(_Record):
     id: str = Field(description="Batch id, unique per processor run")
     size: int = Field(description="Instances in the request that produced this record")
@@ -86,6 +100,57 @@ class ActivityRecord(_Record):
     review: str | None = Field(
         None, description="On the review topic: why the advice gate held this call back"
     )
+    turn: int = Field(1, description="The instance's turn that made this call")
+    trace: list[TraceEntry] = Field(
+        default_factory=list, description="The instance's turns so far (stateful runs)"
+    )
+
+
+class ResultRecord(_Record):
+    """An activity's answer to an awaited call (one with `_outputPath`), on the results
+    topic, keyed by instance id."""
+
+    call_id: str
+    instance: str
+    tool: str
+    value: Any = None
+    path: str | None = Field(
+        None, description="The alternative the activity chose, for a branching output path"
+    )
+    error: str | None = None
+    source: SourcePosition | None = None
+
+
+class DoneRecord(_Record):
+    """An instance's final state, on the done topic, when its workflow ends."""
+
+    instance: str
+    status: Literal["done", "turn_limit", "stopped", "rejected"]
+    reason: str | None = None
+    turns: int
+    state: dict[str, Any]
+    trace: list[TraceEntry]
+    source: SourcePosition | None = None
+
+
+class ProposalRecord(_Record):
+    """Lazy plans: the calls the model proposes; nothing runs until approved."""
+
+    instance: str
+    turn: int
+    batch: BatchRef
+    calls: list[dict[str, Any]]
+    call_ids: list[str]
+    plan: list[str] = Field(default_factory=list)
+    source: SourcePosition | None = None
+
+
+class ApprovalRecord(_Record):
+    """A person's answer to a proposal, keyed by instance id."""
+
+    instance: str
+    approve: bool
+    reason: str | None = None
 
 
 class OpinionRecord(_Record):

@@ -13,6 +13,7 @@ import base64
 import logging
 import os
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, cast
@@ -20,6 +21,7 @@ from typing import Any, cast
 import faust
 import mode
 import orjson
+from pydantic import ValidationError
 
 from stream.advice import Consensus, gate, summarise
 from stream.context import ContextFollower, Messages, apply_context
@@ -29,11 +31,16 @@ from stream.llm import LLM
 from stream.models import (
     ActivityRecord,
     AdviceRecord,
+    ApprovalRecord,
     BatchRef,
+    Call,
     DeadLetter,
+    DoneRecord,
     NoActionRecord,
     OpinionRecord,
+    ResultRecord,
     SourcePosition,
+    TraceEntry,
 )
 from stream.offsets import Entry, OffsetLedger
 from stream.prompt import Instance, PromptBuilder, estimate_tokens
@@ -41,8 +48,10 @@ from stream.publish import OutRecord, Publisher, PublishError
 from stream.settings import Settings, Topics
 from stream.solve import Answer, Outcome, Solver
 from stream.spec import NO_ACTION, AgentSpec
+from stream.state import TableStore, read_path
 from stream.validate import Validator
 from stream.windowing import Windower
+from stream.workflow import Turn, Workflow
 
 __all__ = ["Pipeline", "build_app", "call_id", "resolve_api_key"]
 
@@ -52,9 +61,10 @@ _BATCH_TRIES = 3
 _RAW_KEEP = 64 * 1024
 
 
-def call_id(source: SourcePosition, tool: str, ordinal: int) -> str:
-    """Same item, tool and ordinal: same id, however often the batch is redone."""
-    return f"{source.topic}/{source.partition}/{source.offset}/{tool}/{ordinal}"
+def call_id(source: SourcePosition, tool: str, ordinal: int, turn: int = 1) -> str:
+    """Same item, turn, tool and ordinal: same id, however often the batch is redone."""
+    step = "" if turn == 1 else f"t{turn}/"
+    return f"{source.topic}/{source.partition}/{source.offset}/{step}{tool}/{ordinal}"
 
 
 def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
@@ -83,7 +93,7 @@ def _dumps(record: Any) -> bytes:
 class _Item:
     __slots__ = ("entry", "instance")
 
-    def __init__(self, instance: Instance, entry: Entry) -> None:
+    def __init__(self, instance: Instance, entry: Entry | None) -> None:
         self.instance = instance
         self.entry = entry
 
@@ -99,6 +109,8 @@ class Pipeline:
         self.publisher = publisher
         self.solver = self._solver(spec)
         self.follower: ContextFollower | None = None
+        self.workflow: Workflow | None = None
+        self._queued_turns: set[str] = set()
         self.ledger = OffsetLedger()
         self.slots = asyncio.Semaphore(spec.window.max_in_flight)
         self.windower: Windower[_Item] = Windower(
@@ -181,6 +193,8 @@ class Pipeline:
             self.stats[f"dead_letter.{exc.code}"] += 1
             self.ledger.finish(entry)
             return
+        if self.workflow is not None:
+            instance = self.workflow.admit(instance)
         await self.windower.add(_Item(instance, entry))
 
     async def _launch(self, items: list[_Item], reason: str) -> None:
@@ -208,7 +222,7 @@ class Pipeline:
                 # Publish in batch order so each instance's outputs keep its input order.
                 await asyncio.shield(previous)
             # Items of partitions revoked meanwhile are being redone by their new owner.
-            gone = {_position(i.instance.source) for i in items if i.entry.dropped}
+            gone = {_position(i.instance.source) for i in items if i.entry and i.entry.dropped}
             records = [r for r in records if r.origin not in gone]
             try:
                 await self.publisher.publish(records)
@@ -216,7 +230,9 @@ class Pipeline:
                 log.error("batch %s: %s; dead-lettering its items", batch_id, exc.message)
                 await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
             for item in items:
-                self.ledger.finish(item.entry)
+                self._queued_turns.discard(item.instance.id)
+                if item.entry is not None:
+                    self.ledger.finish(item.entry)
         finally:
             if not turn.done():
                 turn.set_result(None)
@@ -301,9 +317,8 @@ class Pipeline:
     def _answer_records(self, batch_id: str, answer: Answer) -> list[OutRecord]:
         inst = answer.instance
         key = inst.id.encode()
+        origin = _position(inst.source)
         batch = BatchRef(id=batch_id, size=answer.size, token=answer.token, attempt=answer.attempt)
-        ordinals: Counter[str] = Counter()
-        records = []
         advice: dict[str, Any] | None = None
         consensus: Consensus | None = None
         opinions: list[OpinionRecord] = []
@@ -315,11 +330,25 @@ class Pipeline:
                 "votes": {o.advisor: o.votes for o in opinions},
                 "consulted": answer.consulted,
             }
-        call_ids: list[str] = []
-        reviewed: list[str] = []
+        # The model addressed a token; the world gets the producer's id back.
+        ordinals: Counter[str] = Counter()
+        calls: list[tuple[str, Call]] = []
         for call in answer.calls:
-            ordinal = ordinals[call.tool]
+            calls.append(
+                (
+                    call_id(inst.source, call.tool, ordinals[call.tool], inst.turn),
+                    call.model_copy(update={"instance": inst.id}),
+                )
+            )
             ordinals[call.tool] += 1
+        turn = (
+            self.workflow.turn(inst, calls, batch, answer.opinions)
+            if self.workflow
+            else Turn(run=[cid for cid, _ in calls])
+        )
+        records: list[OutRecord] = []
+        reviewed: list[str] = []
+        for cid, call in calls:
             if call.tool == NO_ACTION:
                 rec: Any = NoActionRecord(
                     instance=inst.id,
@@ -327,65 +356,82 @@ class Pipeline:
                     source=inst.source,
                     batch=batch,
                 )
-                records.append(
-                    OutRecord(self.topics.no_action, key, _dumps(rec), _position(inst.source))
-                )
+                records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
                 self.stats["no_action"] += 1
                 continue
             tool = self.spec.tool(call.tool)
             assert tool is not None  # the validator admits known tools only
             if tool.kind == "latent":
-                # The model answered it itself: a thought, never published. Writing
-                # latent results to `_outputPath` comes with instance state.
+                # The model answered it itself: never published; with `_outputPath` the
+                # workflow wrote its arguments to state.
                 self.stats["latent_calls"] += 1
                 continue
-            # The model addressed a token; the world gets the producer's id back.
-            published = call.model_copy(update={"instance": inst.id})
-            cid = call_id(inst.source, call.tool, ordinal)
+            if cid not in turn.run:
+                continue  # proposed (lazy plan): runs when approved
             review = gate(call, consensus, self.spec.advice) if consensus else None
-            call_ids.append(cid)
-            rec = ActivityRecord(
-                call_id=cid,
-                tool=call.tool,
-                instance=inst.id,
-                call=published,
-                context=self._context(inst, call.scopes),
-                source=inst.source,
-                batch=batch,
-                model=self.llm.model,
-                advice=advice,
-                review=review,
-            )
             if review:
                 reviewed.append(cid)
                 self.stats["reviewed"] += 1
-            topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
-            records.append(OutRecord(topic, key, _dumps(rec), _position(inst.source)))
-            self.stats[f"calls.{call.tool}"] += 1
+            records.append(self._call_record(cid, call, inst, batch, advice, review, turn.trace))
+        if turn.proposal is not None:
+            records.append(OutRecord(self.topics.proposals, key, _dumps(turn.proposal), origin))
+            self.stats["proposals"] += 1
+        if turn.done is not None:
+            records.append(OutRecord(self.topics.done, key, _dumps(turn.done), origin))
+            self.stats["done"] += 1
         if not records:
             # Only latent calls: the instance needs no action, and says so on the record.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             )
-            records.append(
-                OutRecord(self.topics.no_action, key, _dumps(rec), _position(inst.source))
-            )
+            records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         if consensus is not None:
             note = AdviceRecord(
                 instance=inst.id,
+                turn=inst.turn,
                 source=inst.source,
                 batch=batch,
                 opinions=opinions,
                 consensus=consensus.as_dict(),
                 divergent=bool(advice and advice["divergent"]),
                 consulted=answer.consulted,
-                call_ids=call_ids,
+                call_ids=[cid for cid, _ in calls],
                 reviewed=reviewed,
             )
-            records.append(OutRecord(self.topics.advice, key, _dumps(note), _position(inst.source)))
+            records.append(OutRecord(self.topics.advice, key, _dumps(note), origin))
             self.stats["advisor_opinions"] += len(opinions)
             self.stats["divergent"] += int(note.divergent)
         return records
+
+    def _call_record(
+        self,
+        cid: str,
+        call: Call,
+        inst: Instance,
+        batch: BatchRef,
+        advice: dict[str, Any] | None,
+        review: str | None,
+        trace: list[TraceEntry],
+    ) -> OutRecord:
+        tool = self.spec.tool(call.tool)
+        assert tool is not None
+        rec = ActivityRecord(
+            call_id=cid,
+            tool=call.tool,
+            instance=inst.id,
+            call=call,
+            context=self._context(inst, call.scopes),
+            source=inst.source,
+            batch=batch,
+            model=self.llm.model,
+            advice=advice,
+            review=review,
+            turn=inst.turn,
+            trace=trace,
+        )
+        self.stats[f"calls.{call.tool}"] += 1
+        topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
+        return OutRecord(topic, inst.id.encode(), _dumps(rec), _position(inst.source))
 
     def _context(self, inst: Instance, scopes: list[str] | None) -> list[dict[str, Any]]:
         """Only what the call imports, and only from its own instance plus globals."""
@@ -395,7 +441,108 @@ class Pipeline:
         if "input" in scopes:
             context += [m.model_dump(by_alias=True, exclude_none=True) for m in self.spec.inputs]
             context.append({**inst.payload, "_instance": inst.id})
+        state = self._state_of(inst)
+        for scope in scopes:
+            if scope == "†state" or scope.startswith("†state."):
+                value = read_path(state, scope)
+                if value is not None:
+                    shown = value if scope == "†state" else {scope.split(".")[-1]: value}
+                    context.append(
+                        {
+                            "type": "state",
+                            "_instance": inst.id,
+                            "scope": scope,
+                            **(shown if isinstance(shown, dict) else {"value": shown}),
+                        }
+                    )
         return context
+
+    def _state_of(self, inst: Instance) -> dict[str, Any]:
+        if self.workflow is not None:
+            st = self.workflow.store.get(inst.id)
+            if st is not None:
+                return st.state
+        return inst.state or {}
+
+    async def on_result(self, value: bytes | None, entry: Entry | None) -> None:
+        """An activity's result for an awaited call: into state, then maybe a next turn."""
+        try:
+            rec = ResultRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not a result record: %s", exc.errors()[:1])
+            self.stats["results_bad"] += 1
+        else:
+            if self.workflow is not None:
+                nxt, done = self.workflow.on_result(rec)
+                self.stats["results"] += 1
+                await self._after_state_change(rec.instance, nxt, done)
+        if entry is not None:
+            self.ledger.finish(entry)
+
+    async def on_approval(self, value: bytes | None, entry: Entry | None) -> None:
+        """A person approved or rejected a lazy plan's proposal."""
+        try:
+            rec = ApprovalRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not an approval record: %s", exc.errors()[:1])
+            self.stats["approvals_bad"] += 1
+        else:
+            if self.workflow is not None:
+                proposal, done = self.workflow.on_approval(rec)
+                st = self.workflow.store.get(rec.instance)
+                records = []
+                if st is not None and st.source is not None and proposal:
+                    inst = Instance(st.instance, st.input, st.source, 0, st.state, st.turn)
+                    batch = BatchRef(id=f"{self.worker}-approved", size=1, token="", attempt=1)
+                    for stored in proposal:
+                        cid = stored["call_id"]
+                        call = Call.model_validate(
+                            {k: v for k, v in stored.items() if k != "call_id"}
+                        )
+                        if self.spec.tool(call.tool) and call.tool != NO_ACTION:
+                            records.append(
+                                self._call_record(
+                                    cid, call, inst, batch, None, None, list(st.trace)
+                                )
+                            )
+                await self.publisher.publish(records)
+                await self._after_state_change(rec.instance, None, done)
+        if entry is not None:
+            self.ledger.finish(entry)
+
+    async def _after_state_change(
+        self, instance: str, nxt: Instance | None, done: DoneRecord | None
+    ) -> None:
+        if done is not None:
+            await self.publisher.publish(
+                [
+                    OutRecord(
+                        self.topics.done,
+                        instance.encode(),
+                        _dumps(done),
+                        _position(done.source) if done.source else None,
+                    )
+                ]
+            )
+            self.stats["done"] += 1
+        if nxt is not None:
+            await self.enqueue_turn(nxt)
+
+    async def enqueue_turn(self, inst: Instance) -> None:
+        """An instance ready for its next turn joins the window like any item."""
+        if inst.id in self._queued_turns:
+            return
+        self._queued_turns.add(inst.id)
+        self.stats["turns"] += 1
+        await self.windower.add(_Item(inst, None))
+
+    async def expire(self) -> None:
+        if self.workflow is None:
+            return
+        for nxt, done in self.workflow.expire(time.time()):
+            await self._after_state_change(
+                nxt.id if nxt else (done.instance if done else ""), nxt, done
+            )
 
     def _letter_record(self, letter: DeadLetter) -> OutRecord:
         key = letter.instance.encode() if letter.instance else None
@@ -403,14 +550,14 @@ class Pipeline:
         return OutRecord(self.topics.dead_letter, key, _dumps(letter), origin)
 
 
-def _cap_commits(app: faust.App, ledger: OffsetLedger, input_topic: str) -> None:
-    """Routes every commit faust computes for the input topic through the ledger."""
+def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str]) -> None:
+    """Routes every commit faust computes for the tracked topics through the ledger."""
     consumer: Any = app.consumer  # faust exposes no public hook for this
     proposed = consumer._new_offset
 
     def capped(tp: Any) -> int | None:
         offset = proposed(tp)
-        if tp.topic != input_topic:
+        if tp.topic not in tracked:
             return cast(int | None, offset)
         return ledger.cap((tp.topic, tp.partition), offset)
 
@@ -465,10 +612,35 @@ def build_app(
             bootstrap, settings.topics.context, spec, messages, ends, pipeline.reconfigure
         )
     source_topic = app.topic(topics.input, key_type=bytes, value_type=bytes)
+    # Instance state: a changelog-backed table, co-partitioned with the input topic.
+    table = app.Table(
+        "state", default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
+    )
+    pipeline.workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
+    results_topic = app.topic(topics.results, key_type=bytes, value_type=bytes)
+    approvals_topic = app.topic(topics.approvals, key_type=bytes, value_type=bytes)
+
+    async def follow(stream: Any, handle: Any) -> None:
+        async for event in stream.noack().events():
+            msg = event.message
+            entry = pipeline.ledger.track((msg.topic, msg.partition), msg.offset, event.ack)
+            await handle(msg.value, entry)
+
+    @app.agent(results_topic, concurrency=1)
+    async def results(stream: Any) -> None:
+        await follow(stream, pipeline.on_result)
+
+    @app.agent(approvals_topic, concurrency=1)
+    async def approvals(stream: Any) -> None:
+        await follow(stream, pipeline.on_approval)
+
+    @app.timer(1.0)  # type: ignore[untyped-decorator]
+    async def expire() -> None:
+        await pipeline.expire()
 
     @app.agent(source_topic, concurrency=1)
     async def process(stream: Any) -> None:
-        _cap_commits(app, pipeline.ledger, topics.input)
+        _cap_commits(app, pipeline.ledger, {topics.input, topics.results, topics.approvals})
         await pipeline.start()
         try:
             async for event in stream.noack().events():

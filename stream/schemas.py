@@ -12,7 +12,17 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from stream.models import ActivityRecord, AdviceRecord, Call, DeadLetter, NoActionRecord
+from stream.models import (
+    ActivityRecord,
+    AdviceRecord,
+    ApprovalRecord,
+    Call,
+    DeadLetter,
+    DoneRecord,
+    NoActionRecord,
+    ProposalRecord,
+    ResultRecord,
+)
 from stream.spec import Advisor, AgentSpec, ContextMessage, Plan, Tool
 
 __all__ = ["CONTRACTS", "render", "write_schemas"]
@@ -27,6 +37,10 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "activity-record": ActivityRecord,
     "no-action-record": NoActionRecord,
     "advice-record": AdviceRecord,
+    "result-record": ResultRecord,
+    "done-record": DoneRecord,
+    "proposal-record": ProposalRecord,
+    "approval-record": ApprovalRecord,
     "dead-letter": DeadLetter,
 }
 

@@ -27,6 +27,9 @@ class Topics:
         self.advice = prefix + "stream.advice"
         self.results = prefix + "stream.results"
         self.review = prefix + "stream.review"
+        self.done = prefix + "stream.done"
+        self.proposals = prefix + "stream.proposals"
+        self.approvals = prefix + "stream.approvals"
 
     def activity(self, tool: str) -> str:
         return f"{self.prefix}activity.{tool}"
@@ -65,6 +68,9 @@ class Settings(BaseSettings):
     )
     session_timeout_s: float = Field(
         15.0, ge=6, description="A processor silent this long leaves the group (crash take-over)"
+    )
+    pending_timeout_s: float = Field(
+        300.0, gt=0, description="An awaited call unanswered this long is recorded as failed"
     )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     log_level: str = Field("INFO", description="Log level of the processor")

@@ -58,6 +58,11 @@ class Tool(_Strict):
     output: dict[str, Any] | None = Field(
         None, description="JSON Schema of the activity's result, for awaited calls"
     )
+    paths: list[str] = Field(
+        default_factory=list,
+        description="State paths (†state.x) its result may be written to; two or more: "
+        "the activity chooses (a branch)",
+    )
 
     @field_validator("parameters")
     @classmethod

@@ -27,9 +27,15 @@ __all__ = [
     "product_topics",
     "read_json",
     "read_topic",
+    "state_changelog",
 ]
 
 log = logging.getLogger("stream.topics")
+
+
+def state_changelog(settings: Settings) -> str:
+    """faust names a table's changelog `<app id>-<table>-changelog`."""
+    return f"{settings.topic_prefix}{settings.app_id}-state-changelog"
 
 
 def activity_topics(settings: Settings, spec: AgentSpec) -> list[str]:
@@ -42,6 +48,8 @@ def product_topics(settings: Settings, spec: AgentSpec) -> list[str]:
     names = [t.input, t.dead_letter, t.no_action]
     if spec.advisors:
         names += [t.advice, t.review]
+    # Results, done and approvals are always there: awaited calls need no plan.
+    names += [t.results, t.done, t.proposals, t.approvals]
     return names + activity_topics(settings, spec)
 
 
@@ -51,6 +59,14 @@ async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentS
     await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
     await ensure_topics(
         bootstrap, [settings.topics.context], 1, config={"cleanup.policy": "compact"}
+    )
+    # The state table's changelog, co-partitioned with the input topic: each instance's
+    # state is written to its input's partition.
+    await ensure_topics(
+        bootstrap,
+        [state_changelog(settings)],
+        settings.partitions,
+        config={"cleanup.policy": "compact"},
     )
 
 

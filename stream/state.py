@@ -1,0 +1,141 @@
+"""Instance state: what one instance has learned across turns, kept in a changelog-backed
+faust table keyed by the producer's instance id.
+
+The changelog record of an instance goes to the partition its input came from, so the
+worker that owns an input partition also owns (and recovers) the state of the instances
+that arrive on it. Writes are idempotent per trigger: a batch redone after a crash finds
+its own trigger recorded and does not apply the same effect twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from stream.models import SourcePosition, TraceEntry
+
+__all__ = [
+    "InstanceState",
+    "MemoryStore",
+    "Pending",
+    "StateStore",
+    "TableStore",
+    "alternatives",
+    "read_path",
+    "write_path",
+]
+
+Status = Literal["new", "pending", "ready", "awaiting_approval", "done"]
+
+
+class Pending(BaseModel):
+    tool: str
+    paths: list[str] = Field(description="Where the result may go (two or more: a branch)")
+    deadline: float = Field(description="Unix time after which the call counts as failed")
+    turn: int
+
+
+class InstanceState(BaseModel):
+    instance: str
+    partition: int
+    source: SourcePosition | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    state: dict[str, Any] = Field(default_factory=dict)
+    turn: int = 0
+    status: Status = "new"
+    pending: dict[str, Pending] = Field(default_factory=dict)
+    proposal: list[dict[str, Any]] = Field(default_factory=list)
+    trace: list[TraceEntry] = Field(default_factory=list)
+    applied: list[str] = Field(
+        default_factory=list, description="Recent triggers already applied (idempotence)"
+    )
+
+    def mark(self, trigger: str) -> bool:
+        """Records a trigger; False when it was applied before (a redo)."""
+        if trigger in self.applied:
+            return False
+        self.applied = [*self.applied[-49:], trigger]
+        return True
+
+
+def alternatives(output_path: str) -> list[str]:
+    """`†state.sunny || †state.rainy` -> ['†state.sunny', '†state.rainy']."""
+    return [p.strip() for p in output_path.split("||") if p.strip()]
+
+
+def write_path(state: dict[str, Any], path: str, value: Any) -> None:
+    """Writes `value` at a `†state.a.b` path; `†state` alone merges an object in."""
+    if not path.startswith("†state"):
+        raise ValueError(f"output paths must start with †state, got {path!r}")
+    keys = [k for k in path.removeprefix("†state").split(".") if k]
+    if not keys:
+        if not isinstance(value, dict):
+            raise ValueError("only an object can be written to †state itself")
+        state.update(value)
+        return
+    node = state
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[keys[-1]] = value
+
+
+def read_path(state: dict[str, Any], path: str) -> Any:
+    keys = [k for k in path.removeprefix("†state").split(".") if k]
+    node: Any = state
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+class StateStore(Protocol):
+    def get(self, instance: str) -> InstanceState | None: ...
+
+    def put(self, value: InstanceState) -> None: ...
+
+    def items(self) -> Iterator[InstanceState]: ...
+
+
+class MemoryStore:
+    """The same contract in a dict, for unit tests."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, InstanceState] = {}
+
+    def get(self, instance: str) -> InstanceState | None:
+        found = self.data.get(instance)
+        return found.model_copy(deep=True) if found else None
+
+    def put(self, value: InstanceState) -> None:
+        self.data[value.instance] = value.model_copy(deep=True)
+
+    def items(self) -> Iterator[InstanceState]:
+        return iter([v.model_copy(deep=True) for v in self.data.values()])
+
+
+class TableStore:
+    """A faust table of JSON bytes; each write also goes to the changelog partition of the
+    instance's input, which faust's own partitioner could not know."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, instance: str) -> InstanceState | None:
+        raw = self.table.data.get(instance.encode())
+        return InstanceState.model_validate_json(raw) if raw else None
+
+    def put(self, value: InstanceState) -> None:
+        key, raw = value.instance.encode(), value.model_dump_json().encode()
+        self.table.data[key] = raw
+        self.table.send_changelog(value.partition, key, raw)
+
+    def items(self) -> Iterator[InstanceState]:
+        for raw in list(self.table.data.values()):
+            if raw:
+                yield InstanceState.model_validate_json(raw)

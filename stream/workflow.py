@@ -1,0 +1,254 @@
+"""Stateful workflows: awaited calls, instance state across turns, and plans.
+
+A call with `_outputPath` is awaited: recorded as pending in its instance's state until
+its result arrives (or its deadline passes). With a plan, an instance whose awaited calls
+are all answered is ready for its next turn; its workflow ends when a turn makes no
+awaited call, a `finish` advisor votes stop, or the turn limit is reached, and its final
+state is published as a done record. A lazy plan stores each turn's calls as a proposal
+and runs them only when approved.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream.advice import Vote as _Vote
+from stream.advice import aggregate, parse_votes
+from stream.models import (
+    ApprovalRecord,
+    BatchRef,
+    Call,
+    DoneRecord,
+    ProposalRecord,
+    ResultRecord,
+    TraceEntry,
+)
+from stream.prompt import Instance
+from stream.spec import AgentSpec
+from stream.state import InstanceState, Pending, StateStore, alternatives, write_path
+from stream.validate import Opinion
+
+__all__ = ["Turn", "Workflow"]
+
+
+@dataclass(slots=True)
+class Turn:
+    """What a turn's answer does: which calls run now, and what else to publish."""
+
+    run: list[str] = field(default_factory=list)  # call ids to publish now
+    done: DoneRecord | None = None
+    proposal: ProposalRecord | None = None
+    trace: list[TraceEntry] = field(default_factory=list)
+
+
+class Workflow:
+    def __init__(self, spec: AgentSpec, store: StateStore, pending_timeout_s: float) -> None:
+        self.spec = spec
+        self.store = store
+        self.timeout = pending_timeout_s
+        self.results_ignored = 0
+        self.expired = 0
+
+    @property
+    def iterative(self) -> bool:
+        return self.spec.plan is not None
+
+    def admit(self, inst: Instance) -> Instance:
+        """An input or state record arrives: it starts (or restarts) its instance's
+        workflow, and the model sees the instance's state with it."""
+        st = self.store.get(inst.id) or InstanceState(
+            instance=inst.id, partition=inst.source.partition
+        )
+        if inst.payload.get("type") == "state":
+            st.state.update({k: v for k, v in inst.payload.items() if k != "type"})
+        else:
+            st.input = dict(inst.payload)
+        st.partition, st.source = inst.source.partition, inst.source
+        st.turn, st.status, st.pending, st.proposal = 0, "new", {}, []
+        self.store.put(st)
+        return Instance(inst.id, inst.payload, inst.source, inst.size, dict(st.state) or None, 1)
+
+    def turn(
+        self,
+        inst: Instance,
+        calls: list[tuple[str, Call]],
+        batch: BatchRef,
+        opinions: list[Opinion],
+    ) -> Turn:
+        """Applies a turn's answer to the instance's state (once, however often the batch
+        is redone) and says which calls run now."""
+        st = self.store.get(inst.id)
+        out = Turn()
+        if st is None:
+            return Turn(run=[cid for cid, _ in calls])
+        first_time = st.mark(
+            f"turn{inst.turn}@{inst.source.topic}/{inst.source.partition}/{inst.source.offset}"
+        )
+        lazy = self.spec.plan is not None and self.spec.plan.mode == "lazy"
+        awaited = False
+        for cid, call in calls:
+            tool = self.spec.tool(call.tool)
+            if tool is None:
+                continue  # NoAction: nothing to run, nothing to await
+            if tool.kind == "latent":
+                if call.output_path and first_time:
+                    write_path(st.state, alternatives(call.output_path)[0], call.arguments)
+                continue
+            if call.output_path:
+                awaited = True
+                if first_time and not lazy:
+                    st.pending[cid] = Pending(
+                        tool=call.tool,
+                        paths=alternatives(call.output_path),
+                        deadline=time.time() + self.timeout,
+                        turn=inst.turn,
+                    )
+            if not lazy:
+                out.run.append(cid)
+        if first_time:
+            st.turn = inst.turn
+            st.trace.append(
+                TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
+            )
+        out.trace = list(st.trace)
+        if lazy and calls:
+            st.status = "awaiting_approval"
+            st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
+            out.proposal = ProposalRecord(
+                instance=inst.id,
+                turn=inst.turn,
+                batch=batch,
+                calls=[call.wire() for _, call in calls],
+                call_ids=[cid for cid, _ in calls],
+                plan=self.spec.plan.steps if self.spec.plan else [],
+                source=inst.source,
+            )
+        elif st.pending:
+            st.status = "pending"
+        else:
+            out.done = self._maybe_done(st, awaited, opinions)
+        self.store.put(st)
+        return out
+
+    def _maybe_done(
+        self, st: InstanceState, awaited: bool, opinions: list[Opinion]
+    ) -> DoneRecord | None:
+        if not self.iterative:
+            st.status = "done"
+            return None  # single-turn: nothing more to report than the calls themselves
+        assert self.spec.plan is not None
+        reason: tuple[str, str] | None = None
+        if self._finish_says_stop(opinions):
+            reason = ("stopped", "a finish advisor voted stop")
+        elif not awaited:
+            reason = ("done", "the model made no more awaited calls")
+        elif st.turn >= self.spec.plan.max_turns:
+            reason = ("turn_limit", f"turn limit {self.spec.plan.max_turns} reached")
+        if reason is None:
+            st.status = "ready"
+            return None
+        return self._finish(st, *reason)
+
+    def _finish(self, st: InstanceState, status: str, reason: str) -> DoneRecord:
+        st.status = "done"
+        return DoneRecord(
+            instance=st.instance,
+            status=status,
+            reason=reason,
+            turns=st.turn,
+            state=st.state,
+            trace=st.trace,
+            source=st.source,
+        )
+
+    def _finish_says_stop(self, opinions: list[Opinion]) -> bool:
+        votes = []
+        for op in opinions:
+            advisor = self.spec.advisor(op.advisor)
+            shares, _ = parse_votes(op.votes_raw)
+            if advisor and advisor.on == "finish" and shares:
+                votes.append(_Vote(op.advisor, advisor.weight, shares))
+        return bool(votes) and aggregate(votes).option == "stop"
+
+    def next_turn(self, st: InstanceState) -> Instance | None:
+        """The instance's next turn, when its workflow is ready for one."""
+        if not self.iterative or st.status != "ready" or st.source is None:
+            return None
+        return Instance(
+            st.instance, st.input or {"type": "input"}, st.source, 256, dict(st.state), st.turn + 1
+        )
+
+    def on_result(self, rec: ResultRecord) -> tuple[Instance | None, DoneRecord | None]:
+        """Writes an awaited call's result into state. Unknown or repeated results are
+        ignored (at-least-once delivery makes them normal)."""
+        st = self.store.get(rec.instance)
+        if st is None or rec.call_id not in st.pending:
+            self.results_ignored += 1
+            return None, None
+        pending = st.pending.pop(rec.call_id)
+        path = rec.path or pending.paths[0]
+        if rec.error is not None:
+            st.state.setdefault("errors", {})[rec.call_id] = rec.error
+        elif path not in pending.paths:
+            st.state.setdefault("errors", {})[rec.call_id] = (
+                f"activity chose {path!r}, which is not one of {pending.paths}"
+            )
+        else:
+            write_path(st.state, path, rec.value)
+        return self._settle(st)
+
+    def _settle(self, st: InstanceState) -> tuple[Instance | None, DoneRecord | None]:
+        done = None
+        if not st.pending and st.status == "pending":
+            if not self.iterative:
+                st.status = "done"
+            elif st.turn >= (self.spec.plan.max_turns if self.spec.plan else 1):
+                done = self._finish(st, "turn_limit", "turn limit reached")
+            else:
+                st.status = "ready"
+        self.store.put(st)
+        return self.next_turn(st), done
+
+    def expire(self, now: float) -> list[tuple[Instance | None, DoneRecord | None]]:
+        """Fails awaited calls past their deadline, and re-offers instances that are ready
+        (after a restart nobody else would)."""
+        out = []
+        for st in self.store.items():
+            late = [cid for cid, p in st.pending.items() if p.deadline < now]
+            for cid in late:
+                st.pending.pop(cid)
+                st.state.setdefault("errors", {})[cid] = "timed out waiting for the result"
+                self.expired += 1
+            if late:
+                out.append(self._settle(st))
+            elif st.status == "ready":
+                out.append((self.next_turn(st), None))
+        return out
+
+    def on_approval(self, rec: ApprovalRecord) -> tuple[list[dict[str, Any]], DoneRecord | None]:
+        """A proposal's answer: its calls to run now, or the end of the workflow."""
+        st = self.store.get(rec.instance)
+        if st is None or st.status != "awaiting_approval":
+            self.results_ignored += 1
+            return [], None
+        if not rec.approve:
+            done = self._finish(st, "rejected", rec.reason or "proposal rejected")
+            self.store.put(st)
+            return [], done
+        proposal, st.proposal = st.proposal, []
+        for call in proposal:
+            if call.get("_outputPath") and self.spec.tool(call["_tool"]):
+                st.pending[call["call_id"]] = Pending(
+                    tool=call["_tool"],
+                    paths=alternatives(call["_outputPath"]),
+                    deadline=time.time() + self.timeout,
+                    turn=st.turn,
+                )
+        st.status = "pending" if st.pending else "ready"
+        finished: DoneRecord | None = None
+        if not st.pending:
+            finished = self._finish(st, "done", "approved proposal ran; nothing awaited")
+        self.store.put(st)
+        return proposal, finished
