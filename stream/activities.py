@@ -5,6 +5,11 @@
 - `tool`: the tool's own definition from the agent spec, so a handler can read its schema;
 - `context`: the messages the call imported through its scopes, from its own instance only.
 
+A handler's return value is the result of an awaited call (one with `_outputPath`): the
+worker publishes it to the results topic and the processor writes it into the instance's
+state. For a branching path (`†state.sunny || †state.rainy`) the handler picks one by
+returning `Branch(path, value)`. Fire-and-forget calls' return values are ignored.
+
 Delivery is at least once; the worker drops call_ids it has already handled in this
 process, and handlers should be idempotent across restarts (key on `call_id`).
 """
@@ -18,6 +23,7 @@ import logging
 import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +32,33 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from stream.errors import SpecError
-from stream.models import ActivityRecord, Call, DeadLetter
+from stream.models import ActivityRecord, Call, DeadLetter, ResultRecord
 from stream.publish import OutRecord, Publisher
 from stream.settings import Settings
 from stream.spec import AgentSpec, Tool
 
-__all__ = ["Activities", "Handler", "load_activities"]
+__all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
 
 log = logging.getLogger("stream.activities")
 
 Handler = Callable[[Call, Tool, list[dict[str, Any]]], Awaitable[Any]]
 
 _TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """A handler's answer to a branching output path: which alternative, and the value."""
+
+    path: str
+    value: Any = None
+
+
+def paths_of(call: Call) -> list[str]:
+    """The alternatives of a call's output path (one for a plain path, none if absent)."""
+    return [p.strip() for p in (call.output_path or "").split("||") if p.strip()]
+
+
 _SEEN = 100_000
 
 
@@ -49,6 +70,7 @@ class Activities:
         self.handled = 0
         self.duplicates = 0
         self.failed = 0
+        self.answered = 0
         self._seen: OrderedDict[str, None] = OrderedDict()
 
     def activity(self, name: str | None = None) -> Callable[[Handler], Handler]:
@@ -67,14 +89,14 @@ class Activities:
             self._seen.popitem(last=False)
         return True
 
-    async def handle(self, record: ActivityRecord, tool: Tool) -> None:
+    async def handle(self, record: ActivityRecord, tool: Tool) -> Any:
         """Runs the handler for one record, retrying; raises after the last try."""
         handler = self.handlers[record.tool]
         for attempt in range(1, _TRIES + 1):
             try:
-                await handler(record.call, tool, record.context)
+                result = await handler(record.call, tool, record.context)
                 self.handled += 1
-                return
+                return result
             except Exception:
                 if attempt == _TRIES:
                     raise
@@ -86,6 +108,7 @@ class Activities:
                     exc_info=True,
                 )
                 await asyncio.sleep(0.2 * attempt)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     async def run(
         self,
@@ -135,9 +158,12 @@ class Activities:
         if not self._first_time(record.call_id):
             return
         try:
-            await self.handle(record, tool)
+            result = await self.handle(record, tool)
         except Exception as exc:
             self.failed += 1
+            if record.call.output_path:
+                # The workflow must not wait for ever: it records the failure in state.
+                await self._answer(record, None, f"handler raised {exc!r}", settings, publisher)
             log.exception("activity %s gave up on %s", record.tool, record.call_id)
             letter = DeadLetter(
                 code="activity_failed",
@@ -157,6 +183,43 @@ class Activities:
                     )
                 ]
             )
+            return
+        if record.call.output_path:
+            await self._answer(record, result, None, settings, publisher)
+
+    async def _answer(
+        self,
+        record: ActivityRecord,
+        result: Any,
+        error: str | None,
+        settings: Settings,
+        publisher: Publisher,
+    ) -> None:
+        """Publishes an awaited call's result, to the partition of the instance's input:
+        the processor that owns that partition owns the instance's state."""
+        chosen, value = (
+            (result.path, result.value) if isinstance(result, Branch) else (None, result)
+        )
+        answer = ResultRecord(
+            call_id=record.call_id,
+            instance=record.instance,
+            tool=record.tool,
+            value=value,
+            path=chosen,
+            error=error,
+            source=record.source,
+        )
+        await publisher.publish(
+            [
+                OutRecord(
+                    settings.topics.results,
+                    record.instance.encode(),
+                    answer.model_dump_json(exclude_none=True).encode(),
+                    partition=record.source.partition,
+                )
+            ]
+        )
+        self.answered += 1
 
 
 def load_activities(target: str) -> Activities:

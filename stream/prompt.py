@@ -160,7 +160,14 @@ class PromptBuilder:
         )
         tools_json = orjson.dumps(
             [
-                {"name": t.name, "description": t.description, "parameters": t.parameters}
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    # Only where they say something: latent tools, and where results go.
+                    **({"kind": t.kind} if t.kind != "activity" else {}),
+                    **({"paths": t.paths} if t.paths else {}),
+                }
                 for t in self.tools
             ]
         ).decode()

@@ -29,6 +29,7 @@ class OutRecord:
     key: bytes | None
     value: bytes
     origin: tuple[str, int, int] | None = None  # the input record this one answers
+    partition: int | None = None  # None: the key decides
 
 
 class PublishError(StreamError):
@@ -71,7 +72,11 @@ class Publisher:
             futures = []
             for rec in todo:
                 try:
-                    futures.append(await self._producer.send(rec.topic, rec.value, key=rec.key))
+                    futures.append(
+                        await self._producer.send(
+                            rec.topic, rec.value, key=rec.key, partition=rec.partition
+                        )
+                    )
                 except KafkaError as exc:
                     futures.append(_failed(exc))
             for result in await asyncio.gather(*futures, return_exceptions=True):

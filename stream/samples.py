@@ -7,7 +7,7 @@ import random
 
 import orjson
 
-__all__ = ["comments", "malformed_records"]
+__all__ = ["comments", "malformed_records", "tickets"]
 
 _CLEAN = [
     "Thanks for writing this up, the section on retries saved me an afternoon.",
@@ -71,3 +71,30 @@ def malformed_records(max_bytes: int) -> list[tuple[bytes | None, bytes, str]]:
         (None, orjson.dumps({"comment": "who wrote me? no _instance and no key"}), "no_instance"),
         (b"bad-4", big, "too_large"),
     ]
+
+
+_SUBJECTS = [
+    ("Site is down for all our users", "Since 9:00 every page returns 502. Please help asap."),
+    ("Cannot log in after password reset", "The reset mail arrives but login still fails."),
+    ("Question about invoices", "Could you send last month's invoice as PDF?"),
+    ("Feature idea: dark mode", "Would love a dark theme for the dashboard."),
+    ("Export is slow", "CSV export of 10k rows takes a minute; not blocking."),
+]
+_CUSTOMERS = ["acme", "globex", "initech", "umbrella", "hooli", "vandelay"]
+
+
+def tickets(n: int, seed: int = 3) -> list[dict[str, str]]:
+    """n support tickets with ids t-000001..: some urgent, some from VIP customers."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        subject, body = rng.choice(_SUBJECTS)
+        out.append(
+            {
+                "_instance": f"t-{i + 1:06d}",
+                "customer": rng.choice(_CUSTOMERS),
+                "subject": subject,
+                "body": body,
+            }
+        )
+    return out

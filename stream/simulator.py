@@ -77,6 +77,28 @@ class SimRequest:
     advisors: list[dict[str, Any]]
     active: tuple[str, ...]
     may_consult: bool
+    instruction: str = ""
+
+
+def _views(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each token's messages, merged: its input and its state (in the order given)."""
+    views: dict[str, dict[str, Any]] = {}
+    for item in items:
+        view = views.setdefault(str(item["_instance"]), {"input": {}, "state": {}})
+        body = {k: v for k, v in item.items() if k not in ("type", "_instance")}
+        view["state" if item.get("type") == "state" else "input"].update(body)
+        if item.get("type") == "state" and not view["input"]:
+            view["input"] = dict(body)
+    return views
+
+
+def _read(state: dict[str, Any], path: str) -> Any:
+    node: Any = state
+    for key in [k for k in path.removeprefix("†state").split(".") if k]:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
 
 
 def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
@@ -121,8 +143,9 @@ class Simulator:
             return self._fill(branch, name, flagged, why)
         if "enum" in schema:
             options = list(schema["enum"])
-            wanted = "reject" if flagged else "approve"
-            return wanted if wanted in options else options[0]
+            if {"approve", "reject"} <= set(options):
+                return "reject" if flagged else "approve"
+            return options[0] if flagged else options[-1]
         kind = schema.get("type")
         if kind == "string":
             if name == "message":
@@ -142,9 +165,12 @@ class Simulator:
     def solve(self, req: SimRequest) -> dict[str, Any]:
         """The solution: advisors' opinions first (when any are active), then calls."""
         faults = self.config.faults
+        views = _views(req.items)
+        if req.instruction:
+            return {"calls": self._route_instruction(req, views)}
         texts = [
             " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
-            for item in req.items
+            for item in (view["input"] for view in views.values())
         ]
         scores = self._toxicity(texts)
         real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
@@ -152,8 +178,7 @@ class Simulator:
         on_demand = [a["id"] for a in req.advisors if a.get("on") is None]
         calls: list[Any] = []
         judged: list[tuple[str, str, float, bool, set[str]]] = []
-        for item, text, score in zip(req.items, texts, scores, strict=True):
-            token = str(item.get("_instance"))
+        for (token, view), text, score in zip(views.items(), texts, scores, strict=True):
             markers = set(_MARKER.findall(text))
             if "skip-always" in markers or self.rng.random() < faults.skip_rate:
                 self.stats["fault_skip"] += 1
@@ -193,6 +218,9 @@ class Simulator:
                 if flagged
                 else ("within the community rules")
             )
+            if any(t.get("paths") or t.get("kind") == "latent" for t in real):
+                calls += self._plan_step(token, view, real, text)
+                continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
                     continue  # follow-up tools act on flagged items only
@@ -280,6 +308,113 @@ class Simulator:
         self.stats["opinions"] += len(out)
         return out
 
+    def _plan_step(
+        self, token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
+    ) -> list[dict[str, Any]]:
+        """A stateful turn: fetch what the state still lacks (awaited calls and latent
+        notes); once everything is known, act with the final tools and await nothing."""
+        state = view["state"]
+
+        def known(paths: list[str]) -> bool:
+            return any(_read(state, p) is not None for p in paths)
+
+        calls: list[dict[str, Any]] = []
+        awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
+        missing = [t for t in awaited if not known(t["paths"])]
+        if missing:
+            for tool in missing:
+                args = self._fill(tool.get("parameters", {}), "", False, "needed to decide")
+                calls.append(
+                    {
+                        "_tool": tool["name"],
+                        "_instance": token,
+                        "_reasoningForCall": "the state lacks this",
+                        "_outputPath": " || ".join(tool["paths"]),
+                        "_scopes": ["input"],
+                        **(args if isinstance(args, dict) else {}),
+                    }
+                )
+            for tool in tools:
+                if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
+                    continue
+                args = self._fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
+                call = {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": "thinking it through",
+                    **(args if isinstance(args, dict) else {}),
+                }
+                if tool.get("paths"):
+                    call["_outputPath"] = tool["paths"][0]
+                calls.append(call)
+            return calls
+        urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
+        for tool in tools:
+            if tool.get("kind") == "latent" and not tool.get("paths"):
+                # a thought before acting: kept in the trace, never published
+                calls.append(
+                    {
+                        "_tool": tool["name"],
+                        "_instance": token,
+                        "_reasoningForCall": "weighing the state",
+                        **self._fill(tool.get("parameters", {}), "", urgent, "weighing"),
+                    }
+                )
+                continue
+            if tool.get("paths") or tool.get("kind") == "latent":
+                continue
+            args = self._fill(tool.get("parameters", {}), "", urgent, "decided from the state")
+            calls.append(
+                {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": "everything needed is in the state",
+                    "_scopes": ["input", "†state"],
+                    **(args if isinstance(args, dict) else {}),
+                }
+            )
+        return calls
+
+    def _route_instruction(
+        self, req: SimRequest, views: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """A global instruction about one named instance: only that instance acts."""
+        text = req.instruction
+        quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
+        task = next((a or b for a, b in quoted), text)
+        status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
+        tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+        calls: list[dict[str, Any]] = []
+        for token, view in views.items():
+            name = str(view["state"].get("name") or view["input"].get("name") or "")
+            if name and re.search(rf"\b{re.escape(name)}\b", text):
+                tool = tools[0]
+                strings = [
+                    k
+                    for k, v in tool.get("parameters", {}).get("properties", {}).items()
+                    if v.get("type") == "string"
+                ]
+                args = dict(zip(strings, [task, status], strict=False))
+                call = {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": f"the instruction names {name}",
+                    **args,
+                }
+                if tool.get("paths"):
+                    call["_outputPath"] = tool["paths"][0]
+                calls.append(call)
+            else:
+                calls.append(
+                    {
+                        "_tool": "NoAction",
+                        "_instance": token,
+                        "_reasoningForCall": "the instruction is about someone else",
+                        "reason": "not addressed by the instruction",
+                    }
+                )
+        return calls
+
     @staticmethod
     def read_request(messages: list[dict[str, str]]) -> SimRequest:
         """Finds tools and advisors (system message), the instances (the user message that
@@ -288,9 +423,13 @@ class Simulator:
         sections = system.split("\n\n")
         tools = orjson.loads(sections[sections.index("# Tools") + 1])
         advisors: list[dict[str, Any]] = []
+        instruction = ""
         for k, section in enumerate(sections[:-1]):
             if section.startswith("# Advisors"):
                 advisors = orjson.loads(sections[k + 1])
+            if section == "# Global inputs":
+                for message in orjson.loads(sections[k + 1]):
+                    instruction += str(message.get("instruction", ""))
         items: list[dict[str, Any]] = []
         control: dict[str, Any] = {}
         for m in messages:

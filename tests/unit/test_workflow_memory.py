@@ -1,0 +1,118 @@
+"""A two-turn workflow in memory: fake LLM (the simulator's planner), memory state store."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+
+from stream.llm import LLM
+from stream.models import ResultRecord, SourcePosition
+from stream.processor import Pipeline
+from stream.publish import Publisher
+from stream.samples import tickets
+from stream.settings import Settings
+from stream.spec import AgentSpec, load_spec
+from stream.state import MemoryStore
+from stream.workflow import Workflow
+from tests.fakes import FakeLLM, FakePublisher
+
+TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets" / "agent.yaml"
+
+
+def _pipeline(spec: AgentSpec) -> tuple[Pipeline, FakePublisher, MemoryStore]:
+    pub, store = FakePublisher(), MemoryStore()
+    settings = Settings(bootstrap_servers="unused:9092")
+    pipe = Pipeline(settings, spec, cast(LLM, FakeLLM()), cast(Publisher, pub))
+    pipe.workflow = Workflow(spec, store, pending_timeout_s=60)
+    return pipe, pub, store
+
+
+async def _drain(pipe: Pipeline) -> None:
+    await pipe.windower.flush()
+    while pipe._tasks:
+        await asyncio.gather(*list(pipe._tasks))
+
+
+def _on(pub: FakePublisher, part: str) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value) for r in pub.records if r.topic.endswith(part)]
+
+
+async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
+    pipe, pub, store = _pipeline(load_spec(TICKETS))
+    await pipe.start()
+    acked: list[int] = []
+    for i, ticket in enumerate(tickets(3)):
+        src = SourcePosition(topic="items", partition=0, offset=i)
+        await pipe.offer(orjson.dumps(ticket), None, src, functools.partial(acked.append, i))
+    await _drain(pipe)
+    assert acked == [0, 1, 2]  # turn 1 is published: the inputs are done with
+    looked = _on(pub, "activity.lookupCustomer")
+    urgency = _on(pub, "activity.assessUrgency")
+    assert len(looked) == len(urgency) == 3
+    assert all(r["call"]["_outputPath"] == "†state.customer" for r in looked)
+    assert all(r["call"]["_outputPath"] == "†state.urgent || †state.routine" for r in urgency)
+    assert all(r["context"][-1]["customer"] for r in looked)  # scoped to its own input
+    assert not _on(pub, "activity.routeTicket") and not _on(pub, "stream.done")
+    assert not [r for r in pub.records if "think" in r.topic or "summarize" in r.topic]
+    first = store.get("t-000001")
+    assert first is not None and first.status == "pending" and len(first.pending) == 2
+    assert first.state["summary"]["summary"].startswith("notes:")  # latent, into state
+    for rec in looked:
+        answer = ResultRecord(
+            call_id=rec["call_id"],
+            instance=rec["instance"],
+            tool="lookupCustomer",
+            value={"vip": rec["instance"] == "t-000002"},
+        )
+        await pipe.on_result(answer.model_dump_json().encode(), None)
+    for rec in urgency:
+        answer = ResultRecord(
+            call_id=rec["call_id"],
+            instance=rec["instance"],
+            tool="assessUrgency",
+            value={"why": "test"},
+            path="†state.urgent" if rec["instance"] == "t-000003" else "†state.routine",
+        )
+        await pipe.on_result(answer.model_dump_json().encode(), None)
+    # a repeated result is ignored: at-least-once delivery is normal
+    await pipe.on_result(answer.model_dump_json().encode(), None)
+    assert pipe.workflow is not None and pipe.workflow.results_ignored == 1
+    await _drain(pipe)
+    routed = {r["instance"]: r for r in _on(pub, "activity.routeTicket")}
+    assert set(routed) == {"t-000001", "t-000002", "t-000003"}
+    assert routed["t-000002"]["call"]["queue"] == "priority"  # vip, learnt in turn 1
+    assert routed["t-000003"]["call"]["queue"] == "priority"  # urgent branch
+    assert routed["t-000001"]["call"]["queue"] == "standard"
+    assert routed["t-000001"]["turn"] == 2 and "/t2/" in routed["t-000001"]["call_id"]
+    assert [t["turn"] for t in routed["t-000001"]["trace"]] == [1, 2]
+    done = {d["instance"]: d for d in _on(pub, "stream.done")}
+    assert set(done) == set(routed) and all(d["status"] == "done" for d in done.values())
+    assert done["t-000003"]["state"]["urgent"] == {"why": "test"}
+    assert "routine" not in done["t-000003"]["state"]
+    assert "thought" not in orjson.dumps(done).decode()  # a thought is never stored
+    await pipe.windower.stop()
+
+
+async def test_unlisted_branch_is_refused_and_recorded() -> None:
+    pipe, pub, store = _pipeline(load_spec(TICKETS))
+    await pipe.start()
+    src = SourcePosition(topic="items", partition=0, offset=0)
+    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
+    await _drain(pipe)
+    rec = _on(pub, "activity.assessUrgency")[0]
+    bad = ResultRecord(
+        call_id=rec["call_id"],
+        instance=rec["instance"],
+        tool="assessUrgency",
+        value=1,
+        path="†state.somewhereElse",
+    )
+    await pipe.on_result(bad.model_dump_json().encode(), None)
+    st = store.get(rec["instance"])
+    assert st is not None and "somewhereElse" not in st.state
+    assert "not one of" in st.state["errors"][rec["call_id"]]
+    await pipe.windower.stop()
