@@ -226,11 +226,13 @@ def load_activities(target: str) -> Activities:
     """Finds the Activities registry in a module name or a .py file path."""
     if target.endswith(".py") or Path(target).is_file():
         path = Path(target).resolve()
-        spec = importlib.util.spec_from_file_location(path.stem, path)
+        # A name per file: two examples' activities.py must not replace each other.
+        name = f"_activities_{path.parent.name}_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise SpecError(f"cannot import activities from {target}")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)

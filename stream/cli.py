@@ -92,7 +92,15 @@ def _llm_sim(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from stream.demo import run_demo
 
-    return run_demo(args.items, args.json, timeout=args.timeout, latency_ms=args.latency_ms)
+    if not (Path(__file__).resolve().parent.parent / "examples" / args.example).is_dir():
+        raise StreamError(f"no example named {args.example!r} (try moderation or tickets)")
+    return run_demo(
+        args.items,
+        args.json,
+        timeout=args.timeout,
+        latency_ms=args.latency_ms,
+        example=args.example,
+    )
 
 
 def _schemas(args: argparse.Namespace) -> int:
@@ -142,6 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object as last line")
     d.add_argument("--timeout", type=float, default=180, help="seconds to wait for outcomes")
     d.add_argument("--latency-ms", type=float, default=50, help="simulated LLM latency")
+    d.add_argument(
+        "--example",
+        default="moderation",
+        help="which example under examples/: moderation (default) or tickets (stateful)",
+    )
     d.set_defaults(fn=_demo)
     sub.add_parser("process", help="run a processor (consumer group member)").set_defaults(
         fn=_process

@@ -25,15 +25,15 @@ from aiokafka import AIOKafkaProducer
 from stream.activities import Activities, load_activities
 from stream.audit import AuditReport, audit
 from stream.broker import kafka_bootstrap
-from stream.samples import comments, malformed_records
-from stream.settings import Settings
+from stream.samples import comments, malformed_records, tickets
+from stream.settings import DEFAULT_SPEC, Settings
 from stream.simulator import SimConfig, Simulator, running_simulator
 from stream.spec import AgentSpec, load_spec
 from stream.topics import activity_topics, ensure_product_topics, read_json
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
-EXAMPLE_ACTIVITIES = Path(__file__).resolve().parent.parent / "examples/moderation/activities.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 class ProcessorProcess:
@@ -109,7 +109,12 @@ async def wait_accounted(
 
 
 async def launch_processor(
-    bootstrap: str, llm_url: str, prefix: str, tmp_prefix: str, **env: str
+    bootstrap: str,
+    llm_url: str,
+    prefix: str,
+    tmp_prefix: str,
+    spec_path: Path | None = None,
+    **env: str,
 ) -> tuple[Settings, AgentSpec, ProcessorProcess]:
     """Creates a fresh set of topics (by prefix) and starts a processor process on them."""
     workdir = Path(tempfile.mkdtemp(prefix=tmp_prefix))
@@ -118,6 +123,7 @@ async def launch_processor(
         topic_prefix=prefix,
         llm_base_url=llm_url,
         data_dir=workdir / "data",
+        spec=spec_path or DEFAULT_SPEC,
     )
     spec = load_spec(settings.spec)
     await ensure_product_topics(bootstrap, settings, spec)
@@ -136,20 +142,40 @@ async def launch_processor(
     return settings, spec, proc
 
 
+async def _wait_done(bootstrap: str, settings: Settings, expected: int, wait_s: float) -> int:
+    """Stateful examples: waits until that many workflows published their final state."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        done = len({d["instance"] for d in await read_json(bootstrap, settings.topics.done)})
+        if done >= expected or time.monotonic() > deadline:
+            return done
+        await asyncio.sleep(1.0)
+
+
 async def _demo(
-    bootstrap: str, sim: Simulator, llm_url: str, n: int, wait_s: float, say: Any
+    bootstrap: str,
+    sim: Simulator,
+    llm_url: str,
+    n: int,
+    wait_s: float,
+    say: Any,
+    example: str,
 ) -> dict[str, Any]:
     settings, spec, proc = await launch_processor(
-        bootstrap, llm_url, f"demo-{secrets.token_hex(3)}.", "stream-demo-"
+        bootstrap,
+        llm_url,
+        f"demo-{secrets.token_hex(3)}.",
+        "stream-demo-",
+        spec_path=EXAMPLES / example / "agent.yaml",
     )
     prefix = settings.topic_prefix
-    activities: Activities = load_activities(str(EXAMPLE_ACTIVITIES))
+    activities: Activities = load_activities(str(EXAMPLES / example / "activities.py"))
     stop = asyncio.Event()
     worker = asyncio.create_task(activities.run(settings, spec, bootstrap, stop))
     started = time.monotonic()
     try:
         bad = malformed_records(settings.max_record_bytes) if n >= 10 else []
-        good = comments(n - len(bad))
+        good = tickets(n - len(bad)) if example == "tickets" else comments(n - len(bad))
         records: list[tuple[bytes | None, bytes]] = [
             (c["_instance"].encode(), orjson.dumps(c)) for c in good
         ]
@@ -158,6 +184,9 @@ async def _demo(
         say(f"publishing {n} items ({len(bad)} malformed on purpose) to {settings.topics.input}")
         await produce(bootstrap, settings.topics.input, records)
         report = await wait_accounted(bootstrap, settings, spec, n, wait_s, proc)
+        if spec.plan is not None:
+            await _wait_done(bootstrap, settings, n - len(bad), wait_s)
+            report = await wait_accounted(bootstrap, settings, spec, n, 10, proc)
         expected_calls = sum(report.calls_by_tool.values())
         deadline = time.monotonic() + 30
         while activities.handled + activities.duplicates < expected_calls:
@@ -173,6 +202,12 @@ async def _demo(
         say(f"processor log (last lines):\n{proc.tail()}")
     letters = await read_json(bootstrap, settings.topics.dead_letter)
     advice = await read_json(bootstrap, settings.topics.advice) if spec.advisors else []
+    done = await read_json(bootstrap, settings.topics.done)
+    awaited = 0
+    for topic in activity_topics(settings, spec):
+        awaited += sum(
+            "_outputPath" in r.get("call", {}) for r in await read_json(bootstrap, topic)
+        )
     stats = sim.stats
     return {
         "items": n,
@@ -196,6 +231,11 @@ async def _demo(
         "consults": sum(len(a.get("consulted", [])) for a in advice),
         "divergent": sum(1 for a in advice if a["divergent"]),
         "activity_handled": activities.handled,
+        "example": example,
+        "done": len({d["instance"] for d in done}),
+        "turns": sum(d["turns"] for d in done),
+        "awaited_calls": awaited,
+        "results_answered": activities.answered,
         "prompt_tokens": stats["prompt_tokens"],
         "completion_tokens": stats["completion_tokens"],
         "cached_tokens": stats["cached_tokens"],
@@ -206,7 +246,13 @@ async def _demo(
     }
 
 
-def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: float = 50.0) -> int:
+def run_demo(
+    items: int,
+    as_json: bool,
+    timeout: float = 180.0,
+    latency_ms: float = 50.0,
+    example: str = "moderation",
+) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
@@ -215,13 +261,14 @@ def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: floa
         running_simulator(SimConfig(latency_ms=latency_ms)) as (sim, url),
     ):
         say(f"broker {bootstrap}; LLM simulator {url} (a simulator, not a model)")
-        result = asyncio.run(_demo(bootstrap, sim, url, items, timeout, say))
+        result = asyncio.run(_demo(bootstrap, sim, url, items, timeout, say, example))
     if not as_json:
         calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
         print(
             f"\n{result['items']} items -> {result['llm_requests']} LLM requests "
             f"({result['llm_requests_per_item']} per item, window {result['window_max_items']})\n"
-            f"calls published: {calls} (all fire-and-forget: {result['fire_and_forget']})\n"
+            f"calls published: {calls} "
+            f"(fire-and-forget {result['fire_and_forget']}, awaited {result['awaited_calls']})\n"
             f"explicit no-action: {result['no_action']}\n"
             f"dead letters: {result['dead_letters']} {result['dead_letter_codes']}\n"
             + "".join(
@@ -233,7 +280,13 @@ def run_demo(items: int, as_json: bool, timeout: float = 180.0, latency_ms: floa
             f"instances, {result['consults']} consults, {result['divergent']} divergent, "
             f"{result['reviewed']} calls held for review\n"
             f"activity handler ran {result['activity_handled']} times\n"
-            f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
+            + (
+                f"workflows done: {result['done']} in {result['turns']} turns, "
+                f"{result['awaited_calls']} awaited calls answered by activities\n"
+                if result["done"]
+                else ""
+            )
+            + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
         )
     else:
         print(orjson.dumps(result).decode())

@@ -447,6 +447,7 @@ class Simulator:
             advisors,
             tuple(control.get("activeAdvisors", ())),
             bool(control.get("mayConsult", False)),
+            instruction,
         )
 
     def answer(self, req: SimRequest) -> str:

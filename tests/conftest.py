@@ -4,6 +4,7 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -85,12 +86,13 @@ async def deploy(
     sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
     started: list[Deployment] = []
 
-    async def make(**env: str) -> Deployment:
+    async def make(spec_path: Path | None = None, **env: str) -> Deployment:
         settings, spec, proc = await launch_processor(
             bootstrap,
             url,
             f"t{secrets.token_hex(4)}.",
             "stream-test-",
+            spec_path,
             STREAM_COMMIT_INTERVAL="0.5",
             STREAM_SESSION_TIMEOUT_S="6",
             **env,

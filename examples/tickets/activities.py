@@ -31,15 +31,18 @@ def _ticket(context: list[dict[str, Any]]) -> dict[str, Any]:
 @activities.activity("lookupCustomer")
 async def lookup_customer(call: Call, tool: Tool, context: list[dict[str, Any]]) -> Any:
     customer = str(_ticket(context).get("customer", "unknown")).lower()
-    return {"name": customer, "plan": "enterprise" if customer in _VIP else "free",
-            "vip": customer in _VIP}
+    return {
+        "name": customer,
+        "plan": "enterprise" if customer in _VIP else "free",
+        "vip": customer in _VIP,
+    }
 
 
 @activities.activity("assessUrgency")
 async def assess_urgency(call: Call, tool: Tool, context: list[dict[str, Any]]) -> Branch:
     ticket = _ticket(context)
     text = f"{ticket.get('subject', '')} {ticket.get('body', '')}"
-    urgent, routine = (paths_of(call) + ["†state.urgent", "†state.routine"])[:2]
+    urgent, routine = ([*paths_of(call), "†state.urgent", "†state.routine"])[:2]
     if _URGENT.search(text):
         return Branch(urgent, {"why": "service impact"})
     return Branch(routine, {"why": "no service impact"})
