@@ -137,6 +137,47 @@ def _advice(args: argparse.Namespace) -> int:
     return 0
 
 
+def _approve(args: argparse.Namespace) -> int:
+    from stream.models import ApprovalRecord
+    from stream.publish import OutRecord, Publisher
+    from stream.topics import read_json
+
+    settings, _, bootstrap = _configured()
+    proposals = asyncio.run(read_json(bootstrap, settings.topics.proposals))
+    chosen = {
+        p["instance"]: p
+        for p in proposals
+        if p["instance"] in (args.instance or []) or p["batch"]["id"] == args.batch
+    }
+    if not chosen:
+        raise StreamError("no proposal matches: check the instance ids or the batch id")
+    records = [
+        OutRecord(
+            settings.topics.approvals,
+            instance.encode(),
+            ApprovalRecord(instance=instance, approve=args.reject is None, reason=args.reject)
+            .model_dump_json(exclude_none=True)
+            .encode(),
+            # the partition of the instance's input: where its state lives
+            partition=(p.get("source") or {}).get("partition"),
+        )
+        for instance, p in chosen.items()
+    ]
+
+    async def send() -> None:
+        publisher = Publisher(bootstrap, client_id="stream-approve")
+        await publisher.start()
+        try:
+            await publisher.publish(records)
+        finally:
+            await publisher.stop()
+
+    asyncio.run(send())
+    verb = "rejected" if args.reject is not None else "approved"
+    print(f"{verb}: {', '.join(sorted(chosen))}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stream",
@@ -178,6 +219,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--last", type=int, default=20, help="how many (default 20)")
     v.add_argument("--divergent", action="store_true", help="only divergent or held calls")
     v.set_defaults(fn=_advice)
+    ap = sub.add_parser("approve", help="approve (or reject) lazy-plan proposals")
+    who = ap.add_mutually_exclusive_group(required=True)
+    who.add_argument("--instance", action="append", help="an instance id (repeatable)")
+    who.add_argument("--batch", help="every proposal of this batch id")
+    ap.add_argument("--reject", metavar="REASON", help="reject instead, with this reason")
+    ap.set_defaults(fn=_approve)
     sub.add_parser("audit", help="check that every input item has an outcome").set_defaults(
         fn=_audit
     )

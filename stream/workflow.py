@@ -113,7 +113,11 @@ class Workflow:
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
         out.trace = list(st.trace)
-        if lazy and calls:
+        if self.iterative and self._finish_says_stop(opinions):
+            # The loop decides to stop: whatever is still awaited no longer matters.
+            st.pending = {}
+            out.done = self._finish(st, "stopped", "a finish advisor voted stop")
+        elif lazy and calls:
             st.status = "awaiting_approval"
             st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
             out.proposal = ProposalRecord(
@@ -140,9 +144,7 @@ class Workflow:
             return None  # single-turn: nothing more to report than the calls themselves
         assert self.spec.plan is not None
         reason: tuple[str, str] | None = None
-        if self._finish_says_stop(opinions):
-            reason = ("stopped", "a finish advisor voted stop")
-        elif not awaited:
+        if not awaited:
             reason = ("done", "the model made no more awaited calls")
         elif st.turn >= self.spec.plan.max_turns:
             reason = ("turn_limit", f"turn limit {self.spec.plan.max_turns} reached")

@@ -4,7 +4,10 @@ latent calls, scopes, the seeds' manager example, and a restart mid-workflow."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -118,40 +121,48 @@ async def test_lazy_plan_waits_for_approval_then_runs_or_ends(
         plan={"mode": "lazy", "steps": ["look up", "route"], "maxTurns": 4},
     )
     dep = await deploy(spec_path=lazy)
-    items = tickets(2)
-    await dep.produce_items(items)
-    report = await dep.settle(2)
-    assert report.unaccounted == 0 and report.proposals == 2
+    await dep.produce_items(tickets(3))
+    report = await dep.settle(3)
+    assert report.unaccounted == 0 and report.proposals == 3
     proposals = {p["instance"]: p for p in await dep.records(dep.settings.topics.proposals)}
     assert {c["_tool"] for c in proposals["t-000001"]["calls"]} >= {"lookupCustomer"}
     assert not await dep.records(dep.activity_topic("lookupCustomer"))  # nothing ran yet
-    approvals = dep.settings.topics.approvals
-    await dep.produce_to(
-        approvals,
-        [
-            (b"t-000001", orjson.dumps({"instance": "t-000001", "approve": True})),
-            (
-                b"t-000002",
-                orjson.dumps(
-                    {
-                        "instance": "t-000002",
-                        "approve": False,
-                        "reason": "duplicate of an open ticket",
-                    }
-                ),
-            ),
-        ],
+
+    async def approve(*args: str) -> str:
+        env = {
+            **os.environ,
+            "STREAM_BOOTSTRAP_SERVERS": dep.bootstrap,
+            "STREAM_TOPIC_PREFIX": dep.settings.topic_prefix,
+            "STREAM_SPEC": str(lazy),
+        }
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "stream", "approve", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
+
+    assert "rejected: t-000003" in await approve(
+        "--instance", "t-000003", "--reject", "duplicate of an open ticket"
     )
+    batch = proposals["t-000001"]["batch"]["id"]
+    same_batch = sorted(i for i, p in proposals.items() if p["batch"]["id"] == batch)
+    assert "approved" in await approve("--batch", batch)  # per batch: all of its proposals
     done = await _done(dep, 1, wait_s=60)
-    assert done["t-000002"]["status"] == "rejected"
-    assert done["t-000002"]["reason"] == "duplicate of an open ticket"
+    assert done["t-000003"]["status"] == "rejected"
+    assert done["t-000003"]["reason"] == "duplicate of an open ticket"
+    expected = sorted(set(same_batch) - {"t-000003"})
     for _ in range(60):
         ran = await dep.records(dep.activity_topic("lookupCustomer"))
-        if ran:
+        if len(ran) >= len(expected):
             break
         await asyncio.sleep(0.5)
-    assert [r["instance"] for r in ran] == ["t-000001"]
-    assert ran[0]["call_id"] == proposals["t-000001"]["call_ids"][0]
+    assert sorted(r["instance"] for r in ran) == expected
+    assert ran[0]["call_id"] in proposals[ran[0]["instance"]]["call_ids"]
 
 
 async def test_manager_example_global_instruction_reaches_only_employee_b(
@@ -228,3 +239,21 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
         assert "customer" in rec["state"]
     routed = await read_json(dep.bootstrap, dep.activity_topic("routeTicket"))
     assert sorted({r["instance"] for r in routed}) == sorted(done)
+
+
+def test_demo_runs_the_stateful_example(bootstrap: str) -> None:
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    done = subprocess.run(
+        [sys.executable, "-m", "stream", "demo", "--example", "tickets", "--items", "30", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert result["unaccounted"] == 0
+    assert result["done"] == 26  # 30 items, 4 malformed on purpose
+    assert result["turns"] == 2 * 26
+    assert result["awaited_calls"] == 2 * 26 and result["results_answered"] == 2 * 26

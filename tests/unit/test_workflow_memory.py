@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from pathlib import Path
 from typing import Any, cast
 
 import orjson
 
 from stream.llm import LLM
-from stream.models import ResultRecord, SourcePosition
+from stream.models import BatchRef, Call, ResultRecord, SourcePosition
 from stream.processor import Pipeline
+from stream.prompt import Instance
 from stream.publish import Publisher
 from stream.samples import tickets
 from stream.settings import Settings
-from stream.spec import AgentSpec, load_spec
+from stream.spec import Advisor, AgentSpec, load_spec
 from stream.state import MemoryStore
+from stream.validate import Opinion
 from stream.workflow import Workflow
 from tests.fakes import FakeLLM, FakePublisher
 
@@ -116,3 +119,63 @@ async def test_unlisted_branch_is_refused_and_recorded() -> None:
     assert st is not None and "somewhereElse" not in st.state
     assert "not one of" in st.state["errors"][rec["call_id"]]
     await pipe.windower.stop()
+
+
+def _started(spec: AgentSpec, store: MemoryStore, timeout: float = 60) -> Workflow:
+    flow = Workflow(spec, store, pending_timeout_s=timeout)
+    src = SourcePosition(topic="items", partition=0, offset=0)
+    flow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
+    return flow
+
+
+def _call(tool: str, path: str | None = None) -> Call:
+    data: dict[str, Any] = {"_tool": tool, "_instance": "t-1", "reason": "r"}
+    if path:
+        data["_outputPath"] = path
+    return Call.model_validate(data)
+
+
+BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
+
+
+def test_a_late_result_is_recorded_as_an_error_and_the_loop_goes_on() -> None:
+    store = MemoryStore()
+    flow = _started(load_spec(TICKETS), store, timeout=0.01)
+    inst = Instance(
+        "t-1",
+        {"customer": "acme"},
+        SourcePosition(topic="items", partition=0, offset=0),
+        10,
+        None,
+        1,
+    )
+    turn = flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [])
+    assert turn.run == ["c1"] and turn.done is None
+    ((nxt, done),) = flow.expire(time.time() + 1)
+    st = store.get("t-1")
+    assert st is not None and "timed out" in st.state["errors"]["c1"]
+    assert done is None and nxt is not None and nxt.turn == 2  # the workflow goes on
+    assert flow.expired == 1
+
+
+def test_turn_limit_and_a_finish_advisor_end_the_workflow() -> None:
+    base = load_spec(TICKETS)
+    assert base.plan is not None
+    limited = base.model_copy(update={"plan": base.plan.model_copy(update={"max_turns": 1})})
+    store = MemoryStore()
+    flow = _started(limited, store)
+    inst = Instance("t-1", {}, SourcePosition(topic="items", partition=0, offset=0), 10)
+    flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [])
+    nxt, done = flow.on_result(ResultRecord(call_id="c1", instance="t-1", tool="x", value={}))
+    assert nxt is None and done is not None and done.status == "turn_limit"
+
+    closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
+    stoppable = base.model_copy(update={"advisors": [closer]})
+    store = MemoryStore()
+    flow = _started(stoppable, store)
+    stop = Opinion(advisor="closer", token=None, fields={}, votes_raw='{"stop": 90, "go": 10}')
+    turn = flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop])
+    # it awaited a call, but the finish advisor voted stop: the loop ends here
+    assert turn.done is not None and turn.done.status == "stopped"
+    st = store.get("t-1")
+    assert st is not None and st.pending == {} and st.status == "done"
