@@ -93,6 +93,8 @@ class LLM:
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
         self.retries = 0
+        self.failing = 0  # consecutive retriable failures: the circuit is open while > 2
+        self.listener: Any = None  # has observe_latency/on_retry/on_circuit, if set
         # Our own retry loop, not the client's: it must never give up on an outage.
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0
@@ -140,10 +142,14 @@ class LLM:
         attempt = 0
         while True:
             try:
-                return await self.complete_once(messages, response_format)
+                done = await self.complete_once(messages, response_format)
             except LLMError as exc:
                 if not exc.retriable:
                     raise
+                self.failing += 1
+                if self.listener is not None:
+                    self.listener.on_retry()
+                    self.listener.on_circuit(self.failing > 2)
                 delay = self.retry.delay(attempt, exc.retry_after)
                 attempt += 1
                 self.retries += 1
@@ -151,3 +157,10 @@ class LLM:
                     "LLM retriable failure, retry %d in %.2fs: %s", attempt, delay, exc.message
                 )
                 await asyncio.sleep(delay)
+                continue
+            if self.listener is not None:
+                self.listener.observe_latency(done.latency_s)
+                if self.failing:
+                    self.listener.on_circuit(False)
+            self.failing = 0
+            return done

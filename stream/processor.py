@@ -28,6 +28,7 @@ from stream.context import ContextFollower, Messages, apply_context
 from stream.errors import BadRecord, SpecError
 from stream.intake import parse_item
 from stream.llm import LLM
+from stream.metrics import Metrics
 from stream.models import (
     ActivityRecord,
     AdviceRecord,
@@ -50,6 +51,7 @@ from stream.solve import Answer, Outcome, Solver
 from stream.spec import NO_ACTION, AgentSpec
 from stream.state import TableStore, read_path
 from stream.validate import Validator
+from stream.web import WebServer
 from stream.windowing import Windower
 from stream.workflow import Turn, Workflow
 
@@ -82,6 +84,12 @@ def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
     )
 
 
+def _summary(call: Call) -> str:
+    """A call in a few words for people: its tool and its chosen values."""
+    values = [str(v) for v in call.arguments.values() if isinstance(v, str) and len(v) < 24]
+    return f"{call.tool}({', '.join(values[:2])})"
+
+
 def _position(source: SourcePosition) -> tuple[str, int, int]:
     return (source.topic, source.partition, source.offset)
 
@@ -111,6 +119,12 @@ class Pipeline:
         self.follower: ContextFollower | None = None
         self.workflow: Workflow | None = None
         self._queued_turns: set[str] = set()
+        self.metrics = Metrics(
+            spec.model.price_input_per_million, spec.model.price_output_per_million
+        )
+        llm.listener = self.metrics
+        self.web: WebServer | None = None
+        self.started = False
         self.ledger = OffsetLedger()
         self.slots = asyncio.Semaphore(spec.window.max_in_flight)
         self.windower: Windower[_Item] = Windower(
@@ -146,10 +160,20 @@ class Pipeline:
     async def start(self) -> None:
         await self.publisher.start()
         self.windower.start()
+        if self.web is not None:
+            try:
+                await self.web.start()
+            except OSError as exc:
+                # A busy port must not stop the stream: it only costs the page and probes.
+                log.warning("web server not started on port %d: %s", self.web.port, exc)
+        self.started = True
         if self.follower is not None:
             self.follower.start()
 
     async def stop(self) -> None:
+        self.started = False
+        if self.web is not None:
+            await self.web.stop()
         if self.follower is not None:
             await self.follower.stop()
         await self.windower.stop()
@@ -169,6 +193,7 @@ class Pipeline:
         """Takes one delivered record. Awaits while all batch slots are busy."""
         entry = self.ledger.track((source.topic, source.partition), source.offset, ack)
         self.stats["items_in"] += 1
+        self.metrics.items_in.inc()
         try:
             instance = parse_item(value, key, source, self.settings.max_record_bytes)
         except BadRecord as exc:
@@ -205,6 +230,8 @@ class Pipeline:
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._last_publish = turn
         self.stats[f"window_close.{reason}"] += 1
+        self.metrics.observe_batch(len(items), reason)
+        self.metrics.batch_started()
         task = asyncio.create_task(self._run(batch_id, items, previous, turn), name=batch_id)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -237,6 +264,7 @@ class Pipeline:
             if not turn.done():
                 turn.set_result(None)
             self.slots.release()
+            self.metrics.batch_ended()
 
     async def _outcome_records(self, batch_id: str, items: list[_Item]) -> list[OutRecord]:
         """Solves the batch; an unexpected error retries it, then dead-letters its items
@@ -276,6 +304,12 @@ class Pipeline:
         self.stats["completion_tokens"] += outcome.completion_tokens
         self.stats["cached_tokens"] += outcome.cached_tokens
         self.stats["consults"] += outcome.consults
+        self.metrics.observe_tokens(
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            outcome.cached_tokens,
+            len({id(a.instance) for a in outcome.answers}),
+        )
         self.stats["stray_opinions"] += outcome.stray_opinions
         out: list[OutRecord] = []
         # Keep input order: answers arrive grouped by ask, not by offset.
@@ -385,6 +419,18 @@ class Pipeline:
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             )
             records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
+        first = next((c for _, c in calls if c.tool != NO_ACTION), None)
+        self.metrics.decisions.append(
+            {
+                "instance": inst.id,
+                "decision": _summary(first) if first else "no action",
+                "consensus": {"option": consensus.option, "score": round(consensus.score, 2)}
+                if consensus
+                else None,
+                "divergent": bool(advice and advice["divergent"]),
+                "votes": advice["votes"] if advice else {},
+            }
+        )
         if consensus is not None:
             note = AdviceRecord(
                 instance=inst.id,
@@ -430,6 +476,7 @@ class Pipeline:
             trace=trace,
         )
         self.stats[f"calls.{call.tool}"] += 1
+        self.metrics.calls_out.labels(call.tool).inc()
         topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
         return OutRecord(topic, inst.id.encode(), _dumps(rec), _position(inst.source))
 
@@ -545,6 +592,7 @@ class Pipeline:
             )
 
     def _letter_record(self, letter: DeadLetter) -> OutRecord:
+        self.metrics.dead_letters.labels(letter.code).inc()
         key = letter.instance.encode() if letter.instance else None
         origin = _position(letter.source) if letter.source else None
         return OutRecord(self.topics.dead_letter, key, _dumps(letter), origin)
@@ -637,6 +685,23 @@ def build_app(
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def expire() -> None:
         await pipeline.expire()
+
+    @app.timer(5.0)  # type: ignore[untyped-decorator]
+    async def lag() -> None:
+        for tp in app.consumer.assignment():
+            if tp.topic == topics.input:
+                high = app.consumer.highwater(tp) or 0
+                done = pipeline.ledger.commit_point((tp.topic, tp.partition))
+                pipeline.metrics.lag.labels(str(tp.partition)).set(
+                    max(0, high - (done if done is not None else high))
+                )
+
+    pipeline.web = WebServer(
+        pipeline.metrics,
+        lambda: pipeline.started and not app.rebalancing,
+        settings.web_host,
+        settings.web_port,
+    )
 
     @app.agent(source_topic, concurrency=1)
     async def process(stream: Any) -> None:

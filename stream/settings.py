@@ -6,6 +6,7 @@ The agent spec says *what* the agent does; these settings say *where* it runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,6 +75,13 @@ class Settings(BaseSettings):
     )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     log_level: str = Field("INFO", description="Log level of the processor")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one JSON object per line, with batch and instance ids"
+    )
+    web_host: str = Field("0.0.0.0", description="Address of the metrics/health/live page")
+    web_port: int = Field(
+        6066, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and the page"
+    )
 
     @property
     def topics(self) -> Topics:

@@ -139,6 +139,12 @@ class ModelEndpoint(_Strict):
     temperature: float = 0.0
     timeout_s: float = Field(60.0, gt=0)
     max_output_tokens: int | None = None
+    price_input_per_million: float = Field(
+        0.0, ge=0, description="USD per million prompt tokens, for the cost-per-item metric"
+    )
+    price_output_per_million: float = Field(
+        0.0, ge=0, description="USD per million completion tokens"
+    )
 
 
 class Window(_Strict):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,12 @@ from stream.settings import Settings
 from stream.simulator import Faults, Simulator, running_simulator
 from stream.spec import AgentSpec
 from stream.topics import read_json
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +50,7 @@ class Deployment:
     spec: AgentSpec
     sim: Simulator
     proc: ProcessorProcess
+    web: str = ""
     positions: list[tuple[int, int]] = field(default_factory=list)
 
     async def produce_to(
@@ -87,6 +95,7 @@ async def deploy(
     started: list[Deployment] = []
 
     async def make(spec_path: Path | None = None, **env: str) -> Deployment:
+        port = _free_port()
         settings, spec, proc = await launch_processor(
             bootstrap,
             url,
@@ -94,10 +103,12 @@ async def deploy(
             "stream-test-",
             spec_path,
             STREAM_COMMIT_INTERVAL="0.5",
+            STREAM_WEB_HOST="127.0.0.1",
+            STREAM_WEB_PORT=str(port),
             STREAM_SESSION_TIMEOUT_S="6",
             **env,
         )
-        dep = Deployment(bootstrap, settings, spec, sim, proc)
+        dep = Deployment(bootstrap, settings, spec, sim, proc, web=f"http://127.0.0.1:{port}")
         started.append(dep)
         return dep
 

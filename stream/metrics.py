@@ -1,0 +1,121 @@
+"""Prometheus metrics of a processor, and the live figures its page shows.
+
+One registry per process, passed down (not the library's global one), so tests can build
+as many pipelines as they like. Names are the ones the Grafana dashboard in deploy/ uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_SIZES = (1, 2, 5, 10, 25, 50, 100, 200, 500)
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, price_in: float = 0.0, price_out: float = 0.0) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.items_in = Counter("stream_items_in", "Input records taken", registry=r)
+        self.calls_out = Counter("stream_calls_out", "Calls published", ["tool"], registry=r)
+        self.dead_letters = Counter(
+            "stream_dead_letters", "Dead-letter records by code", ["code"], registry=r
+        )
+        self.batch_size = Histogram(
+            "stream_batch_size", "Instances per batch", buckets=_SIZES, registry=r
+        )
+        self.window_close = Counter(
+            "stream_window_close", "Why windows closed", ["reason"], registry=r
+        )
+        self.llm_latency = Histogram(
+            "stream_llm_latency_seconds", "LLM request latency", buckets=_SECONDS, registry=r
+        )
+        self.in_flight = Gauge("stream_llm_in_flight", "Batches in flight", registry=r)
+        self.tokens = Counter("stream_tokens", "Tokens by kind", ["kind"], registry=r)
+        self.cost_per_item = Gauge(
+            "stream_cost_per_item_usd", "Estimated LLM cost per answered item", registry=r
+        )
+        self.retries = Counter("stream_llm_retries", "Retried LLM requests", registry=r)
+        self.circuit_open = Gauge(
+            "stream_circuit_open", "1 while the endpoint keeps failing", registry=r
+        )
+        self.lag = Gauge(
+            "stream_consumer_lag", "Records not yet consumed", ["partition"], registry=r
+        )
+        self.price_in = price_in
+        self.price_out = price_out
+        self.answered = 0
+        self.cost = 0.0
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
+        self.started = time.time()
+        self.latencies: deque[float] = deque(maxlen=200)
+        self.sizes: deque[int] = deque(maxlen=200)
+        self.batches = 0
+        self.flying = 0
+
+    def batch_started(self) -> None:
+        self.flying += 1
+        self.in_flight.set(self.flying)
+
+    def batch_ended(self) -> None:
+        self.flying -= 1
+        self.in_flight.set(self.flying)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_tokens(self, prompt: int, completion: int, cached: int, answered: int) -> None:
+        self.tokens.labels("prompt").inc(prompt)
+        self.tokens.labels("completion").inc(completion)
+        self.tokens.labels("cached").inc(cached)
+        self.answered += answered
+        self.cost += (prompt * self.price_in + completion * self.price_out) / 1_000_000
+        if self.answered:
+            self.cost_per_item.set(self.cost / self.answered)
+
+    def observe_latency(self, seconds: float) -> None:
+        self.llm_latency.observe(seconds)
+        self.latencies.append(seconds)
+
+    def on_retry(self) -> None:
+        self.retries.inc()
+
+    def on_circuit(self, is_open: bool) -> None:
+        self.circuit_open.set(1 if is_open else 0)
+
+    def observe_batch(self, size: int, reason: str) -> None:
+        self.batch_size.observe(size)
+        self.window_close.labels(reason).inc()
+        self.sizes.append(size)
+        self.batches += 1
+
+    def live(self) -> dict[str, Any]:
+        """What the live page shows, from the same counters Prometheus scrapes."""
+
+        def total(counter: Counter) -> float:
+            return sum(
+                s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")
+            )
+
+        lat = sorted(self.latencies)
+        items = total(self.items_in)
+        elapsed = max(time.time() - self.started, 1e-9)
+        return {
+            "items_in": int(items),
+            "items_per_s": round(items / elapsed, 2),
+            "calls_out": int(total(self.calls_out)),
+            "dead_letters": int(total(self.dead_letters)),
+            "batches": self.batches,
+            "mean_batch_size": round(sum(self.sizes) / len(self.sizes), 2) if self.sizes else 0,
+            "llm_latency_p50_s": round(lat[len(lat) // 2], 3) if lat else 0,
+            "llm_latency_p99_s": round(lat[int(len(lat) * 0.99)], 3) if lat else 0,
+            "in_flight": self.flying,
+            "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
+            "decisions": list(self.decisions)[::-1],
+        }

@@ -1,0 +1,117 @@
+"""What ops see: the metrics endpoint, the probes, and the live page in a real browser."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.conftest import Deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+Deploy = Callable[..., Awaitable[Deployment]]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+METRICS = [
+    "stream_items_in_total",
+    'stream_calls_out_total{tool="moderateComment"}',
+    'stream_dead_letters_total{code="not_json"}',
+    "stream_batch_size_bucket",
+    "stream_window_close_total",
+    "stream_llm_latency_seconds_bucket",
+    "stream_llm_in_flight",
+    'stream_tokens_total{kind="prompt"}',
+    'stream_tokens_total{kind="cached"}',
+    "stream_cost_per_item_usd",
+    "stream_llm_retries_total",
+    "stream_circuit_open",
+    "stream_consumer_lag{",
+]
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return resp.status, await resp.text()
+
+
+def _value(text: str, prefix: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(prefix))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def _run(dep: Deployment) -> None:
+    items = [{"_instance": f"m-{i:03d}", "comment": f"helpful note {i}"} for i in range(30)]
+    records: list[tuple[bytes | None, bytes]] = [
+        (str(i["_instance"]).encode(), orjson.dumps(i)) for i in items
+    ]
+    records.append((b"m-bad", b"{not json"))
+    await dep.produce(records)
+    report = await dep.settle(31)
+    assert report.unaccounted == 0
+
+
+async def test_metrics_and_probes_after_a_run(deploy: Deploy) -> None:
+    dep = await deploy()
+    dep.sim.config.faults.next.append("429")
+    dep.sim.config.faults.retry_after_s = 0.1
+    await _run(dep)
+    text = ""
+    for _ in range(40):  # the lag gauge is refreshed every few seconds
+        status, text = await _get(f"{dep.web}/metrics")
+        if status == 200 and all(m in text for m in METRICS):
+            break
+        await asyncio.sleep(0.5)
+    missing = [m for m in METRICS if m not in text]
+    assert not missing, missing
+    assert _value(text, "stream_items_in_total") == 31
+    assert _value(text, 'stream_calls_out_total{tool="moderateComment"}') == 30
+    assert _value(text, 'stream_dead_letters_total{code="not_json"}') == 1
+    assert _value(text, "stream_llm_retries_total") >= 1
+    assert _value(text, "stream_circuit_open") == 0
+    assert (await _get(f"{dep.web}/healthz"))[0] == 200
+    assert (await _get(f"{dep.web}/readyz"))[0] == 200
+
+
+async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the live-page test needs Debian's chromium (./dev test installs it)"
+    from playwright.async_api import async_playwright
+
+    dep = await deploy()
+    await _run(dep)
+    live: dict[str, Any] = orjson.loads((await _get(f"{dep.web}/api/live"))[1])
+    ARTIFACTS.mkdir(exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 900})
+            await page.goto(f"{dep.web}/")
+            await page.wait_for_function("document.getElementById('items_in').textContent !== '–'")
+            shown = await page.text_content("#items_in")
+            calls = await page.text_content("#calls_out")
+            rows = await page.locator("#decisions tr").count()
+            divergent = await page.locator("#decisions tr.divergent").count()
+            await page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
+        finally:
+            await browser.close()
+    assert shown == str(live["items_in"]) == "31"
+    assert calls == str(live["calls_out"])
+    assert rows == len(live["decisions"]) > 0
+    assert divergent == sum(1 for d in live["decisions"] if d["divergent"])
+    assert (ARTIFACTS / "live-page.png").stat().st_size > 10_000
