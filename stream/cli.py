@@ -38,6 +38,7 @@ def _process(_: argparse.Namespace) -> int:
     import faust
 
     from stream.context import Messages, load_context
+    from stream.logs import json_handler
     from stream.processor import build_app
     from stream.topics import ensure_product_topics
 
@@ -57,7 +58,8 @@ def _process(_: argparse.Namespace) -> int:
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = build_app(settings, spec, bootstrap, llm_url, context=(messages, ends))
-    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+    handlers = [json_handler()] if settings.log_format == "json" else []
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, loghandlers=handlers)
     worker.execute_from_commandline()
     return 0
 

@@ -213,6 +213,12 @@ class Pipeline:
                 source.partition,
                 source.offset,
                 exc.message,
+                extra={
+                    "code": exc.code,
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                },
             )
             await self.publisher.publish([self._letter_record(letter)])
             self.stats[f"dead_letter.{exc.code}"] += 1
@@ -254,7 +260,12 @@ class Pipeline:
             try:
                 await self.publisher.publish(records)
             except PublishError as exc:
-                log.error("batch %s: %s; dead-lettering its items", batch_id, exc.message)
+                log.error(
+                    "batch %s: %s; dead-lettering its items",
+                    batch_id,
+                    exc.message,
+                    extra={"batch_id": batch_id},
+                )
                 await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
             for item in items:
                 self._queued_turns.discard(item.instance.id)
@@ -275,7 +286,13 @@ class Pipeline:
                 outcome = await self.solver.solve(instances)
                 return self._records(batch_id, outcome)
             except Exception as exc:  # a bug must cost a retry, never an item
-                log.exception("batch %s failed (try %d of %d)", batch_id, attempt, _BATCH_TRIES)
+                log.exception(
+                    "batch %s failed (try %d of %d)",
+                    batch_id,
+                    attempt,
+                    _BATCH_TRIES,
+                    extra={"batch_id": batch_id},
+                )
                 error = exc
                 await asyncio.sleep(0.5 * attempt)
         return self._internal_errors(batch_id, items, error, _BATCH_TRIES)

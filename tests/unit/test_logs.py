@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from stream.logs import JsonFormatter
+
+
+def test_json_log_lines_carry_batch_and_instance_ids() -> None:
+    record = logging.LogRecord(
+        "stream.processor", logging.WARNING, __file__, 1, "batch %s failed", ("b-7",), None
+    )
+    record.batch_id = "b-7"
+    record.instance = "c-1"
+    line = orjson.loads(JsonFormatter().format(record))
+    assert line["message"] == "batch b-7 failed" and line["level"] == "WARNING"
+    assert line["batch_id"] == "b-7" and line["instance"] == "c-1"
