@@ -7,11 +7,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
+from aiokafka.errors import KafkaConnectionError
+from pydantic import ValidationError
 
 from stream.errors import StreamError
 
@@ -39,7 +42,7 @@ def _process(_: argparse.Namespace) -> int:
 
     from stream.context import Messages, load_context
     from stream.logs import json_handler
-    from stream.processor import build_app
+    from stream.processor import build_app, resolve_api_key
     from stream.topics import ensure_product_topics
 
     settings, spec, bootstrap = _configured()
@@ -49,6 +52,8 @@ def _process(_: argparse.Namespace) -> int:
             "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
             "(`stream llm-sim` runs the bundled simulator)"
         )
+
+    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
 
     async def prepare() -> tuple[Messages, dict[int, int]]:
         await ensure_product_topics(bootstrap, settings, spec)
@@ -187,6 +192,10 @@ def _parser() -> argparse.ArgumentParser:
         "from STREAM_* environment variables or a .env file (see README).",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    # Flags win over the environment, which wins over a .env file.
+    p.add_argument("--bootstrap-servers", help="Kafka address (STREAM_BOOTSTRAP_SERVERS)")
+    p.add_argument("--topic-prefix", help="prefix of every topic (STREAM_TOPIC_PREFIX)")
+    p.add_argument("--spec", help="agent spec file (STREAM_SPEC)")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run everything on embedded defaults and report")
     d.add_argument("--items", type=int, default=300, help="items to publish (default 300)")
@@ -235,6 +244,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for flag, var in (
+        ("bootstrap_servers", "STREAM_BOOTSTRAP_SERVERS"),
+        ("topic_prefix", "STREAM_TOPIC_PREFIX"),
+        ("spec", "STREAM_SPEC"),
+    ):
+        if getattr(args, flag) is not None:
+            os.environ[var] = getattr(args, flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.command == "demo" and not args.verbose:
         # The demo prints its own summary; the client libraries' start-up chatter (a new
@@ -245,6 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args))
     except StreamError as exc:
         print(f"stream: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KafkaConnectionError:
+        where = os.environ.get("STREAM_BOOTSTRAP_SERVERS", "the configured address")
+        print(f"stream: error: cannot reach Kafka at {where}", file=sys.stderr)
+        return 3
+    except ValidationError as exc:
+        print(
+            f"stream: error: bad setting: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

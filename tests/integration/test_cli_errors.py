@@ -1,0 +1,52 @@
+"""User mistakes end in one clear line and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _stream(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "stream", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+
+
+def test_unreachable_broker(tmp_path: Path) -> None:
+    done = _stream("--bootstrap-servers", "127.0.0.1:1", "audit")
+    assert done.returncode == 3
+    assert "stream: error: cannot reach Kafka at 127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_spec_and_bad_setting(tmp_path: Path) -> None:
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("name: x\ninstructions: y\ntools: []\n")
+    done = _stream("--spec", str(bad), "--bootstrap-servers", "127.0.0.1:1", "process")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "agent spec" in done.stderr and "tools" in done.stderr
+    done = _stream("audit", STREAM_PARTITIONS="many")
+    assert done.returncode == 2 and "bad setting" in done.stderr and "partitions" in done.stderr
+
+
+def test_missing_api_key_is_named(tmp_path: Path) -> None:
+    spec = tmp_path / "agent.yaml"
+    spec.write_text(
+        "name: x\ninstructions: y\nmodel: {base_url: 'http://127.0.0.1:9/v1'}\n"
+        "tools: [{name: t, description: d}]\n"
+    )
+    done = _stream("--spec", str(spec), "--bootstrap-servers", "127.0.0.1:1", "process")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "no API key: set OPENAI_API_KEY" in done.stderr
