@@ -63,8 +63,9 @@ def _process(_: argparse.Namespace) -> int:
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = build_app(settings, spec, bootstrap, llm_url, context=(messages, ends))
-    handlers = [json_handler()] if settings.log_format == "json" else []
-    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, loghandlers=handlers)
+    if settings.log_format == "json":
+        app.conf.loghandlers = [json_handler()]
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0
 

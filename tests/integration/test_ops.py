@@ -57,7 +57,7 @@ async def _run(dep: Deployment) -> None:
 
 
 async def test_metrics_and_probes_after_a_run(deploy: Deploy) -> None:
-    dep = await deploy()
+    dep = await deploy(STREAM_LOG_FORMAT="json")
     dep.sim.config.faults.next.append("429")
     dep.sim.config.faults.retry_after_s = 0.1
     await _run(dep)
@@ -76,6 +76,12 @@ async def test_metrics_and_probes_after_a_run(deploy: Deploy) -> None:
     assert _value(text, "stream_circuit_open") == 0
     assert (await _get(f"{dep.web}/healthz"))[0] == 200
     assert (await _get(f"{dep.web}/readyz"))[0] == 200
+    logged = [
+        orjson.loads(line) for line in dep.proc.tail(2000).splitlines() if line.startswith("{")
+    ]
+    letter = next(e for e in logged if e.get("code") == "not_json")
+    assert letter["level"] == "WARNING" and letter["logger"] == "stream.processor"
+    assert {"topic", "partition", "offset"} <= set(letter)
 
 
 async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None:
