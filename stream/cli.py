@@ -186,6 +186,38 @@ def _approve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from stream.console import produce, resolve_topic
+
+    settings, _, bootstrap = _configured()
+    topic = resolve_topic(settings, args.topic) if args.topic else settings.topics.input
+    report = asyncio.run(
+        produce(bootstrap, topic, Path(args.file), key_field=args.key_field, rate=args.rate)
+    )
+    return 1 if report.invalid else 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from stream.console import resolve_topic, tail
+
+    settings, _, bootstrap = _configured()
+    topic = resolve_topic(settings, args.topic)
+    with contextlib.suppress(KeyboardInterrupt):
+        shown = asyncio.run(tail(bootstrap, topic, args.follow, args.last, args.json))
+        if not shown and not args.follow:
+            print(f"no records on {topic}", file=sys.stderr)
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from stream.console import render_topics, topics
+
+    settings, spec, bootstrap = _configured()
+    rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
+    print(render_topics(rows))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stream",
@@ -231,6 +263,24 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--last", type=int, default=20, help="how many (default 20)")
     v.add_argument("--divergent", action="store_true", help="only divergent or held calls")
     v.set_defaults(fn=_advice)
+    pr = sub.add_parser("produce", help="publish a JSONL file, one item per line")
+    pr.add_argument("file", help="JSONL file: one JSON object per line")
+    pr.add_argument(
+        "--key-field", default="_instance", help="field holding the record key (default _instance)"
+    )
+    pr.add_argument("--rate", type=float, default=None, help="records per second (default: all)")
+    pr.add_argument("--topic", default=None, help="topic or short name (default: the input)")
+    pr.set_defaults(fn=_produce)
+    tl = sub.add_parser("tail", help="print a topic's last records, oldest first")
+    tl.add_argument("topic", help="topic or short name: items, deadletter, done, activity.<tool>")
+    tl.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
+    tl.add_argument("--last", type=int, default=20, help="how many (default 20)")
+    tl.add_argument("--json", action="store_true", help="one JSON object per record")
+    tl.set_defaults(fn=_tail)
+    tp = sub.add_parser("topics", help="the product's topics, sizes and the processors' lag")
+    tp.add_argument("--create", action="store_true", help="create the missing topics first")
+    tp.add_argument("--partitions", type=int, default=None, help="partitions of created topics")
+    tp.set_defaults(fn=_topics)
     ap = sub.add_parser("approve", help="approve (or reject) lazy-plan proposals")
     who = ap.add_mutually_exclusive_group(required=True)
     who.add_argument("--instance", action="append", help="an instance id (repeatable)")
@@ -253,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) is not None:
             os.environ[var] = getattr(args, flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if args.command == "demo" and not args.verbose:
+    if args.command in ("demo", "produce", "tail", "topics", "audit") and not args.verbose:
         # The demo prints its own summary; the client libraries' start-up chatter (a new
         # topic's leader election, group coordinator discovery) is retried noise there.
         logging.getLogger().setLevel(logging.WARNING)

@@ -108,6 +108,10 @@ async def partitions(bootstrap: str, topic: str) -> list[int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        # Asking about a missing topic by name would make the broker auto-create it with
+        # one partition, capping a later deployment at one processor: look first.
+        if topic not in set(await admin.list_topics()):
+            return []
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()
