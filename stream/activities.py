@@ -32,10 +32,12 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from stream.errors import SpecError
+from stream.metrics import WorkerMetrics
 from stream.models import ActivityRecord, Call, DeadLetter, ResultRecord
 from stream.publish import OutRecord, Publisher
 from stream.settings import Settings
 from stream.spec import AgentSpec, Tool
+from stream.web import WebServer
 
 __all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
 
@@ -72,6 +74,7 @@ class Activities:
         self.failed = 0
         self.answered = 0
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self.metrics = WorkerMetrics()
 
     def activity(self, name: str | None = None) -> Callable[[Handler], Handler]:
         def register(fn: Handler) -> Handler:
@@ -83,6 +86,7 @@ class Activities:
     def _first_time(self, call_id: str) -> bool:
         if call_id in self._seen:
             self.duplicates += 1
+            self.metrics.duplicates.inc()
             return False
         self._seen[call_id] = None
         if len(self._seen) > _SEEN:
@@ -94,8 +98,10 @@ class Activities:
         handler = self.handlers[record.tool]
         for attempt in range(1, _TRIES + 1):
             try:
-                result = await handler(record.call, tool, record.context)
+                with self.metrics.latency.labels(record.tool).time():
+                    result = await handler(record.call, tool, record.context)
                 self.handled += 1
+                self.metrics.handled.labels(record.tool).inc()
                 return result
             except Exception:
                 if attempt == _TRIES:
@@ -117,6 +123,7 @@ class Activities:
         bootstrap: str,
         stop: asyncio.Event | None = None,
         group: str | None = None,
+        serve: bool = False,
     ) -> None:
         """Consumes the activity topics of the registered tools until `stop` is set."""
         tools = {t.name: t for t in spec.tools if t.name in self.handlers}
@@ -134,6 +141,14 @@ class Activities:
         publisher = Publisher(bootstrap, client_id="stream-activities")
         await consumer.start()
         await publisher.start()
+        web = None
+        if serve:
+            web = WebServer(self.metrics, lambda: True, settings.web_host, settings.web_port)
+            try:
+                await web.start()
+            except OSError as exc:
+                log.warning("metrics not served on port %d: %s", settings.web_port, exc)
+                web = None
         stop = stop or asyncio.Event()
         try:
             while not stop.is_set():
@@ -146,6 +161,8 @@ class Activities:
         finally:
             await consumer.stop()
             await publisher.stop()
+            if web is not None:
+                await web.stop()
 
     async def _one(
         self, value: bytes | None, tool: Tool, settings: Settings, publisher: Publisher
@@ -161,6 +178,7 @@ class Activities:
             result = await self.handle(record, tool)
         except Exception as exc:
             self.failed += 1
+            self.metrics.failed.labels(record.tool).inc()
             if record.call.output_path:
                 # The workflow must not wait for ever: it records the failure in state.
                 await self._answer(record, None, f"handler raised {exc!r}", settings, publisher)
@@ -220,6 +238,7 @@ class Activities:
             ]
         )
         self.answered += 1
+        self.metrics.results.inc()
 
 
 def load_activities(target: str) -> Activities:

@@ -76,7 +76,7 @@ def _activities(args: argparse.Namespace) -> int:
     settings, spec, bootstrap = _configured()
     registry = load_activities(args.module)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(registry.run(settings, spec, bootstrap))
+        asyncio.run(registry.run(settings, spec, bootstrap, serve=True))
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "WorkerMetrics"]
 
 _SIZES = (1, 2, 5, 10, 25, 50, 100, 200, 500)
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -118,4 +118,35 @@ class Metrics:
             "in_flight": self.flying,
             "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
             "decisions": list(self.decisions)[::-1],
+        }
+
+
+class WorkerMetrics:
+    """An activity worker's metrics: what its handlers did."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.handled = Counter("stream_activity_handled", "Calls handled", ["tool"], registry=r)
+        self.failed = Counter(
+            "stream_activity_failed", "Calls whose handler gave up", ["tool"], registry=r
+        )
+        self.duplicates = Counter(
+            "stream_activity_duplicates", "Calls dropped as already handled", registry=r
+        )
+        self.results = Counter(
+            "stream_activity_results", "Results of awaited calls published", registry=r
+        )
+        self.latency = Histogram(
+            "stream_activity_seconds", "Handler run time", ["tool"], buckets=_SECONDS, registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def live(self) -> dict[str, Any]:
+        return {
+            m.name: sum(s.value for s in m.samples if s.name.endswith("_total"))
+            for m in self.registry.collect()
+            if m.type == "counter"
         }

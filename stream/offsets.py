@@ -31,6 +31,7 @@ class OffsetLedger:
     def __init__(self) -> None:
         self._open: dict[TopicPartition, deque[Entry]] = {}
         self._next: dict[TopicPartition, int] = {}
+        self._rewind: dict[TopicPartition, int] = {}
         self.acked = 0
 
     def track(self, tp: TopicPartition, offset: int, ack: Callable[[], object]) -> Entry:
@@ -59,14 +60,24 @@ class OffsetLedger:
             for entry in self._open.pop(tp, ()):
                 entry.dropped = True
                 dropped += 1
+                self._rewind[tp] = min(entry.offset, self._rewind.get(tp, entry.offset))
         return dropped
+
+    def rewinds(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where to re-read partitions that come back to us after a rebalance.
+
+        faust does not re-seek a partition it keeps across a rebalance, so records that
+        were in flight when it was revoked (and dropped here) would never come again:
+        the caller seeks these partitions back to their oldest dropped offset."""
+        return {tp: self._rewind.pop(tp) for tp in list(tps) if tp in self._rewind}
 
     def commit_point(self, tp: TopicPartition) -> int | None:
         """The highest offset that may be committed: the oldest unfinished record, or one
         past the last finished one; None when nothing of this partition finished here."""
         queue = self._open.get(tp)
         if queue:
-            return queue[0].offset
+            # Not queue[0]: after a rewind, re-read older offsets queue behind newer ones.
+            return min(e.offset for e in queue)
         return self._next.get(tp)
 
     def cap(self, tp: TopicPartition, offset: int | None) -> int | None:

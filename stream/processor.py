@@ -757,6 +757,16 @@ def build_app(
             len(pipeline._tasks),
         )
 
+    async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        assigned = args[0] if args else kwargs.get("assigned", set())
+        back = pipeline.ledger.rewinds((tp.topic, tp.partition) for tp in assigned)
+        for tp in assigned:
+            offset = back.get((tp.topic, tp.partition))
+            if offset is not None:
+                log.info("rebalance: re-reading %s/%d from %d", tp.topic, tp.partition, offset)
+                await app.consumer.seek(tp, offset)
+
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
     app.pipeline = pipeline  # type: ignore[attr-defined]
     return app

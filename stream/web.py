@@ -10,18 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from stream.metrics import Metrics
-
 __all__ = ["WebServer"]
 
 
+class _Source(Protocol):
+    def render(self) -> bytes: ...
+
+    def live(self) -> dict[str, Any]: ...
+
+
 class WebServer:
-    def __init__(self, metrics: Metrics, ready: Callable[[], bool], host: str, port: int) -> None:
+    def __init__(self, metrics: _Source, ready: Callable[[], bool], host: str, port: int) -> None:
         self.metrics = metrics
         self.ready = ready
         self.host = host

@@ -145,7 +145,10 @@ async def test_topics_shows_records_and_lag(bootstrap: str, tmp_path: Path) -> N
 
     # The processors' group commits one record of the fuller partition: lag drops by one.
     partition = max(row.lag, key=lambda p: row.lag[p])
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    # no auto-commit: its commit on stop would overwrite the one this test makes
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         tp = TopicPartition(source, partition)

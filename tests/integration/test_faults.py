@@ -37,7 +37,10 @@ async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) ->
     )
     second.start()  # joins the group: partitions move while batches are in flight
     try:
-        await asyncio.sleep(4)
+        for _ in range(60):  # until the second has joined and holds partitions
+            if "Executing _on_partitions_assigned" in second.tail(400):
+                break
+            await asyncio.sleep(0.25)
         await dep.produce_items(_items(150, "rb2"))
         dep.proc.stop()  # the first leaves mid-flow: its partitions move again
         # the first exited on purpose: watch the second

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "activities.py"
 METRICS = [
     "stream_items_in_total",
     'stream_calls_out_total{tool="moderateComment"}',
@@ -121,3 +123,30 @@ async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None
     assert rows == len(live["decisions"]) > 0
     assert divergent == sum(1 for d in live["decisions"] if d["divergent"])
     assert (ARTIFACTS / "live-page.png").stat().st_size > 10_000
+
+
+async def test_activity_worker_serves_its_metrics(deploy: Deploy) -> None:
+    from stream.activities import load_activities
+    from tests.conftest import _free_port
+
+    dep = await deploy()
+    port = _free_port()
+    settings = dep.settings.model_copy(update={"web_port": port, "web_host": "127.0.0.1"})
+    registry = load_activities(str(EXAMPLE))
+    stop = asyncio.Event()
+    task = asyncio.create_task(registry.run(settings, dep.spec, dep.bootstrap, stop, serve=True))
+    try:
+        await _run(dep)
+        text = ""
+        for _ in range(60):
+            with contextlib.suppress(aiohttp.ClientError):  # not listening yet
+                text = (await _get(f"http://127.0.0.1:{port}/metrics"))[1]
+            if 'stream_activity_handled_total{tool="moderateComment"} 30' in text:
+                break
+            await asyncio.sleep(0.5)
+        assert 'stream_activity_handled_total{tool="moderateComment"} 30.0' in text
+        assert "stream_activity_seconds_bucket" in text
+        assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+    finally:
+        stop.set()
+        await task

@@ -67,3 +67,22 @@ def test_cap_keeps_faust_from_committing_past_unfinished_records() -> None:
         ledger.finish(e)
     assert ledger.cap(tp, 36) == 14
     assert ledger.cap(tp, 12) == 12
+
+
+def test_revoked_partition_that_comes_back_is_rewound_and_capped() -> None:
+    ledger = OffsetLedger()
+    tp = ("t", 2)
+    done = [ledger.track(tp, o, lambda: None) for o in range(38, 41)]
+    for e in done:
+        ledger.finish(e)
+    ledger.track(tp, 41, lambda: None)  # in flight when the rebalance lands
+    ledger.drop([tp])
+    assert ledger.rewinds([tp, ("t", 0)]) == {tp: 41}
+    assert ledger.rewinds([tp]) == {}  # handed out once
+    # records fetched before the rebalance may still arrive before the re-read ones
+    late = ledger.track(tp, 60, lambda: None)
+    again = ledger.track(tp, 41, lambda: None)
+    ledger.finish(late)
+    assert ledger.cap(tp, 61) == 41  # never past the re-read record
+    ledger.finish(again)
+    assert ledger.cap(tp, 61) == 42  # 42..59 are re-read next: no further yet
