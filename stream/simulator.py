@@ -34,6 +34,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from stream.state import read_path
+
 __all__ = ["Faults", "SimConfig", "SimRequest", "Simulator", "running_simulator", "serve"]
 
 log = logging.getLogger("stream.simulator")
@@ -90,15 +92,6 @@ def _views(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if item.get("type") == "state" and not view["input"]:
             view["input"] = dict(body)
     return views
-
-
-def _read(state: dict[str, Any], path: str) -> Any:
-    node: Any = state
-    for key in [k for k in path.removeprefix("†state").split(".") if k]:
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node
 
 
 def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
@@ -316,7 +309,7 @@ class Simulator:
         state = view["state"]
 
         def known(paths: list[str]) -> bool:
-            return any(_read(state, p) is not None for p in paths)
+            return any(read_path(state, p) is not None for p in paths)
 
         calls: list[dict[str, Any]] = []
         awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,24 @@ class Deployment:
 
     async def records(self, topic: str) -> list[dict[str, Any]]:
         return await read_json(self.bootstrap, topic)
+
+    async def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`stream ARGS` as a user runs it, against this deployment's broker and topics."""
+        full = {
+            **os.environ,
+            "STREAM_BOOTSTRAP_SERVERS": self.bootstrap,
+            "STREAM_TOPIC_PREFIX": self.settings.topic_prefix,
+            **env,
+        }
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "stream", *args],
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
 
     def activity_topic(self, tool: str) -> str:
         return self.settings.topics.activity(tool)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -99,19 +96,8 @@ async def test_consult_round_trip_and_malformed_votes(deploy: Deploy) -> None:
     broken = [o for o in advice["cs-006"]["opinions"] if o.get("error")]
     assert broken and all("not JSON" in o["error"] and o.get("votes") is None for o in broken)
     assert "cs-006" in calls  # a bad ballot is recorded, never fatal
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "stream", "advice", "--last", "50"],
-        env={
-            **os.environ,
-            "STREAM_BOOTSTRAP_SERVERS": dep.bootstrap,
-            "STREAM_TOPIC_PREFIX": dep.settings.topic_prefix,
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = await dep.cli("advice", "--last", "50")
+    assert done.returncode == 0, done.stderr
     shown = done.stdout
     assert "cs-002" in shown and "consulted legalCounsel" in shown
     assert "unusable votes: votes are not JSON" in shown

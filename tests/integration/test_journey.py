@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -26,34 +22,17 @@ async def test_publish_a_jsonl_file_and_read_the_decisions(deploy: Deploy, tmp_p
         orjson.dumps({"id": f"u-{i}", "comment": f"my comment {i}"}).decode() for i in range(12)
     ]
     data.write_text("\n".join([*lines, "not json at all"]) + "\n")
-    env = {
-        **os.environ,
-        "STREAM_BOOTSTRAP_SERVERS": dep.bootstrap,
-        "STREAM_TOPIC_PREFIX": dep.settings.topic_prefix,
-    }
-
-    async def stream(*args: str) -> subprocess.CompletedProcess[str]:
-        return await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "stream", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
-
-    sent = await stream("produce", str(data), "--key-field", "id")
+    sent = await dep.cli("produce", str(data), "--key-field", "id")
     assert sent.returncode == 1  # one line was not JSON: said, and not sent
     assert "12" in sent.stderr + sent.stdout and "line 13" in sent.stderr + sent.stdout
     report = await dep.settle(12)
     assert report.unaccounted == 0
-    shown = await stream("tail", "activity.moderateComment", "--last", "50", "--json")
+    shown = await dep.cli("tail", "activity.moderateComment", "--last", "50", "--json")
     assert shown.returncode == 0
     rows = [orjson.loads(line) for line in shown.stdout.splitlines() if line.strip()]
     assert sorted(r["key"] for r in rows) == sorted(f"u-{i}" for i in range(12))
     assert all(r["value"]["call"]["decision"] in ("approve", "reject") for r in rows)
-    listed = await stream("topics")
+    listed = await dep.cli("topics")
     assert listed.returncode == 0 and "items" in listed.stdout
-    audited = await stream("audit")
+    audited = await dep.cli("audit")
     assert audited.returncode == 0 and '"missing": []' in audited.stdout

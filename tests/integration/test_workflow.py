@@ -129,21 +129,8 @@ async def test_lazy_plan_waits_for_approval_then_runs_or_ends(
     assert not await dep.records(dep.activity_topic("lookupCustomer"))  # nothing ran yet
 
     async def approve(*args: str) -> str:
-        env = {
-            **os.environ,
-            "STREAM_BOOTSTRAP_SERVERS": dep.bootstrap,
-            "STREAM_TOPIC_PREFIX": dep.settings.topic_prefix,
-            "STREAM_SPEC": str(lazy),
-        }
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "stream", "approve", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        done = await dep.cli("approve", *args, STREAM_SPEC=str(lazy))
+        assert done.returncode == 0, done.stderr
         return done.stdout
 
     assert "rejected: t-000003" in await approve(
