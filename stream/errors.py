@@ -64,3 +64,8 @@ class LLMError(StreamError):
         self.retriable = retriable
         self.status = status
         self.retry_after = retry_after
+
+    @property
+    def overload(self) -> bool:
+        """The endpoint is busy (429, 503, or no answer in time): send it less."""
+        return self.status in (429, 503) or bool(self.data.get("timeout"))

@@ -18,6 +18,7 @@ from typing import Any
 import openai
 
 from stream.errors import LLMError
+from stream.limiter import Limiter
 
 __all__ = ["LLM", "Completion", "RetryPolicy"]
 
@@ -57,7 +58,7 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
 
 def _classify(exc: Exception) -> LLMError:
     if isinstance(exc, openai.APITimeoutError):
-        return LLMError("LLM request timed out", retriable=True)
+        return LLMError("LLM request timed out", retriable=True, timeout=True)
     if isinstance(exc, openai.APIConnectionError):
         return LLMError(f"LLM endpoint unreachable: {exc}", retriable=True)
     if isinstance(exc, openai.APIStatusError):
@@ -95,6 +96,7 @@ class LLM:
         self.retries = 0
         self.failing = 0  # consecutive retriable failures: the circuit is open while > 2
         self.listener: Any = None  # has observe_latency/on_retry/on_circuit, if set
+        self.limiter: Limiter | None = None  # told of every answer and every refusal
         # Our own retry loop, not the client's: it must never give up on an outage.
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0
@@ -147,6 +149,8 @@ class LLM:
                 if not exc.retriable:
                     raise
                 self.failing += 1
+                if self.limiter is not None and exc.overload:
+                    self.limiter.on_overload(exc.retry_after)
                 if self.listener is not None:
                     self.listener.on_retry()
                     self.listener.on_circuit(self.failing > 2)
@@ -158,6 +162,8 @@ class LLM:
                 )
                 await asyncio.sleep(delay)
                 continue
+            if self.limiter is not None:
+                self.limiter.on_success(done.latency_s)
             if self.listener is not None:
                 self.listener.observe_latency(done.latency_s)
                 if self.failing:

@@ -45,6 +45,11 @@ class Metrics:
         self.circuit_open = Gauge(
             "stream_circuit_open", "1 while the endpoint keeps failing", registry=r
         )
+        self.in_flight_limit = Gauge(
+            "stream_llm_in_flight_limit",
+            "Batches allowed in flight now (adaptive: grows while healthy, shrinks on 429s)",
+            registry=r,
+        )
         self.lag = Gauge(
             "stream_consumer_lag", "Records not yet consumed", ["partition"], registry=r
         )
@@ -58,6 +63,7 @@ class Metrics:
         self.sizes: deque[int] = deque(maxlen=200)
         self.batches = 0
         self.flying = 0
+        self.limit = 0.0
 
     def batch_started(self) -> None:
         self.flying += 1
@@ -85,6 +91,10 @@ class Metrics:
 
     def on_retry(self) -> None:
         self.retries.inc()
+
+    def on_limit(self, limit: float) -> None:
+        self.limit = limit
+        self.in_flight_limit.set(int(limit))
 
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
@@ -116,6 +126,7 @@ class Metrics:
             "llm_latency_p50_s": round(lat[len(lat) // 2], 3) if lat else 0,
             "llm_latency_p99_s": round(lat[int(len(lat) * 0.99)], 3) if lat else 0,
             "in_flight": self.flying,
+            "in_flight_limit": int(self.limit),
             "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
             "decisions": list(self.decisions)[::-1],
         }

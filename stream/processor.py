@@ -27,6 +27,7 @@ from stream.advice import Consensus, gate, summarise
 from stream.context import ContextFollower, Messages, apply_context
 from stream.errors import BadRecord, SpecError
 from stream.intake import parse_item
+from stream.limiter import Limiter
 from stream.llm import LLM
 from stream.metrics import Metrics
 from stream.models import (
@@ -44,12 +45,13 @@ from stream.models import (
     TraceEntry,
 )
 from stream.offsets import Entry, OffsetLedger
-from stream.prompt import Instance, PromptBuilder, estimate_tokens
+from stream.prompt import Instance, PromptBuilder
 from stream.publish import OutRecord, Publisher, PublishError
 from stream.settings import Settings, Topics
 from stream.solve import Answer, Outcome, Solver
 from stream.spec import NO_ACTION, AgentSpec
 from stream.state import TableStore, read_path
+from stream.tokenizer import Tokenizer
 from stream.validate import Validator
 from stream.web import WebServer
 from stream.windowing import Windower
@@ -61,6 +63,9 @@ log = logging.getLogger("stream.processor")
 
 _BATCH_TRIES = 3
 _RAW_KEEP = 64 * 1024
+_REQUEST_OVERHEAD = 64  # chat framing, the advisors' control message
+_MIN_ROOM = 64  # prompt tokens a request needs for at least one small instance
+_OUTPUT_MARGIN = 1.25  # answers vary: keep a quarter of the output budget spare
 
 
 def call_id(source: SourcePosition, tool: str, ordinal: int, turn: int = 1) -> str:
@@ -99,11 +104,12 @@ def _dumps(record: Any) -> bytes:
 
 
 class _Item:
-    __slots__ = ("entry", "instance")
+    __slots__ = ("entry", "instance", "tokens")
 
-    def __init__(self, instance: Instance, entry: Entry | None) -> None:
+    def __init__(self, instance: Instance, entry: Entry | None, tokens: int) -> None:
         self.instance = instance
         self.entry = entry
+        self.tokens = tokens
 
 
 class Pipeline:
@@ -123,16 +129,25 @@ class Pipeline:
             spec.model.price_input_per_million, spec.model.price_output_per_million
         )
         llm.listener = self.metrics
+        self.limiter = Limiter(
+            spec.window.max_in_flight,
+            adaptive=spec.window.adaptive,
+            on_change=self.metrics.on_limit,
+        )
+        llm.limiter = self.limiter
         self.web: WebServer | None = None
         self.started = False
         self.ledger = OffsetLedger()
-        self.slots = asyncio.Semaphore(spec.window.max_in_flight)
+        self.tokenizer = Tokenizer(spec.model.name)
+        self.item_budget = self._item_budget(spec)
+        self.output_per_item = float(spec.window.output_tokens_per_item)
         self.windower: Windower[_Item] = Windower(
             max_items=spec.window.max_items,
             max_wait_s=spec.window.max_wait_ms / 1000,
-            max_tokens=spec.window.max_input_tokens,
+            max_tokens=self.item_budget,
             on_close=self._launch,
-            tokens_of=lambda item: estimate_tokens(item.instance.size),
+            tokens_of=lambda item: item.tokens,
+            capacity=self._output_capacity,
         )
         self.worker = secrets.token_hex(3)
         self.batches = 0
@@ -147,6 +162,32 @@ class Pipeline:
         self.stats["context_refused"] = len(refused)
         self.spec = spec
         self.solver = self._solver(spec)
+        self.item_budget = self.windower.max_tokens = self._item_budget(spec)
+
+    def _item_budget(self, spec: AgentSpec) -> int:
+        """Prompt tokens left for instances once the static prefix is counted."""
+        fixed = self.tokenizer.count(PromptBuilder(spec).system) + _REQUEST_OVERHEAD
+        room = spec.window.max_input_tokens - fixed
+        if room < _MIN_ROOM:
+            raise SpecError(
+                f"window.max_input_tokens is {spec.window.max_input_tokens}, but the "
+                f"instructions, tools and advisors alone take about {fixed} tokens: "
+                f"raise it to at least {fixed + _MIN_ROOM}"
+            )
+        return room
+
+    def _output_capacity(self) -> int:
+        """Instances whose expected answers fit the output budget (measured as we go)."""
+        window = self.spec.window
+        budget = window.max_output_tokens or self.spec.model.max_output_tokens
+        if budget is None:
+            return window.max_items
+        return max(1, int(budget / (self.output_per_item * _OUTPUT_MARGIN)))
+
+    def _learn_output(self, outcome: Outcome, instances: int) -> None:
+        if outcome.requests and instances:
+            per_item = outcome.completion_tokens / instances
+            self.output_per_item += 0.2 * (per_item - self.output_per_item)
 
     def _solver(self, spec: AgentSpec) -> Solver:
         return Solver(
@@ -196,6 +237,14 @@ class Pipeline:
         self.metrics.items_in.inc()
         try:
             instance = parse_item(value, key, source, self.settings.max_record_bytes)
+            assert value is not None  # parse_item refuses a missing value
+            tokens = self.tokenizer.count(value.decode("utf-8", "replace"))
+            if tokens > self.item_budget:
+                raise BadRecord(
+                    "too_large",
+                    f"record is about {tokens} tokens; a request has room for {self.item_budget}"
+                    " (window.max_input_tokens less the instructions, tools and advisors)",
+                )
         except BadRecord as exc:
             letter = DeadLetter(
                 code=exc.code,
@@ -226,10 +275,10 @@ class Pipeline:
             return
         if self.workflow is not None:
             instance = self.workflow.admit(instance)
-        await self.windower.add(_Item(instance, entry))
+        await self.windower.add(_Item(instance, entry, tokens))
 
     async def _launch(self, items: list[_Item], reason: str) -> None:
-        await self.slots.acquire()
+        await self.limiter.acquire()
         self.batches += 1
         batch_id = f"{self.worker}-{self.batches}"
         previous = self._last_publish
@@ -274,7 +323,7 @@ class Pipeline:
         finally:
             if not turn.done():
                 turn.set_result(None)
-            self.slots.release()
+            self.limiter.release()
             self.metrics.batch_ended()
 
     async def _outcome_records(self, batch_id: str, items: list[_Item]) -> list[OutRecord]:
@@ -284,6 +333,7 @@ class Pipeline:
         for attempt in range(1, _BATCH_TRIES + 1):
             try:
                 outcome = await self.solver.solve(instances)
+                self._learn_output(outcome, len(instances))
                 return self._records(batch_id, outcome)
             except Exception as exc:  # a bug must cost a retry, never an item
                 log.exception(
@@ -598,7 +648,8 @@ class Pipeline:
             return
         self._queued_turns.add(inst.id)
         self.stats["turns"] += 1
-        await self.windower.add(_Item(inst, None))
+        shown = orjson.dumps([inst.payload, inst.state]).decode()
+        await self.windower.add(_Item(inst, None, self.tokenizer.count(shown)))
 
     async def expire(self) -> None:
         if self.workflow is None:

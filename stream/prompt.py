@@ -18,6 +18,7 @@ import orjson
 
 from stream.models import SourcePosition
 from stream.spec import CONSULT, NO_ACTION, AgentSpec, Tool
+from stream.tokenizer import estimate_tokens
 
 __all__ = [
     "Ask",
@@ -39,11 +40,6 @@ _CIRCLED = (
 def token_for(index: int) -> str:
     """The token of the index-th instance (0-based) of a request."""
     return _CIRCLED[index] if index < len(_CIRCLED) else f"#{index + 1}"
-
-
-def estimate_tokens(text_bytes: int) -> int:
-    """Rough prompt-token count: about 4 bytes of JSON per token for English text."""
-    return text_bytes // 4 + 1
 
 
 @dataclass(frozen=True, slots=True)

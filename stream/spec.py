@@ -148,11 +148,27 @@ class ModelEndpoint(_Strict):
 
 
 class Window(_Strict):
-    max_items: int = Field(25, ge=1, le=500)
+    max_items: int = Field(25, ge=1, le=500, description="Instances per request, at most")
     max_wait_ms: int = Field(250, ge=0)
-    max_in_flight: int = Field(4, ge=1, le=256)
+    max_in_flight: int = Field(
+        4, ge=1, le=256, description="Requests in flight per worker, at most (the AIMD ceiling)"
+    )
+    adaptive: bool = Field(
+        True, description="Grow in-flight requests while healthy, shrink on 429s and slowdowns"
+    )
     max_input_tokens: int = Field(
-        60_000, ge=256, description="A window closes before its prompt would exceed this"
+        60_000,
+        ge=256,
+        description="A window closes before its prompt (instructions included) would exceed this",
+    )
+    max_output_tokens: int | None = Field(
+        None,
+        ge=64,
+        description="A window closes before its expected answer would exceed this; "
+        "unset: model.max_output_tokens, else no output budget",
+    )
+    output_tokens_per_item: int = Field(
+        80, ge=1, description="Expected answer tokens per instance until measured"
     )
 
 

@@ -1,5 +1,6 @@
 """Collects instances into batches: a window closes at max items, max estimated prompt
-tokens, or max wait after its first item, whichever comes first.
+tokens, the expected answer's token budget (`capacity`), or max wait after its first
+item, whichever comes first.
 
 One window spans every partition this worker owns: at low traffic that fills requests
 faster than one window per partition would. Order is kept because items enter in the
@@ -29,12 +30,15 @@ class Windower(Generic[T]):
         max_tokens: int,
         on_close: Flush[T],
         tokens_of: Callable[[T], int],
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         self.max_items = max_items
         self.max_wait_s = max_wait_s
         self.max_tokens = max_tokens
         self._on_close = on_close
         self._tokens_of = tokens_of
+        # Items the expected answer has room for; it changes as answers are measured.
+        self._capacity = capacity
         self._items: list[T] = []
         self._tokens = 0
         self._opened_at = 0.0
@@ -58,6 +62,8 @@ class Windower(Generic[T]):
             self._tokens += cost
             if len(self._items) >= self.max_items:
                 await self._close("items")
+            elif self._capacity is not None and len(self._items) >= self._capacity():
+                await self._close("output")
 
     async def flush(self, reason: str = "flush") -> None:
         async with self._lock:

@@ -1,0 +1,120 @@
+"""Adaptive concurrency (AIMD) and token-aware windows, without a network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from stream.limiter import Limiter
+from stream.tokenizer import Tokenizer, estimate_tokens
+from stream.windowing import Windower
+
+
+async def test_limit_grows_one_slot_per_round_trip_while_healthy() -> None:
+    limiter = Limiter(16, initial=2)
+    for _ in range(3):  # about one round trip at limit 2 (each answer adds 1/limit)
+        limiter.on_success(0.1)
+    assert limiter.slots == 3
+    for _ in range(200):
+        limiter.on_success(0.1)
+    assert limiter.slots == 16  # never past the ceiling
+
+
+async def test_refusal_cuts_below_the_refused_level_and_probes_slowly_after() -> None:
+    limiter = Limiter(32, initial=10)
+    for _ in range(10):
+        await limiter.acquire()
+    limiter.on_overload(None)  # the tenth was refused: nine were borne
+    assert limiter.slots == 9
+    limiter.on_overload(None)  # same burst: not a second cut
+    assert limiter.slots == 9
+    for _ in range(9):
+        limiter.release()
+    before = limiter.limit
+    for _ in range(10):  # the next slot would reach the refused level: probe it slowly
+        limiter.on_success(0.1)
+    assert 0 < limiter.limit - before < 0.2
+    limiter.release()
+    limiter._plateau = 20.0  # long ago the endpoint refused far higher up
+    for _ in range(10):  # well below the refused level the limit grows at full speed
+        limiter.on_success(0.1)
+    assert limiter.slots == 10
+
+
+async def test_retry_after_pauses_new_requests() -> None:
+    limiter = Limiter(4, initial=4)
+    await limiter.acquire()
+    limiter.on_overload(0.3)
+    limiter.release()
+    started = time.monotonic()
+    await limiter.acquire()
+    assert time.monotonic() - started >= 0.25
+
+
+async def test_doubled_latency_cuts_the_limit() -> None:
+    limiter = Limiter(16, initial=16)
+    for _ in range(40):
+        limiter.on_success(0.1)
+    for _ in range(5):
+        limiter.on_success(0.6)
+    assert limiter.slots < 16
+    assert limiter.cuts >= 1
+
+
+async def test_fixed_limit_when_not_adaptive() -> None:
+    limiter = Limiter(3, adaptive=False)
+    assert limiter.slots == 3
+    for _ in range(3):
+        await limiter.acquire()
+    limiter.on_overload(None)
+    assert limiter.slots == 3
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # all three slots busy
+    limiter.release()
+    await asyncio.wait_for(waiter, 1)
+
+
+def test_tiktoken_counts_exactly_for_known_models_and_approximates_others() -> None:
+    exact = Tokenizer("gpt-4")
+    assert exact.exact and exact.method == "tiktoken cl100k_base"
+    assert exact.count("hello world") == 2
+    other = Tokenizer("stream-sim-1")
+    assert not other.exact and "approximation" in other.method
+    # Non-English text costs far more tokens per byte than the 4-bytes rule assumes.
+    text = "数据流处理" * 40
+    assert other.count(text) > estimate_tokens(len(text.encode())) / 2
+    assert estimate_tokens("hello world", "gpt-4") == 2
+
+
+async def test_window_closes_when_the_expected_answer_would_outgrow_the_budget() -> None:
+    closed: list[tuple[list[int], str]] = []
+
+    async def on_close(items: list[int], reason: str) -> None:
+        closed.append((items, reason))
+
+    capacity = 3
+    win: Windower[int] = Windower(
+        max_items=10,
+        max_wait_s=60,
+        max_tokens=1000,
+        on_close=on_close,
+        tokens_of=lambda i: 100,
+        capacity=lambda: capacity,
+    )
+    for i in range(4):
+        await win.add(i)
+    assert closed == [([0, 1, 2], "output")]
+    capacity = 100
+    for i in range(4, 20):
+        await win.add(i)
+    # prompt budget: ten items of 100 tokens fill 1000, the eleventh opens a new window
+    assert [reason for _, reason in closed] == ["output", "items"]
+    assert len(win) == 7
+
+
+@pytest.mark.parametrize("ceiling", [1, 2])
+async def test_small_ceilings_start_at_one_or_more(ceiling: int) -> None:
+    assert Limiter(ceiling).slots >= 1
