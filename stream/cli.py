@@ -111,6 +111,44 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from stream.bench import Endpoint, bench_spec, results_json, run_bench
+    from stream.broker import kafka_bootstrap
+    from stream.report import markdown, plots
+
+    endpoint = Endpoint(
+        latency_ms=args.latency_ms,
+        per_output_token_ms=args.ms_per_token,
+        concurrency=args.concurrency,
+        tokens_per_minute=args.tpm,
+    )
+    windows = tuple(int(w) for w in args.windows.split(","))
+    spec = bench_spec(Path(os.environ["STREAM_SPEC"])) if "STREAM_SPEC" in os.environ else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with kafka_bootstrap() as bootstrap:
+        results = asyncio.run(
+            run_bench(
+                bootstrap,
+                items=args.items,
+                partitions=args.partitions,
+                windows=windows,
+                endpoint=endpoint,
+                cap_s=args.cap_s,
+                scaling=args.scaling,
+                spec=spec,
+            )
+        )
+    command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
+    table = markdown(results, endpoint, command.strip())
+    (out / "bench.md").write_text(table)
+    (out / "bench.json").write_bytes(results_json(results))
+    for path in plots(results, out):
+        print(f"plot: {path}", file=sys.stderr)
+    print(table)
+    return 0
+
+
 def _schemas(args: argparse.Namespace) -> int:
     from stream.schemas import write_schemas
 
@@ -256,6 +294,18 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--latency-ms", type=float, default=0.0)
     s.set_defaults(fn=_llm_sim)
+    bn = sub.add_parser("bench", help="measure windows against the per-item baseline, one run")
+    bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
+    bn.add_argument("--partitions", type=int, default=4, help="input partitions (default 4)")
+    bn.add_argument("--windows", default="10,25,50,100", help="window sizes (default 10,25,50,100)")
+    bn.add_argument("--latency-ms", type=float, default=400, help="endpoint fixed latency")
+    bn.add_argument("--ms-per-token", type=float, default=2, help="endpoint ms per output token")
+    bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
+    bn.add_argument("--tpm", type=int, default=4_000_000, help="endpoint's tokens per minute")
+    bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
+    bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
+    bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
+    bn.set_defaults(fn=_bench)
     c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")
     c.set_defaults(fn=_schemas)
@@ -303,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) is not None:
             os.environ[var] = getattr(args, flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if args.command in ("demo", "produce", "tail", "topics", "audit") and not args.verbose:
+    quiet = ("demo", "produce", "tail", "topics", "audit", "bench")
+    if args.command in quiet and not args.verbose:
         # The demo prints its own summary; the client libraries' start-up chatter (a new
         # topic's leader election, group coordinator discovery) is retried noise there.
         logging.getLogger().setLevel(logging.WARNING)

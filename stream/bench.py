@@ -1,0 +1,589 @@
+"""`stream bench`: how much cheaper and faster than one call per item, in one run.
+
+It starts a broker (or uses the configured one) and the LLM simulator as its own process,
+shaped like a real account: a fixed latency plus a part per output token, a concurrency
+limit and a tokens-per-minute limit. Then, on the same machine and in the same run:
+
+- the per-item baseline every peer product uses (window 1, same in-flight ceiling);
+- this product at windows 10, 25, 50, 100;
+- a raw aiokafka consume-and-produce passthrough of the same records (the machine's
+  ceiling), and this product with an instant simulator against it;
+- with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions.
+
+Each product run drains a preloaded backlog (throughput, requests and tokens per item,
+counted by the simulator, refused requests included), then a short paced phase at 60%
+of that throughput measures produce-to-activity latency, as a user at steady load sees
+it. Results go to a markdown table and PNG plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from stream.demo import ProcessorProcess
+from stream.samples import comments
+from stream.settings import DEFAULT_SPEC, Settings
+from stream.spec import load_spec
+from stream.topics import activity_topics, ensure_product_topics, ensure_topics
+
+__all__ = ["Endpoint", "Result", "bench_items", "bench_spec", "results_json", "run_bench"]
+
+log = logging.getLogger("stream.bench")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """The simulated account. Defaults: a fast hosted small model."""
+
+    latency_ms: float = 400.0
+    per_output_token_ms: float = 2.0
+    concurrency: int = 8
+    tokens_per_minute: int = 4_000_000
+    instant: bool = False
+
+    def config(self) -> dict[str, Any]:
+        if self.instant:
+            return {
+                "latency_ms": 0.0,
+                "per_output_token_ms": 0.0,
+                "max_concurrency": 0,
+                "tokens_per_minute": 0,
+            }
+        return {
+            "latency_ms": self.latency_ms,
+            "per_output_token_ms": self.per_output_token_ms,
+            "max_concurrency": self.concurrency,
+            "tokens_per_minute": self.tokens_per_minute,
+        }
+
+
+@dataclass(slots=True)
+class Result:
+    name: str
+    window: int | None
+    processes: int
+    partitions: int
+    items: int
+    seconds: float
+    items_per_s: float
+    requests_per_item: float | None = None
+    refused_per_item: float | None = None
+    prompt_per_item: float | None = None
+    completion_per_item: float | None = None
+    mean_batch: float | None = None
+    ceiling_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    rss_start_mb: float | None = None
+    rss_end_mb: float | None = None
+    capped: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
+    """Comments of realistic length: one to four sentences each (about 60-400 bytes)."""
+    rng = random.Random(seed)
+    pool = [c["comment"] for c in comments(400, seed)]
+    out = []
+    for i, item in enumerate(comments(n, seed)):
+        extra = " ".join(rng.choice(pool) for _ in range(rng.randint(0, 3)))
+        out.append({**item, "_instance": f"b-{i:06d}", "comment": f"{item['comment']} {extra}"})
+    return out
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class SimProcess:
+    """`stream llm-sim` as its own OS process, so its work does not share our GIL."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = workdir / "simulator.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self._log.open("ab") as out:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "stream", "llm-sim", "--port", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    async def ready(self, wait_s: float = 60) -> None:
+        deadline = time.monotonic() + wait_s
+        async with aiohttp.ClientSession() as http:
+            while True:
+                try:
+                    async with http.get(f"{self.url}/v1/models") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the simulator did not start; see {self._log}")
+                await asyncio.sleep(0.2)
+
+    async def configure(self, endpoint: Endpoint) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.url}/sim/config", json=endpoint.config()) as resp,
+        ):
+            resp.raise_for_status()
+
+    async def stats(self) -> dict[str, float]:
+        async with aiohttp.ClientSession() as http, http.get(f"{self.url}/sim/stats") as resp:
+            data: dict[str, Any] = await resp.json()
+        return {k: float(v) for k, v in _flat(data).items()}
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGTERM)
+            self._proc.wait(10)
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        elif isinstance(value, int | float):
+            out[prefix + key] = float(value)
+    return out
+
+
+class Tally:
+    """Reads the outcome topics as they fill: which inputs ended, and how late."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.done: set[tuple[int, int]] = set()
+        self.first_at: float | None = None
+        self.last_at = 0.0
+        self.latency_ms: dict[tuple[int, int], float] = {}
+        self.base = 0  # outcomes before the clock (re)started
+        self.head: int | None = None  # outcomes counted with the first one after it
+        self._task: asyncio.Task[None] | None = None
+
+    def restart(self) -> None:
+        """Starts the throughput clock afresh at the next outcome."""
+        self.base = len(self.done)
+        self.first_at = None
+        self.head = None
+
+    async def __aenter__(self) -> Tally:
+        consumer = AIOKafkaConsumer(
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=50,
+        )
+        await consumer.start()
+        self._task = asyncio.create_task(self._run(consumer))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+        try:
+            while True:
+                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+                now = time.monotonic()
+                for records in batches.values():
+                    for rec in records:
+                        self._count(rec, now)
+                if self.first_at is not None and self.head is None:
+                    # What arrived with the first outcome is not throughput: it took
+                    # one round trip, not the time since.
+                    self.head = len(self.done)
+        finally:
+            await consumer.stop()
+
+    def _count(self, rec: Any, now: float) -> None:
+        try:
+            source = orjson.loads(rec.value)["source"]
+            key = (int(source["partition"]), int(source["offset"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return
+        if key in self.done:
+            return
+        self.done.add(key)
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+        produced = source.get("timestamp_ms")
+        if produced:
+            self.latency_ms[key] = rec.timestamp - produced
+
+    async def wait_for(
+        self,
+        count: int,
+        cap_s: float,
+        proc: list[ProcessorProcess],
+        since: float | None = None,
+    ) -> bool:
+        """Until `count` inputs ended, or `cap_s` after `since` (default: the first
+        outcome); True if it gave up."""
+        started = time.monotonic()
+        while len(self.done) < count:
+            for p in proc:
+                if p.proc is not None and p.proc.poll() is not None:
+                    raise RuntimeError(f"processor exited:\n{p.tail()}")
+            now = time.monotonic()
+            if self.first_at is None and now - started > 180:
+                raise RuntimeError(f"no outcome within 180 s:\n{proc[0].tail()}")
+            origin = since if since is not None else self.first_at
+            if origin is not None and now - origin > cap_s:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+
+async def _produce(
+    bootstrap: str, topic: str, items: list[dict[str, str]], rate: float | None = None
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        started = time.monotonic()
+        futures = []
+        for i, item in enumerate(items):
+            if rate:
+                ahead = started + i / rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            futures.append(
+                await producer.send(
+                    topic,
+                    orjson.dumps(item),
+                    key=item["_instance"].encode(),
+                    timestamp_ms=int(time.time() * 1000),
+                )
+            )
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+@dataclass(slots=True)
+class Bench:
+    bootstrap: str
+    sim: SimProcess
+    workdir: Path
+    spec: dict[str, Any]
+    items: list[dict[str, str]]
+    endpoint: Endpoint
+    cap_s: float
+    paced_s: float
+    results: list[Result] = field(default_factory=list)
+
+    def _spec_file(self, window: int, in_flight: int) -> Path:
+        spec = {**self.spec, "window": {**self.spec.get("window", {})}}
+        spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
+        path = self.workdir / f"agent-w{window}-f{in_flight}-{secrets.token_hex(2)}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
+
+    async def product(
+        self,
+        name: str,
+        window: int,
+        *,
+        processes: int = 1,
+        partitions: int = 4,
+        in_flight: int = 16,
+        endpoint: Endpoint | None = None,
+        items: int | None = None,
+        paced: bool = True,
+    ) -> Result:
+        endpoint = endpoint or self.endpoint
+        await self.sim.configure(endpoint)
+        spec_path = self._spec_file(window, in_flight)
+        prefix = f"bench-{secrets.token_hex(3)}."
+        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
+        settings = Settings(
+            bootstrap_servers=self.bootstrap,
+            topic_prefix=prefix,
+            partitions=partitions,
+            spec=spec_path,
+            data_dir=run_dir / "data",
+        )
+        spec = load_spec(spec_path)
+        await ensure_product_topics(self.bootstrap, settings, spec)
+        load = self.items[: items or len(self.items)]
+        outcome_topics = settings.topics.outcome_topics([])
+        outcome_topics = [*activity_topics(settings, spec), *outcome_topics]
+        procs = [
+            ProcessorProcess(
+                {
+                    "STREAM_BOOTSTRAP_SERVERS": self.bootstrap,
+                    "STREAM_TOPIC_PREFIX": prefix,
+                    "STREAM_PARTITIONS": str(partitions),
+                    "STREAM_LLM_BASE_URL": f"{self.sim.url}/v1",
+                    "STREAM_SPEC": str(spec_path),
+                    "STREAM_DATA_DIR": str(run_dir / f"data{k}"),
+                    "STREAM_WEB_PORT": str(_free_port()),
+                    "STREAM_LOG_LEVEL": "WARNING",
+                },
+                run_dir / f"processor{k}.log",
+            )
+            for k in range(processes)
+        ]
+        result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
+        try:
+            async with Tally(self.bootstrap, outcome_topics) as tally:
+                for proc in procs:
+                    proc.start()
+                # One item first: the processors have joined and answer before the clock runs.
+                await _produce(
+                    self.bootstrap, settings.topics.input, [{**load[0], "_instance": "w"}]
+                )
+                await tally.wait_for(1, 180, procs)
+                result.rss_start_mb = _rss_mb(procs[0].proc.pid) if procs[0].proc else None
+                if paced:
+                    rate = 0.5 * _expected_rate(
+                        endpoint, window, min(endpoint.concurrency, in_flight * processes)
+                    )
+                    await self._paced(result, tally, settings.topics.input, rate)
+                before = await self.sim.stats()
+                tally.restart()
+                await _produce(self.bootstrap, settings.topics.input, load)
+                result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
+                after = await self.sim.stats()
+                assert tally.first_at is not None and tally.head is not None
+                result.seconds = max(tally.last_at - tally.first_at, 1e-6)
+                result.items = len(tally.done) - tally.base
+                result.items_per_s = (len(tally.done) - tally.head) / result.seconds
+                self._llm_figures(result, before, after, endpoint, in_flight * processes)
+                result.rss_end_mb = _rss_mb(procs[0].proc.pid) if procs[0].proc else None
+        finally:
+            for proc in procs:
+                proc.stop()
+        self.results.append(result)
+        log.warning("%s", _line(result))
+        return result
+
+    def _llm_figures(
+        self,
+        result: Result,
+        before: dict[str, float],
+        after: dict[str, float],
+        ep: Endpoint,
+        in_flight: int,
+    ) -> None:
+        def delta(key: str) -> float:
+            return after.get(key, 0.0) - before.get(key, 0.0)
+
+        n = max(result.items, 1)
+        answered = delta("completions")
+        result.requests_per_item = delta("requests") / n
+        result.refused_per_item = (delta("requests") - answered) / n
+        result.prompt_per_item = delta("prompt_tokens") / n
+        result.completion_per_item = delta("completion_tokens") / n
+        if answered:
+            result.mean_batch = delta("instances") / answered
+            if not ep.instant:
+                # The ceiling `window x in-flight / latency` with the endpoint's own
+                # latency for the answers it gave, and its tokens-per-minute bound.
+                per_request_ms = ep.latency_ms + ep.per_output_token_ms * (
+                    delta("completion_tokens") / answered
+                )
+                slots = min(ep.concurrency, in_flight)
+                by_latency = slots * result.mean_batch / (per_request_ms / 1000)
+                tokens = result.prompt_per_item + result.completion_per_item
+                by_tpm = ep.tokens_per_minute / 60 / tokens if tokens else by_latency
+                result.ceiling_per_s = min(by_latency, by_tpm)
+
+    async def _paced(self, result: Result, tally: Tally, topic: str, rate: float) -> None:
+        """Latency as a user at steady load sees it: items at a rate well within capacity."""
+        count = max(20, min(int(rate * self.paced_s), 3000))
+        extra = [{**item, "_instance": f"p-{item['_instance']}"} for item in self.items[:count]]
+        seen = set(tally.latency_ms)
+        target = len(tally.done) + len(extra)
+        started = time.monotonic()
+        await _produce(self.bootstrap, topic, extra, rate)
+        if await tally.wait_for(target, self.cap_s + self.paced_s, [], since=started):
+            result.notes.append("paced phase did not finish in time")
+        lat = sorted(v for k, v in tally.latency_ms.items() if k not in seen)
+        if lat:
+            result.p50_ms = lat[len(lat) // 2]
+            result.p99_ms = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        result.notes.append(f"latency measured at {rate:.1f} items/s")
+
+    async def passthrough(self, partitions: int = 4) -> Result:
+        """The machine's ceiling: consume each record and produce it on, acks=all."""
+        prefix = f"bench-{secrets.token_hex(3)}."
+        src, dst = prefix + "items", prefix + "copy"
+        await ensure_topics(self.bootstrap, [src, dst], partitions)
+        await _produce(self.bootstrap, src, self.items)
+        consumer = AIOKafkaConsumer(
+            src,
+            bootstrap_servers=self.bootstrap,
+            group_id=prefix + "passthrough",
+            auto_offset_reset="earliest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=1000,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        )
+        await consumer.start()
+        await producer.start()
+        moved = 0
+        first: float | None = None
+        try:
+            while moved < len(self.items):
+                batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+                if first is None and batches:
+                    first = time.monotonic()
+                futures = [
+                    await producer.send(dst, rec.value, key=rec.key)
+                    for records in batches.values()
+                    for rec in records
+                ]
+                await asyncio.gather(*futures)
+                moved += len(futures)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+        seconds = time.monotonic() - (first or time.monotonic())
+        result = Result(
+            "aiokafka passthrough", None, 1, partitions, moved, seconds, moved / seconds
+        )
+        self.results.append(result)
+        log.warning("%s", _line(result))
+        return result
+
+
+def _expected_rate(ep: Endpoint, window: int, slots: int) -> float:
+    """Items/s the endpoint model allows, guessing 60 answer tokens per item."""
+    if ep.instant:
+        return 800.0
+    per_request_s = (ep.latency_ms + ep.per_output_token_ms * 60 * window) / 1000
+    return slots * window / per_request_s
+
+
+def _line(r: Result) -> str:
+    return f"{r.name}: {r.items} items, {r.items_per_s:.1f} items/s" + (
+        f", {r.requests_per_item:.4f} requests/item" if r.requests_per_item is not None else ""
+    )
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
+        yield Path(tmp)
+
+
+def bench_spec(path: Path = DEFAULT_SPEC) -> dict[str, Any]:
+    """The agent spec both sides run: the example's, one decision per item. Its advisors
+    would multiply the answer's tokens for the baseline and the windows alike."""
+    spec: dict[str, Any] = yaml.safe_load(path.read_bytes())
+    spec.pop("advisors", None)
+    spec.pop("advice", None)
+    return spec
+
+
+@contextlib.asynccontextmanager
+async def _bench(
+    bootstrap: str, endpoint: Endpoint, n: int, cap_s: float, paced_s: float, spec: dict[str, Any]
+) -> AsyncIterator[Bench]:
+    with _workdir() as workdir:
+        sim = SimProcess(workdir)
+        sim.start()
+        try:
+            await sim.ready()
+            yield Bench(bootstrap, sim, workdir, spec, bench_items(n), endpoint, cap_s, paced_s)
+        finally:
+            sim.stop()
+
+
+async def run_bench(
+    bootstrap: str,
+    *,
+    items: int = 20_000,
+    partitions: int = 4,
+    windows: tuple[int, ...] = (10, 25, 50, 100),
+    endpoint: Endpoint | None = None,
+    cap_s: float = 60.0,
+    paced_s: float = 10.0,
+    scaling: bool = False,
+    spec: dict[str, Any] | None = None,
+) -> list[Result]:
+    endpoint = endpoint or Endpoint()
+    spec = spec if spec is not None else bench_spec()
+    async with _bench(bootstrap, endpoint, items, cap_s, paced_s, spec) as bench:
+        await bench.passthrough(partitions)
+        await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))
+        in_flight = endpoint.concurrency * 2  # the AIMD ceiling: it finds the account's limit
+        await bench.product("baseline (window 1)", 1, in_flight=in_flight, partitions=partitions)
+        for window in windows:
+            await bench.product(
+                f"window {window}", window, in_flight=in_flight, partitions=partitions
+            )
+        if scaling:
+            # LLM-bound per worker (4 in flight each), the account roomy enough for two.
+            roomy = Endpoint(
+                endpoint.latency_ms,
+                endpoint.per_output_token_ms,
+                concurrency=64,
+                tokens_per_minute=endpoint.tokens_per_minute * 8,
+            )
+            for parts in (1, 4, 16):
+                for procs in (1, 2):
+                    await bench.product(
+                        f"scaling: {procs} process(es), {parts} partition(s)",
+                        25,
+                        processes=procs,
+                        partitions=parts,
+                        in_flight=4,
+                        endpoint=roomy,
+                        items=min(items, 4000),
+                        paced=False,
+                    )
+        return bench.results
+
+
+def results_json(results: list[Result]) -> bytes:
+    return orjson.dumps([asdict(r) for r in results], option=orjson.OPT_INDENT_2)

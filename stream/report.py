@@ -1,0 +1,155 @@
+"""Renders `stream bench` results: one markdown table with the ratios, and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stream.bench import Endpoint, Result
+
+__all__ = ["markdown", "plots"]
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "–"
+    return f"{value / base:.1f}x"
+
+
+def _pct(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "–"
+    return f"{100 * value / base:.0f}%"
+
+
+def markdown(results: list[Result], endpoint: Endpoint, command: str) -> str:
+    by_name = {r.name: r for r in results}
+    base = by_name.get("baseline (window 1)")
+    passthrough = by_name.get("aiokafka passthrough")
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Simulated endpoint: {endpoint.latency_ms:.0f} ms + "
+        f"{endpoint.per_output_token_ms:g} ms per output token, at most "
+        f"{endpoint.concurrency} requests at once and {endpoint.tokens_per_minute:,} tokens "
+        "per minute (429 with retry-after beyond either).",
+        "",
+        "| run | items | items/s | vs baseline | vs LLM ceiling | vs passthrough "
+        "| requests/item | refused/item | prompt tok/item | completion tok/item "
+        "| mean batch | p50 ms | p99 ms | RSS start→end MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        rss = (
+            f"{_f(r.rss_start_mb, 0)}→{_f(r.rss_end_mb, 0)}" if r.rss_start_mb is not None else "–"
+        )
+        name = r.name + (" (time cap)" if r.capped else "")
+        lines.append(
+            f"| {name} | {r.items:,} | {_f(r.items_per_s)} "
+            f"| {_ratio(r.items_per_s, base.items_per_s if base else None)} "
+            f"| {_pct(r.items_per_s, r.ceiling_per_s)} "
+            f"| {_pct(r.items_per_s, passthrough.items_per_s if passthrough else None)} "
+            f"| {_f(r.requests_per_item, 4)} | {_f(r.refused_per_item, 4)} "
+            f"| {_f(r.prompt_per_item)} | {_f(r.completion_per_item)} | {_f(r.mean_batch)} "
+            f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} |"
+        )
+    if base is not None:
+        lines += ["", "Against the per-item baseline:"]
+        for r in results:
+            if r.window and r.window > 1 and r.requests_per_item and r.prompt_per_item:
+                lines.append(
+                    f"- {r.name}: requests per item 1/"
+                    f"{(base.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
+                    f"per item 1/{(base.prompt_per_item or 0) / r.prompt_per_item:.1f}, "
+                    f"throughput {_ratio(r.items_per_s, base.items_per_s)}"
+                )
+    scaling = [r for r in results if r.name.startswith("scaling")]
+    if scaling:
+        lines += ["", "Scaling (window 25, 4 in flight per process):"]
+        for parts in sorted({r.partitions for r in scaling}):
+            one = next((r for r in scaling if r.partitions == parts and r.processes == 1), None)
+            two = next((r for r in scaling if r.partitions == parts and r.processes == 2), None)
+            if one and two:
+                lines.append(
+                    f"- {parts} partition(s): 1 process {_f(one.items_per_s)} items/s, "
+                    f"2 processes {_f(two.items_per_s)} items/s: "
+                    f"{_ratio(two.items_per_s, one.items_per_s)}"
+                )
+    notes = [f"- {r.name}: {n}" for r in results for n in r.notes]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: list[Result], folder: Path) -> list[Path]:
+    """Throughput and cost per item by run, as PNG files in `folder`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = [r for r in results if not r.name.startswith("scaling")]
+    names = [r.name.replace(" simulator,", "\nsimulator,").replace(" (", "\n(") for r in runs]
+    out = []
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(names, [r.items_per_s for r in runs], color="#3b6ea5", label="measured")
+    ceilings = [(k, r.ceiling_per_s) for k, r in enumerate(runs) if r.ceiling_per_s]
+    if ceilings:
+        ax.scatter(
+            [k for k, _ in ceilings],
+            [c for _, c in ceilings],
+            marker="_",
+            s=900,
+            color="#c0392b",
+            label="LLM ceiling (window x in-flight / latency, TPM)",
+        )
+    ax.set_yscale("log")
+    ax.set_ylabel("items per second (log)")
+    ax.set_title("Throughput")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    path = folder / "bench-throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+
+    llm = [r for r in runs if r.requests_per_item is not None and r.window]
+    if llm:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        xs = list(range(len(llm)))
+        width = 0.4
+        ax.bar(
+            [x - width / 2 for x in xs],
+            [r.prompt_per_item or 0 for r in llm],
+            width,
+            label="prompt tokens / item",
+            color="#3b6ea5",
+        )
+        ax.bar(
+            [x + width / 2 for x in xs],
+            [r.completion_per_item or 0 for r in llm],
+            width,
+            label="completion tokens / item",
+            color="#e1a43b",
+        )
+        ax.set_xticks(xs, [r.name.replace(" (", "\n(") for r in llm], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("tokens per item (log)")
+        ax2 = ax.twinx()
+        ax2.plot(xs, [r.requests_per_item or 0 for r in llm], "o-", color="#c0392b")
+        ax2.set_yscale("log")
+        ax2.set_ylabel("LLM requests per item (log, red)")
+        ax.set_title("Cost per item")
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        path = folder / "bench-cost.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
