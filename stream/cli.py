@@ -66,6 +66,9 @@ def _process(_: argparse.Namespace) -> int:
     if settings.log_format == "json":
         app.conf.loghandlers = [json_handler()]
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+    # Faust's terminal spinner sets the root logger to DEBUG at WARNING and above, so
+    # every library's debug record gets built: a service has no terminal to spin on.
+    worker.spinner = None
     worker.execute_from_commandline()
     return 0
 

@@ -732,7 +732,10 @@ def build_app(
     table = app.Table(
         "state", default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
     )
-    pipeline.workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
+    if PromptBuilder(spec).stateful:
+        # Without a plan or awaited calls there is no state to keep: writing every item
+        # to the changelog would cost a publish per item for nothing.
+        pipeline.workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
     results_topic = app.topic(topics.results, key_type=bytes, value_type=bytes)
     approvals_topic = app.topic(topics.approvals, key_type=bytes, value_type=bytes)
 
