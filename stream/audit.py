@@ -39,6 +39,14 @@ class AuditReport(BaseModel):
     def unaccounted(self) -> int:
         return len(self.missing)
 
+    def summary(self) -> str:
+        """One line for people and scripts: `missing=0` is the promise kept."""
+        return (
+            f"inputs={self.inputs} accounted={self.accounted} missing={len(self.missing)} "
+            f"duplicates={self.duplicate_calls} unexpected={self.unexpected} "
+            f"dead_letters={self.item_dead_letters}"
+        )
+
 
 async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> AuditReport:
     """Reads the input topic and every outcome topic (activity, review, no-action, dead

@@ -160,13 +160,18 @@ def _schemas(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(_: argparse.Namespace) -> int:
+def _audit(args: argparse.Namespace) -> int:
     from stream.audit import audit
     from stream.topics import activity_topics
 
     settings, spec, bootstrap = _configured()
     report = asyncio.run(audit(bootstrap, settings.topics, activity_topics(settings, spec)))
-    print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
+    if args.json:
+        print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(report.summary())
+        for topic, partition, offset in report.missing[:20]:
+            print(f"missing: {topic}/{partition}/{offset}")
     return 0 if not report.missing and not report.unexpected else 1
 
 
@@ -340,9 +345,9 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument("--batch", help="every proposal of this batch id")
     ap.add_argument("--reject", metavar="REASON", help="reject instead, with this reason")
     ap.set_defaults(fn=_approve)
-    sub.add_parser("audit", help="check that every input item has an outcome").set_defaults(
-        fn=_audit
-    )
+    au = sub.add_parser("audit", help="check that every input item has an outcome")
+    au.add_argument("--json", action="store_true", help="the whole report as JSON")
+    au.set_defaults(fn=_audit)
     return p
 
 

@@ -241,6 +241,7 @@ async def _demo(
         "cached_tokens": stats["cached_tokens"],
         "window_max_items": spec.window.max_items,
         "elapsed_s": round(elapsed, 2),
+        "audit": report.summary(),
         "topics_prefix": prefix,
         "llm": "stream LLM simulator (not a real model)",
     }
@@ -286,7 +287,10 @@ def run_demo(
                 if result["done"]
                 else ""
             )
-            + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s"
+            + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s\n"
+            f"audit: {result['audit']}\n"
+            f"  (again, against a broker you run: stream audit --topic-prefix "
+            f"{result['topics_prefix']})"
         )
     else:
         print(orjson.dumps(result).decode())
