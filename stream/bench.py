@@ -46,7 +46,21 @@ from stream.settings import DEFAULT_SPEC, Settings
 from stream.spec import load_spec
 from stream.topics import activity_topics, ensure_product_topics, ensure_topics
 
-__all__ = ["Endpoint", "Result", "bench_items", "bench_spec", "results_json", "run_bench"]
+__all__ = [
+    "Bench",
+    "Endpoint",
+    "Result",
+    "SimProcess",
+    "Tally",
+    "bench_items",
+    "bench_session",
+    "bench_spec",
+    "free_port",
+    "produce_items",
+    "results_json",
+    "rss_mb",
+    "run_bench",
+]
 
 log = logging.getLogger("stream.bench")
 
@@ -100,7 +114,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -117,7 +131,7 @@ def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
     return out
 
 
-def _rss_mb(pid: int) -> float | None:
+def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -131,7 +145,7 @@ class SimProcess:
     """`stream llm-sim` as its own OS process, so its work does not share our GIL."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = workdir / "simulator.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -280,7 +294,7 @@ class Tally:
         return False
 
 
-async def _produce(
+async def produce_items(
     bootstrap: str, topic: str, items: list[dict[str, str]], rate: float | None = None
 ) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
@@ -325,6 +339,42 @@ class Bench:
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
 
+    async def deploy(
+        self, window: int, in_flight: int, partitions: int, processes: int
+    ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
+        """Fresh topics and `processes` processor processes (not started yet)."""
+        spec_path = self._spec_file(window, in_flight)
+        prefix = f"bench-{secrets.token_hex(3)}."
+        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
+        settings = Settings(
+            bootstrap_servers=self.bootstrap,
+            topic_prefix=prefix,
+            partitions=partitions,
+            spec=spec_path,
+            data_dir=run_dir / "data",
+        )
+        spec = load_spec(spec_path)
+        await ensure_product_topics(self.bootstrap, settings, spec)
+        outcome_topics = settings.topics.outcome_topics([])
+        outcome_topics = [*activity_topics(settings, spec), *outcome_topics]
+        procs = [
+            ProcessorProcess(
+                {
+                    "STREAM_BOOTSTRAP_SERVERS": self.bootstrap,
+                    "STREAM_TOPIC_PREFIX": prefix,
+                    "STREAM_PARTITIONS": str(partitions),
+                    "STREAM_LLM_BASE_URL": f"{self.sim.url}/v1",
+                    "STREAM_SPEC": str(spec_path),
+                    "STREAM_DATA_DIR": str(run_dir / f"data{k}"),
+                    "STREAM_WEB_PORT": str(free_port()),
+                    "STREAM_LOG_LEVEL": "WARNING",
+                },
+                run_dir / f"processor{k}.log",
+            )
+            for k in range(processes)
+        ]
+        return settings, outcome_topics, procs
+
     async def product(
         self,
         name: str,
@@ -339,48 +389,21 @@ class Bench:
     ) -> Result:
         endpoint = endpoint or self.endpoint
         await self.sim.configure(endpoint)
-        spec_path = self._spec_file(window, in_flight)
-        prefix = f"bench-{secrets.token_hex(3)}."
-        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
-        settings = Settings(
-            bootstrap_servers=self.bootstrap,
-            topic_prefix=prefix,
-            partitions=partitions,
-            spec=spec_path,
-            data_dir=run_dir / "data",
+        settings, outcome_topics, procs = await self.deploy(
+            window, in_flight, partitions, processes
         )
-        spec = load_spec(spec_path)
-        await ensure_product_topics(self.bootstrap, settings, spec)
         load = self.items[: items or len(self.items)]
-        outcome_topics = settings.topics.outcome_topics([])
-        outcome_topics = [*activity_topics(settings, spec), *outcome_topics]
-        procs = [
-            ProcessorProcess(
-                {
-                    "STREAM_BOOTSTRAP_SERVERS": self.bootstrap,
-                    "STREAM_TOPIC_PREFIX": prefix,
-                    "STREAM_PARTITIONS": str(partitions),
-                    "STREAM_LLM_BASE_URL": f"{self.sim.url}/v1",
-                    "STREAM_SPEC": str(spec_path),
-                    "STREAM_DATA_DIR": str(run_dir / f"data{k}"),
-                    "STREAM_WEB_PORT": str(_free_port()),
-                    "STREAM_LOG_LEVEL": "WARNING",
-                },
-                run_dir / f"processor{k}.log",
-            )
-            for k in range(processes)
-        ]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
         try:
             async with Tally(self.bootstrap, outcome_topics) as tally:
                 for proc in procs:
                     proc.start()
                 # One item first: the processors have joined and answer before the clock runs.
-                await _produce(
+                await produce_items(
                     self.bootstrap, settings.topics.input, [{**load[0], "_instance": "w"}]
                 )
                 await tally.wait_for(1, 180, procs)
-                result.rss_start_mb = _rss_mb(procs[0].proc.pid) if procs[0].proc else None
+                result.rss_start_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
                 if paced:
                     rate = 0.5 * _expected_rate(
                         endpoint, window, min(endpoint.concurrency, in_flight * processes)
@@ -388,7 +411,7 @@ class Bench:
                     await self._paced(result, tally, settings.topics.input, rate)
                 before = await self.sim.stats()
                 tally.restart()
-                await _produce(self.bootstrap, settings.topics.input, load)
+                await produce_items(self.bootstrap, settings.topics.input, load)
                 result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
                 after = await self.sim.stats()
                 assert tally.first_at is not None and tally.head is not None
@@ -396,7 +419,7 @@ class Bench:
                 result.items = len(tally.done) - tally.base
                 result.items_per_s = (len(tally.done) - tally.head) / result.seconds
                 self._llm_figures(result, before, after, endpoint, in_flight * processes)
-                result.rss_end_mb = _rss_mb(procs[0].proc.pid) if procs[0].proc else None
+                result.rss_end_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
         finally:
             for proc in procs:
                 proc.stop()
@@ -442,7 +465,7 @@ class Bench:
         seen = set(tally.latency_ms)
         target = len(tally.done) + len(extra)
         started = time.monotonic()
-        await _produce(self.bootstrap, topic, extra, rate)
+        await produce_items(self.bootstrap, topic, extra, rate)
         if await tally.wait_for(target, self.cap_s + self.paced_s, [], since=started):
             result.notes.append("paced phase did not finish in time")
         lat = sorted(v for k, v in tally.latency_ms.items() if k not in seen)
@@ -456,7 +479,7 @@ class Bench:
         prefix = f"bench-{secrets.token_hex(3)}."
         src, dst = prefix + "items", prefix + "copy"
         await ensure_topics(self.bootstrap, [src, dst], partitions)
-        await _produce(self.bootstrap, src, self.items)
+        await produce_items(self.bootstrap, src, self.items)
         consumer = AIOKafkaConsumer(
             src,
             bootstrap_servers=self.bootstrap,
@@ -526,7 +549,7 @@ def bench_spec(path: Path = DEFAULT_SPEC) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _bench(
+async def bench_session(
     bootstrap: str, endpoint: Endpoint, n: int, cap_s: float, paced_s: float, spec: dict[str, Any]
 ) -> AsyncIterator[Bench]:
     with _workdir() as workdir:
@@ -553,7 +576,7 @@ async def run_bench(
 ) -> list[Result]:
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
-    async with _bench(bootstrap, endpoint, items, cap_s, paced_s, spec) as bench:
+    async with bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec) as bench:
         await bench.passthrough(partitions)
         await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))
         in_flight = endpoint.concurrency * 2  # the AIMD ceiling: it finds the account's limit

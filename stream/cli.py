@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from stream.errors import StreamError
 
 if TYPE_CHECKING:
+    from stream.bench import Endpoint
     from stream.settings import Settings
     from stream.spec import AgentSpec
 
@@ -41,6 +42,7 @@ def _process(_: argparse.Namespace) -> int:
     import faust
 
     from stream.context import Messages, load_context
+    from stream.faults import arm
     from stream.logs import json_handler
     from stream.processor import build_app, resolve_api_key
     from stream.topics import ensure_product_topics
@@ -54,6 +56,7 @@ def _process(_: argparse.Namespace) -> int:
         )
 
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    arm(settings.crash_at)  # tests only (fault campaign); unset: every crash point is a no-op
 
     async def prepare() -> tuple[Messages, dict[int, int]]:
         await ensure_product_topics(bootstrap, settings, spec)
@@ -125,10 +128,12 @@ def _bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         tokens_per_minute=args.tpm,
     )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.soak:
+        return _soak(args, endpoint)
     windows = tuple(int(w) for w in args.windows.split(","))
     spec = bench_spec(Path(os.environ["STREAM_SPEC"])) if "STREAM_SPEC" in os.environ else None
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with kafka_bootstrap() as bootstrap:
         results = asyncio.run(
             run_bench(
@@ -148,6 +153,20 @@ def _bench(args: argparse.Namespace) -> int:
     (out / "bench.json").write_bytes(results_json(results))
     for path in plots(results, out):
         print(f"plot: {path}", file=sys.stderr)
+    print(table)
+    return 0
+
+
+def _soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    from stream.broker import kafka_bootstrap
+    from stream.soak import markdown, plot, run_soak
+
+    out = Path(args.out)
+    with kafka_bootstrap() as bootstrap:
+        result = asyncio.run(run_soak(bootstrap, args.soak, endpoint, args.rate))
+    table = markdown(result, "stream bench " + " ".join(sys.argv[2:]))
+    (out / "soak.md").write_text(table)
+    print(f"plot: {plot(result, out / 'soak.png')}", file=sys.stderr)
     print(table)
     return 0
 
@@ -313,6 +332,10 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
+    bn.add_argument(
+        "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
+    )
+    bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")
     bn.set_defaults(fn=_bench)
     c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")

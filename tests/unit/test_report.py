@@ -1,0 +1,52 @@
+"""The bench and soak reports: ratios computed from the results, plots written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stream.bench import Endpoint, Result
+from stream.report import markdown, plots
+from stream.soak import Sample, SoakResult
+from stream.soak import markdown as soak_markdown
+from stream.soak import plot as soak_plot
+
+
+def _results() -> list[Result]:
+    return [
+        Result("aiokafka passthrough", None, 1, 4, 1000, 0.1, 10_000.0),
+        Result("baseline (window 1)", 1, 1, 4, 500, 50.0, 10.0, 1.0, 0.0, 600.0, 60.0, 1.0),
+        Result(
+            "window 50", 50, 1, 4, 1000, 5.0, 200.0, 0.02, 0.0, 75.0, 60.0, 50.0, 210.0, 900, 1200
+        ),
+    ]
+
+
+def test_markdown_reports_ratios_against_baseline_ceiling_and_passthrough() -> None:
+    text = markdown(_results(), Endpoint(), "stream bench --items 1000")
+    row = next(line for line in text.splitlines() if line.startswith("| window 50 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "20.0x"  # 200 / 10 items/s
+    assert cells[4] == "95%"  # 200 of a 210 items/s ceiling
+    assert cells[5] == "2%"  # 200 of 10,000 items/s passthrough
+    assert "requests per item 1/50, prompt tokens per item 1/8.0" in text
+    assert "Command: `stream bench --items 1000`" in text
+
+
+def test_plots_are_png_files(tmp_path: Path) -> None:
+    paths = plots(_results(), tmp_path)
+    assert [p.name for p in paths] == ["bench-throughput.png", "bench-cost.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_soak_growth_compares_the_last_third_with_the_first_after_warm_up(tmp_path: Path) -> None:
+    samples = [
+        Sample(10.0 * k, 100 * k, 10.0, 100.0 + (5.0 if k > 12 else 0.0)) for k in range(1, 19)
+    ]
+    result = SoakResult(180, 10, 1800, 1800, samples)
+    # from the first minute on: 13 samples (60..180 s); thirds of 4: 100 MB, then 105 MB
+    assert result.growth_mb == 5.0
+    text = soak_markdown(result, "stream bench --soak 180")
+    assert "+5.0 MB" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "at s" not in line]
+    assert rows[-1].startswith("| 180 | 1,800 |")  # the last sample is always shown
+    assert soak_plot(result, tmp_path / "soak.png").read_bytes()[:4] == b"\x89PNG"
