@@ -1,0 +1,37 @@
+"""`stream bench` in miniature: the same code path as the README's figures, on few items."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream.bench import Endpoint, run_bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+
+async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
+    bootstrap: str,
+) -> None:
+    results = await run_bench(
+        bootstrap,
+        items=400,
+        partitions=2,
+        windows=(20,),
+        endpoint=Endpoint(latency_ms=150, per_output_token_ms=0.5, concurrency=4),
+        cap_s=20,
+        paced_s=2,
+    )
+    by = {r.name: r for r in results}
+    passthrough, base, win = by["aiokafka passthrough"], by["baseline (window 1)"], by["window 20"]
+    assert passthrough.items == 400 and passthrough.items_per_s > 0
+    assert by["instant simulator, window 50"].items == 400
+    assert win.items == 400 and not win.capped
+    assert base.requests_per_item is not None and win.requests_per_item is not None
+    assert base.requests_per_item >= 1.0  # one call per item, refusals on top
+    assert win.requests_per_item <= 1.25 / 20  # retries included
+    assert base.prompt_per_item and win.prompt_per_item
+    assert win.prompt_per_item < base.prompt_per_item / 4
+    assert win.items_per_s > 2 * base.items_per_s
+    assert win.p50_ms is not None and win.p99_ms is not None and win.p50_ms <= win.p99_ms
+    assert win.ceiling_per_s is not None and win.ceiling_per_s > 0
+    assert base.rss_start_mb and base.rss_end_mb
