@@ -3,11 +3,13 @@
 Additive increase, multiplicative decrease (AIMD), as TCP finds a path's capacity:
 every answered request adds 1/limit (one more slot per round trip) while the endpoint
 is healthy; a 429, a 503 or a timeout cuts the limit to below the level that was
-refused, and a round-trip time that doubles against its long-run average cuts it by a
-fifth. After a cut the limit creeps back ten times slower above the level that failed,
-so an account's hard concurrency limit is probed rarely, not every round trip. A
-retry-after pauses new requests until it has passed. `window.max_in_flight` is the
-ceiling; with `window.adaptive: false` the limit stays there.
+refused, and round trips that take twice their usual time cut it by a fifth. "Usual" is
+kept per answer size (powers of two of the completion tokens): a window of 50 items
+takes longer than one of 5 without anything being wrong. After a cut the limit creeps
+back ten times slower above the level that failed, so an account's hard concurrency
+limit is probed rarely, not every round trip. A retry-after pauses new requests until
+it has passed. `window.max_in_flight` is the ceiling; with `window.adaptive: false` the
+limit stays there.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ log = logging.getLogger("stream.limiter")
 
 _CUT = 0.9  # after a refusal: at most this share of the limit
 _SLOW_CUT = 0.8  # after latency doubled
-_FAST, _SLOW = 0.3, 0.02  # EWMA weights of the short and long round-trip averages
-_WARMUP = 20  # answers before latency may cut: the long average needs them
+_FAST, _SLOW = 0.3, 0.05  # EWMA weights: the slowdown signal, the usual round trip
+_WARMUP = 5  # answers of a size before its usual round trip counts
 
 
 class Limiter:
@@ -45,9 +47,9 @@ class Limiter:
         self._plateau: float | None = None  # the level the endpoint last refused
         self._paused_until = 0.0
         self._last_cut = 0.0
-        self._fast = 0.0
-        self._slow = 0.0
-        self._answers = 0
+        self._rtt = 0.0  # recent round trip, any size: the window for one cut
+        self._usual: dict[int, tuple[int, float]] = {}  # size class -> (answers, seconds)
+        self._slowdown = 1.0  # recent round trips over their size's usual, smoothed
         self._waiters: list[asyncio.Future[None]] = []
         self._on_change = on_change
         if on_change is not None:
@@ -84,18 +86,17 @@ class Limiter:
             if not woken.done():
                 woken.set_result(None)
 
-    def on_success(self, latency_s: float) -> None:
-        self._answers += 1
-        if self._answers == 1:
-            self._fast = self._slow = latency_s
-        else:
-            self._fast += _FAST * (latency_s - self._fast)
-            self._slow += _SLOW * (latency_s - self._slow)
+    def on_success(self, latency_s: float, completion_tokens: int = 0) -> None:
+        self._rtt = latency_s if not self._rtt else self._rtt + _FAST * (latency_s - self._rtt)
+        size = max(completion_tokens, 1).bit_length()
+        seen, usual = self._usual.get(size, (0, latency_s))
+        if seen >= _WARMUP and usual > 0:
+            self._slowdown += _FAST * (latency_s / usual - self._slowdown)
+        self._usual[size] = (seen + 1, usual + (_SLOW if seen else 1.0) * (latency_s - usual))
         if not self.adaptive:
             return
-        slowed = self._answers > _WARMUP and self._fast > 2 * self._slow
-        if slowed and time.monotonic() - self._last_cut > self._fast:
-            self._cut(self.limit * _SLOW_CUT, "round trips doubled")
+        if self._slowdown > 2 and time.monotonic() - self._last_cut > self._rtt:
+            self._cut(self.limit * _SLOW_CUT, "round trips took twice their usual time")
             return
         step = 1.0 / self.limit
         if self._plateau is not None and self.limit + 1 >= self._plateau:
@@ -110,7 +111,7 @@ class Limiter:
         if not self.adaptive:
             return
         # Refusals of one burst arrive together: they are one signal, not several.
-        if now - self._last_cut < max(self._fast, 0.05):
+        if now - self._last_cut < max(self._rtt, 0.05):
             return
         # in_flight counts the refused batch itself: the others are what it bore.
         self._plateau = float(self.in_flight)

@@ -163,7 +163,7 @@ class LLM:
                 await asyncio.sleep(delay)
                 continue
             if self.limiter is not None:
-                self.limiter.on_success(done.latency_s)
+                self.limiter.on_success(done.latency_s, done.completion_tokens)
             if self.listener is not None:
                 self.listener.observe_latency(done.latency_s)
                 if self.failing:

@@ -53,12 +53,15 @@ async def test_retry_after_pauses_new_requests() -> None:
     assert time.monotonic() - started >= 0.25
 
 
-async def test_doubled_latency_cuts_the_limit() -> None:
+async def test_doubled_latency_cuts_the_limit_but_bigger_answers_do_not() -> None:
     limiter = Limiter(16, initial=16)
-    for _ in range(40):
-        limiter.on_success(0.1)
-    for _ in range(5):
-        limiter.on_success(0.6)
+    for _ in range(10):
+        limiter.on_success(0.1, completion_tokens=100)
+    for _ in range(10):  # ten times the tokens, eight times the time: a bigger window
+        limiter.on_success(0.8, completion_tokens=1000)
+    assert limiter.slots == 16 and limiter.cuts == 0
+    for _ in range(5):  # the small answers now take six times as long: congestion
+        limiter.on_success(0.6, completion_tokens=100)
     assert limiter.slots < 16
     assert limiter.cuts >= 1
 
