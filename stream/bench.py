@@ -104,6 +104,7 @@ class Result:
     refused_per_item: float | None = None
     prompt_per_item: float | None = None
     completion_per_item: float | None = None
+    cached_share: float | None = None  # of prompt tokens, as the endpoint reported
     mean_batch: float | None = None
     ceiling_per_s: float | None = None
     p50_ms: float | None = None
@@ -444,6 +445,8 @@ class Bench:
         result.refused_per_item = (delta("requests") - answered) / n
         result.prompt_per_item = delta("prompt_tokens") / n
         result.completion_per_item = delta("completion_tokens") / n
+        if delta("prompt_tokens"):
+            result.cached_share = delta("cached_tokens") / delta("prompt_tokens")
         if answered:
             result.mean_batch = delta("instances") / answered
             if not ep.instant:

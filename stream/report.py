@@ -38,9 +38,9 @@ def markdown(results: list[Result], endpoint: Endpoint, command: str) -> str:
         "per minute (429 with retry-after beyond either).",
         "",
         "| run | items | items/s | vs baseline | vs LLM ceiling | vs passthrough "
-        "| requests/item | refused/item | prompt tok/item | completion tok/item "
+        "| requests/item | refused/item | prompt tok/item | cached | completion tok/item "
         "| mean batch | p50 ms | p99 ms | RSS start→end MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rss = (
@@ -53,7 +53,8 @@ def markdown(results: list[Result], endpoint: Endpoint, command: str) -> str:
             f"| {_pct(r.items_per_s, r.ceiling_per_s)} "
             f"| {_pct(r.items_per_s, passthrough.items_per_s if passthrough else None)} "
             f"| {_f(r.requests_per_item, 4)} | {_f(r.refused_per_item, 4)} "
-            f"| {_f(r.prompt_per_item)} | {_f(r.completion_per_item)} | {_f(r.mean_batch)} "
+            f"| {_f(r.prompt_per_item)} | {_pct(r.cached_share, 1.0)} "
+            f"| {_f(r.completion_per_item)} | {_f(r.mean_batch)} "
             f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} |"
         )
     if base is not None:

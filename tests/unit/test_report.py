@@ -13,10 +13,43 @@ from stream.soak import plot as soak_plot
 
 def _results() -> list[Result]:
     return [
-        Result("aiokafka passthrough", None, 1, 4, 1000, 0.1, 10_000.0),
-        Result("baseline (window 1)", 1, 1, 4, 500, 50.0, 10.0, 1.0, 0.0, 600.0, 60.0, 1.0),
         Result(
-            "window 50", 50, 1, 4, 1000, 5.0, 200.0, 0.02, 0.0, 75.0, 60.0, 50.0, 210.0, 900, 1200
+            "aiokafka passthrough",
+            None,
+            items=1000,
+            seconds=0.1,
+            items_per_s=10_000.0,
+            processes=1,
+            partitions=4,
+        ),
+        Result(
+            "baseline (window 1)",
+            1,
+            items=500,
+            seconds=50.0,
+            items_per_s=10.0,
+            requests_per_item=1.0,
+            prompt_per_item=600.0,
+            completion_per_item=60.0,
+            processes=1,
+            partitions=4,
+        ),
+        Result(
+            "window 50",
+            50,
+            items=1000,
+            seconds=5.0,
+            items_per_s=200.0,
+            requests_per_item=0.02,
+            prompt_per_item=75.0,
+            cached_share=0.5,
+            completion_per_item=60.0,
+            mean_batch=50.0,
+            ceiling_per_s=210.0,
+            p50_ms=900,
+            p99_ms=1200,
+            processes=1,
+            partitions=4,
         ),
     ]
 
@@ -28,6 +61,7 @@ def test_markdown_reports_ratios_against_baseline_ceiling_and_passthrough() -> N
     assert cells[3] == "20.0x"  # 200 / 10 items/s
     assert cells[4] == "95%"  # 200 of a 210 items/s ceiling
     assert cells[5] == "2%"  # 200 of 10,000 items/s passthrough
+    assert cells[9] == "50%"  # of the prompt tokens were cached
     assert "requests per item 1/50, prompt tokens per item 1/8.0" in text
     assert "Command: `stream bench --items 1000`" in text
 
