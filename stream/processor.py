@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from stream.advice import Consensus, gate, summarise
 from stream.context import ContextFollower, Messages, apply_context
 from stream.errors import BadRecord, SpecError
+from stream.faults import crash_point
 from stream.intake import parse_item
 from stream.limiter import Limiter
 from stream.llm import LLM
@@ -300,6 +301,7 @@ class Pipeline:
     ) -> None:
         try:
             records = await self._outcome_records(batch_id, items)
+            crash_point("after_llm")  # tests only: STREAM_CRASH_AT (stream/faults.py)
             if previous is not None:
                 # Publish in batch order so each instance's outputs keep its input order.
                 await asyncio.shield(previous)
@@ -316,6 +318,7 @@ class Pipeline:
                     extra={"batch_id": batch_id},
                 )
                 await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
+            crash_point("after_publish")  # tests only: published, not yet acked for commit
             for item in items:
                 self._queued_turns.discard(item.instance.id)
                 if item.entry is not None:

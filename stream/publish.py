@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream.errors import StreamError
+from stream.faults import armed, crash_point
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
@@ -79,6 +80,11 @@ class Publisher:
                     )
                 except KafkaError as exc:
                     futures.append(_failed(exc))
+                if len(futures) == 1 < len(todo) and armed("mid_publish"):
+                    # Tests only: the first record acknowledged, the rest not yet sent.
+                    if asyncio.isfuture(futures[0]):  # a failed send is awaited below
+                        await asyncio.wait([futures[0]])
+                    crash_point("mid_publish")
             for result in await asyncio.gather(*futures, return_exceptions=True):
                 outcomes.append(result if isinstance(result, BaseException) else None)
             first = next((i for i, err in enumerate(outcomes) if err is not None), None)

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream.faults import parse
 
 __all__ = ["DEFAULT_SPEC", "Settings", "Topics"]
 
@@ -82,6 +84,19 @@ class Settings(BaseSettings):
     web_port: int = Field(
         6066, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and the page"
     )
+
+    crash_at: str | None = Field(
+        None,
+        description="Tests only: [raise:]POINT:N kills (or raises in) the processor at the "
+        "N-th pass of a crash point (stream/faults.py); unset in production",
+    )
+
+    @field_validator("crash_at")
+    @classmethod
+    def _crash_point_known(cls, value: str | None) -> str | None:
+        if value:
+            parse(value)  # a misspelt point would silently never fire
+        return value or None
 
     @property
     def topics(self) -> Topics:

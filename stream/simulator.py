@@ -13,6 +13,7 @@ text that force a per-instance fault deterministically:
 includes the item, so only splitting the batch can isolate it), and for advisors
 `[[sim:consult]]` (asks the first on-demand advisor), `[[sim:disagree]]` (the council
 votes against the decision) and `[[sim:bad-votes]]` (malformed inline JSON).
+`[[sim:slow=SECONDS]]` delays the answer of every request that contains the item.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _SPAM = re.compile(
     re.IGNORECASE,
 )
 _MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
+_SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 
 
 class Faults(BaseModel):
@@ -511,6 +513,9 @@ class Simulator:
             )
         if fault == "hang":
             await asyncio.sleep(self.config.faults.hang_s)
+        slow = _SLOW.findall(orjson.dumps(req.items).decode())
+        if slow:  # a slow batch, while later batches answer at the usual pace
+            await asyncio.sleep(max(map(float, slow)))
         content = self.answer(req)
         finish = "stop"
         if fault == "malformed":
