@@ -10,9 +10,29 @@ from stream.errors import BadRecord
 from stream.models import SourcePosition
 from stream.prompt import Instance
 
-__all__ = ["parse_item"]
+__all__ = ["MAX_DEPTH", "parse_item"]
 
 _MAX_ID = 512
+# orjson reads JSON nested up to 1024 levels but writes at most 254, and every request,
+# call record and state write re-serialises the item one or two levels deeper: a
+# deeper item would fail its whole batch at the prompt. Real data stays far below this.
+MAX_DEPTH = 100
+
+
+def _depth_over(value: bytes, payload: Any, limit: int) -> bool:
+    # Fewer brackets than the limit cannot nest deeper: the common case costs two scans.
+    if value.count(b"[") + value.count(b"{") <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > limit:
+            return True
+        if isinstance(node, dict):
+            stack += [(v, level + 1) for v in node.values() if isinstance(v, dict | list)]
+        elif isinstance(node, list):
+            stack += [(v, level + 1) for v in node if isinstance(v, dict | list)]
+    return False
 
 
 def parse_item(
@@ -29,6 +49,10 @@ def parse_item(
         raise BadRecord("not_json", f"record value is not JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise BadRecord("not_object", f"record is JSON {type(payload).__name__}, not an object")
+    if _depth_over(value, payload, MAX_DEPTH):
+        raise BadRecord(
+            "too_large", f"record nests objects and arrays more than {MAX_DEPTH} levels deep"
+        )
     instance = payload.pop("_instance", None)
     if instance is None and key is not None:
         instance = key.decode("utf-8", "replace")

@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from stream.errors import BadRecord
-from stream.intake import parse_item
+from stream.intake import MAX_DEPTH, parse_item
 from stream.models import SourcePosition
 from stream.settings import DEFAULT_SPEC
 from stream.spec import AgentSpec, load_spec
@@ -103,6 +103,28 @@ def test_bad_records_say_why(value: bytes | None, key: bytes | None, code: str) 
     with pytest.raises(BadRecord) as err:
         parse_item(value, key, SRC, max_bytes=256)
     assert err.value.code == code
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1, 300, 1000])
+@pytest.mark.parametrize(("opening", "closing"), [(b"[", b"]"), (b'{"n": ', b"}")])
+def test_nesting_deeper_than_the_limit_is_too_large(
+    depth: int, opening: bytes, closing: bytes
+) -> None:
+    """orjson writes at most 254 levels: a deeper item would fail its batch's prompt."""
+    inner = opening * (depth - 1) + b"0" + closing * (depth - 1)  # plus the record's own {}
+    value = b'{"_instance": "d", "v": ' + inner + b"}"
+    if depth <= MAX_DEPTH:
+        inst = parse_item(value, None, SRC, 1_000_000)
+        assert orjson.dumps([{"wrapped": [inst.payload]}])  # the prompt can still write it
+        return
+    with pytest.raises(BadRecord, match=f"more than {MAX_DEPTH} levels") as err:
+        parse_item(value, None, SRC, 1_000_000)
+    assert err.value.code == "too_large"
+
+
+def test_many_brackets_in_strings_are_not_nesting() -> None:
+    value = orjson.dumps({"_instance": "s", "text": "[" * 500 + "{" * 500})
+    assert parse_item(value, None, SRC, 1_000_000).id == "s"
 
 
 def test_instance_id_from_field_else_key() -> None:
