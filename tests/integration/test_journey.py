@@ -42,28 +42,24 @@ async def test_publish_a_jsonl_file_and_read_the_decisions(deploy: Deploy, tmp_p
     assert audited.returncode == 0 and "missing=0" in audited.stdout
 
 
-async def test_stream_audit_on_a_finished_demo_prints_missing_0(bootstrap: str) -> None:
-    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
-    demo = await asyncio.to_thread(
+async def _stream(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "stream", "demo", "--items", "60", "--json"],
+        [sys.executable, "-m", "stream", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=150,
         check=False,
     )
+
+
+async def test_stream_audit_on_a_finished_demo_prints_missing_0(bootstrap: str) -> None:
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    demo = await _stream(env, "demo", "--items", "60", "--json")
     assert demo.returncode == 0, demo.stderr[-2000:]
     result = orjson.loads(demo.stdout.strip().splitlines()[-1])
     assert result["unaccounted"] == 0 and "missing=0" in result["audit"]
-    audited = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "stream", "--topic-prefix", result["topics_prefix"], "audit"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    audited = await _stream(env, "--topic-prefix", result["topics_prefix"], "audit")
     assert audited.returncode == 0, audited.stderr[-2000:]
     assert "inputs=60 " in audited.stdout and "missing=0" in audited.stdout
