@@ -1,0 +1,339 @@
+"""The fault campaign's chaos scenarios (issue 5: 1, 2, 3 and 5), each against a real
+Apache Kafka broker and a processor that is a real OS process.
+
+1. kill -9 at chosen pipeline points (STREAM_CRASH_AT, stream/faults.py), many runs;
+2. a slow earlier batch and a fast later batch of one partition in flight, then kill -9;
+3. an exception inside the batch body;
+5. the broker restarted, cleanly and with kill -9, while items flow.
+
+Each checks conservation with the shared auditor (`stream audit`): every item ends as a
+call, a no-action or a dead letter, and a redone batch repeats its `call_id`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from stream.audit import AuditReport
+from stream.broker import LocalKafka
+from stream.demo import ProcessorProcess, launch_processor
+from stream.settings import Settings
+from stream.simulator import Faults, Simulator
+from tests.conftest import Deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+
+Deploy = Callable[..., Awaitable[Deployment]]
+KILL_POINTS = ("after_llm", "mid_publish", "after_publish")
+# Scenario 1: runs (each a kill at a random pass of one point) and items per run. Each
+# restart waits out the dead member's session (6 s), which dominates a run's time; CI
+# keeps to two runs per point, STREAM_CHAOS_RUNS asks for more.
+RUNS = int(os.environ.get("STREAM_CHAOS_RUNS") or 6)
+PER_RUN = 100
+
+
+def _items(n: int, tag: str, extra: str = "") -> list[dict[str, Any]]:
+    return [
+        {"_instance": f"{tag}-{i:04d}", "comment": f"Thanks, a useful note {tag} {i}. {extra}"}
+        for i in range(n)
+    ]
+
+
+def _seed() -> int:
+    """Random per session so runs cover different moments; printed to replay a failure."""
+    seed = int(os.environ.get("STREAM_CHAOS_SEED") or secrets.randbits(32))
+    print(f"chaos seed {seed} (replay: STREAM_CHAOS_SEED={seed})")
+    return seed
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _committed(bootstrap: str, settings: Settings) -> dict[int, int]:
+    """The processors' committed offsets on the input topic, by partition."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.app_id)
+    finally:
+        await admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == settings.topics.input and meta.offset >= 0
+    }
+
+
+async def _exit_code(proc: ProcessorProcess, wait_s: float) -> int | None:
+    assert proc.proc is not None
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    return proc.proc.poll()
+
+
+async def _calls(dep: Deployment) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for tool in ("moderateComment", "notifyAuthor"):
+        out += await dep.records(dep.activity_topic(tool))
+    return out
+
+
+def _same_call_same_item(calls: list[dict[str, Any]]) -> None:
+    """A call_id names one item's call: every copy has its instance and source."""
+    seen: dict[str, tuple[str, int, int]] = {}
+    for rec in calls:
+        src = rec["source"]
+        where = (rec["instance"], src["partition"], src["offset"])
+        assert seen.setdefault(rec["call_id"], where) == where, rec["call_id"]
+
+
+def _assert_conserved(report: AuditReport) -> None:
+    assert report.unaccounted == 0, (report.summary(), report.missing[:5])
+    assert report.unexpected == 0
+    assert report.item_dead_letters == 0, report.dead_letters
+
+
+# ----------------------------------------------------------------------------- 1
+
+
+async def test_kill_9_at_chosen_points_loses_nothing(deploy: Deploy) -> None:
+    rng = random.Random(_seed())
+    plan = [(KILL_POINTS[k % len(KILL_POINTS)], rng.randint(1, 4)) for k in range(RUNS)]
+    print(f"kill plan (point, pass): {plan}")
+    dep = await deploy(STREAM_CRASH_AT=f"{plan[0][0]}:{plan[0][1]}")
+    # Slower answers keep several batches in flight, so a kill also catches the others
+    # at different stages.
+    dep.sim.config.latency_ms = 150
+    produced = 0
+    before: Counter[str] = Counter()
+    last_commit: dict[int, int] = {}
+    for run, (point, nth) in enumerate(plan):
+        if run:
+            dep.proc.env["STREAM_CRASH_AT"] = f"{point}:{nth}"
+            dep.proc.start()  # the same group: it redoes what the dead one left open
+        await dep.produce_items(_items(PER_RUN, f"r{run}"))
+        produced += PER_RUN
+        code = await _exit_code(dep.proc, 90)
+        assert code == -signal.SIGKILL, f"run {run}: {point}:{nth} never fired\n{dep.proc.tail()}"
+        fired = dep.proc.log_path.read_text(errors="replace").count("fault injection: SIGKILL at")
+        assert fired == run + 1
+        assert f"SIGKILL at {point} (hit {nth})" in dep.proc.tail(400)
+        commit = await _committed(dep.bootstrap, dep.settings)
+        calls = await _calls(dep)
+        now = Counter(rec["call_id"] for rec in calls)
+        # What the previous kill left uncommitted may be redone; nothing committed is.
+        redone = {cid for cid in before if now[cid] > before[cid]}
+        if run:
+            for rec in calls:
+                if rec["call_id"] in redone:
+                    src = rec["source"]
+                    assert src["offset"] >= last_commit.get(src["partition"], 0), rec["call_id"]
+            print(f"run {run - 1} ({plan[run - 1]}): {len(redone)} calls redone after the kill")
+            if plan[run - 1][0] != "after_llm":
+                # Killed with part or all of a batch published: its redo repeats those ids.
+                assert redone, f"nothing redone after a kill at {plan[run - 1]}"
+        before, last_commit = now, commit
+    dep.proc.env.pop("STREAM_CRASH_AT")
+    dep.proc.start()
+    report = await dep.settle(produced, wait_s=120)
+    _assert_conserved(report)
+    calls = await _calls(dep)
+    _same_call_same_item(calls)
+    final = Counter(rec["call_id"] for rec in calls)
+    redone = {cid for cid in before if final[cid] > before[cid]}
+    for rec in calls:
+        if rec["call_id"] in redone:
+            assert rec["source"]["offset"] >= last_commit.get(rec["source"]["partition"], 0)
+    if plan[-1][0] != "after_llm":
+        assert redone
+    moderated = {r["instance"] for r in calls if r["tool"] == "moderateComment"}
+    assert moderated == {f"r{k}-{i:04d}" for k in range(RUNS) for i in range(PER_RUN)}
+    assert report.duplicate_calls == sum(final.values()) - len(final)
+
+
+# ----------------------------------------------------------------------------- 2
+
+
+async def test_slow_earlier_batch_holds_the_commit_and_is_redone_after_kill_9(
+    deploy: Deploy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One partition: the slow and the fast batch are the same partition's records.
+    monkeypatch.setenv("STREAM_PARTITIONS", "1")
+    dep = await deploy()
+    assert dep.settings.partitions == 1
+    await dep.produce_items(_items(10, "pre"))
+    await dep.settle(10)
+    for _ in range(60):  # the prefix is done and committed
+        if (await _committed(dep.bootstrap, dep.settings)).get(0) == 10:
+            break
+        await asyncio.sleep(0.25)
+    slow_s = 10.0
+    await dep.produce_items(_items(2, "slow", f"[[sim:slow={slow_s:g}]]"))  # offsets 10, 11
+    sent = time.monotonic()
+    await asyncio.sleep(1.0)  # its window closed: the slow request is at the model
+    answered = dep.sim.stats["completions"]
+    await dep.produce_items(_items(20, "fast"))  # offsets 12..31, answered at once
+    seen: set[int] = set()
+    while time.monotonic() - sent < slow_s - 5:
+        seen.add((await _committed(dep.bootstrap, dep.settings)).get(0, 0))
+        await asyncio.sleep(0.2)
+    assert dep.sim.stats["completions"] > answered, "the later batch was not answered meanwhile"
+    assert seen == {10}, f"the commit moved past the slow batch at offset 10: {seen}"
+    dep.proc.kill()  # while the slow batch is still at the model
+    assert time.monotonic() - sent < slow_s
+    assert (await _committed(dep.bootstrap, dep.settings)).get(0) == 10
+    first = await _calls(dep)
+    assert not any(r["instance"].startswith(("slow-", "fast-")) for r in first)
+    dep.proc.start()
+    report = await dep.settle(32, wait_s=90)
+    _assert_conserved(report)
+    # The committed prefix was not redone; the slow batch was, by the new process.
+    assert report.duplicate_calls == 0
+    calls = [r for r in await _calls(dep) if r["tool"] == "moderateComment"]
+    workers = {r["instance"].split("-")[0]: r["batch"]["id"].split("-")[0] for r in calls}
+    assert workers["slow"] != workers["pre"] and workers["fast"] != workers["pre"]
+    assert {r["instance"] for r in calls} >= {"slow-0000", "slow-0001"}
+
+
+# ----------------------------------------------------------------------------- 3
+
+
+async def test_exception_in_the_guarded_batch_body_is_retried(deploy: Deploy) -> None:
+    dep = await deploy(STREAM_CRASH_AT="raise:solved:1")
+    await dep.produce_items(_items(30, "retry"))
+    report = await dep.settle(30, wait_s=60)
+    _assert_conserved(report)
+    log = dep.proc.tail(2000)
+    assert "fault injection: raising at solved (hit 1)" in log
+    assert "failed (try 1 of 3)" in log  # the batch was asked again, not acked
+    assert dep.proc.proc is not None and dep.proc.proc.poll() is None
+    calls = [r for r in await _calls(dep) if r["tool"] == "moderateComment"]
+    assert sorted(r["instance"] for r in calls) == [f"retry-{i:04d}" for i in range(30)]
+
+
+async def test_exception_that_keeps_failing_dead_letters_with_the_error(deploy: Deploy) -> None:
+    dep = await deploy(STREAM_CRASH_AT="raise:solved:1+")
+    await dep.produce_items(_items(12, "broken"))
+    report = await dep.settle(12, wait_s=60)
+    assert report.unaccounted == 0 and report.unexpected == 0
+    assert report.item_dead_letters == 12
+    assert sum(report.calls_by_tool.values()) == 0  # nothing of a failed batch is published
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    assert {d["code"] for d in letters} == {"internal_error"}
+    assert all("injected fault at solved" in d["reason"] for d in letters)
+    assert sorted(d["instance"] for d in letters) == [f"broken-{i:04d}" for i in range(12)]
+
+
+async def test_exception_after_the_answer_acks_nothing_of_its_batch(deploy: Deploy) -> None:
+    """Past the retry guard (publishing, finishing offsets) an exception must not ack the
+    batch: the commit stays below it, and a restart redoes it."""
+    dep = await deploy(STREAM_CRASH_AT="raise:after_llm:1")
+    await dep.produce_items(_items(60, "late"))
+    await asyncio.sleep(5)  # later batches finish and try to commit meanwhile
+    assert "fault injection: raising at after_llm (hit 1)" in dep.proc.tail(2000)
+    stuck = await dep.settle(60, wait_s=0)
+    commit = await _committed(dep.bootstrap, dep.settings)
+    lowest: dict[int, int] = {}
+    for _, part, off in stuck.missing:
+        lowest[part] = min(off, lowest.get(part, off))
+    for part, off in lowest.items():
+        assert commit.get(part, 0) <= off, (part, commit, off)
+    dep.proc.stop()  # a clean stop commits what is done, and no further
+    assert await _committed(dep.bootstrap, dep.settings) == commit
+    dep.proc.env.pop("STREAM_CRASH_AT")
+    dep.proc.start()
+    _assert_conserved(await dep.settle(60, wait_s=90))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: an exception in Pipeline._run after _outcome_records (publish, "
+    "finishing offsets) ends the batch task silently; its items are neither retried nor "
+    "dead-lettered, and their partitions stop committing until the process restarts",
+)
+async def test_exception_after_the_answer_is_retried_in_place(deploy: Deploy) -> None:
+    dep = await deploy(STREAM_CRASH_AT="raise:after_llm:1")
+    await dep.produce_items(_items(30, "inplace"))
+    report = await dep.settle(30, wait_s=12)  # a retry takes about a second
+    assert report.unaccounted == 0, report.summary()
+
+
+# ----------------------------------------------------------------------------- 5
+
+
+async def _published_at_least(dep: Deployment, n: int, wait_s: float) -> int:
+    deadline = time.monotonic() + wait_s
+    count = 0
+    while time.monotonic() < deadline:
+        count = len(await dep.records(dep.activity_topic("moderateComment")))
+        if count >= n:
+            break
+        await asyncio.sleep(0.1)
+    return count
+
+
+async def test_broker_restart_clean_and_kill_9_loses_nothing(
+    simulator: tuple[Simulator, str], tmp_path: Path
+) -> None:
+    sim, url = simulator
+    # Slow answers: batches are still in flight, and publishes pending, when it goes down.
+    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 1000.0})
+    broker = LocalKafka(data_dir=tmp_path / "kafka")  # its data survives each restart
+    await asyncio.to_thread(broker.start)
+    proc: ProcessorProcess | None = None
+    try:
+        settings, spec, proc = await launch_processor(
+            broker.bootstrap,
+            url,
+            f"b{secrets.token_hex(3)}.",
+            "stream-chaos-",
+            STREAM_COMMIT_INTERVAL="0.5",
+            STREAM_WEB_HOST="127.0.0.1",
+            STREAM_WEB_PORT=str(_free_port()),
+            STREAM_SESSION_TIMEOUT_S="6",
+        )
+        dep = Deployment(broker.bootstrap, settings, spec, sim, proc)
+        assert proc.proc is not None
+        pid, total = proc.proc.pid, 0
+        for how in ("sigterm", "kill-9"):
+            await dep.produce_items(_items(200, f"{how}-before"))
+            total += 200
+            published = await _published_at_least(dep, total - 200 + 25, 60)
+            assert published < total, "everything was published before the broker went down"
+            await asyncio.to_thread(broker.stop if how == "sigterm" else broker.kill)
+            await asyncio.sleep(3)  # the processor meets a missing broker mid-publish
+            await asyncio.to_thread(broker.start)
+            assert proc.proc.poll() is None, f"processor died with the broker\n{proc.tail()}"
+            await dep.produce_items(_items(50, f"{how}-after"))  # must flow: no stall
+            total += 50
+            report = await dep.settle(total, wait_s=150)
+            print(f"after the {how} restart: {report.summary()}")
+            _assert_conserved(report)
+            calls = [r for r in await _calls(dep) if r["tool"] == "moderateComment"]
+            assert {f"{how}-after-{i:04d}" for i in range(50)} <= {r["instance"] for r in calls}
+            _same_call_same_item(calls)
+        assert proc.proc.pid == pid and proc.proc.poll() is None  # reconnected, not restarted
+    finally:
+        if proc is not None:
+            proc.stop()
+            print(f"--- processor log (tail) ---\n{proc.tail(30)}")
+        await asyncio.to_thread(broker.stop)
