@@ -97,7 +97,15 @@ def _llm_sim(args: argparse.Namespace) -> int:
 
     from stream.simulator import SimConfig, Simulator
 
-    sim = Simulator(SimConfig(latency_ms=args.latency_ms))
+    sim = Simulator(
+        SimConfig(
+            latency_ms=args.latency_ms,
+            per_output_token_ms=args.ms_per_token,
+            jitter=args.jitter,
+            max_concurrency=args.max_concurrency,
+            tokens_per_minute=args.tpm,
+        )
+    )
     print(f"LLM SIMULATOR (not a model) on http://{args.host}:{args.port}/v1", flush=True)
     web.run_app(sim.app(), host=args.host, port=args.port, print=None, handler_cancellation=True)
     return 0
@@ -319,7 +327,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("llm-sim", help="run the OpenAI-compatible LLM simulator")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--latency-ms", type=float, default=0.0)
+    s.add_argument("--latency-ms", type=float, default=0.0, help="fixed latency per request")
+    s.add_argument("--ms-per-token", type=float, default=0.0, help="latency per output token")
+    s.add_argument("--jitter", type=float, default=0.0, help="latency varies by this share")
+    s.add_argument("--max-concurrency", type=int, default=0, help="429 beyond (0: no limit)")
+    s.add_argument("--tpm", type=int, default=0, help="tokens per minute, 429 beyond (0: none)")
     s.set_defaults(fn=_llm_sim)
     bn = sub.add_parser("bench", help="measure windows against the per-item baseline, one run")
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")

@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
@@ -155,6 +155,8 @@ class Pipeline:
         self.stats: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_publish: asyncio.Future[None] | None = None
+        # Set by the app: crashes the worker so the group redelivers (see _run).
+        self.on_fatal: Callable[[BaseException], Awaitable[None]] | None = None
 
     def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
         """Takes a new spec (from the context topic); batches in flight finish as asked."""
@@ -301,33 +303,77 @@ class Pipeline:
     ) -> None:
         try:
             records = await self._outcome_records(batch_id, items)
-            crash_point("after_llm")  # tests only: STREAM_CRASH_AT (stream/faults.py)
             if previous is not None:
                 # Publish in batch order so each instance's outputs keep its input order.
                 await asyncio.shield(previous)
-            # Items of partitions revoked meanwhile are being redone by their new owner.
-            gone = {_position(i.instance.source) for i in items if i.entry and i.entry.dropped}
-            records = [r for r in records if r.origin not in gone]
-            try:
-                await self.publisher.publish(records)
-            except PublishError as exc:
-                log.error(
-                    "batch %s: %s; dead-lettering its items",
-                    batch_id,
-                    exc.message,
-                    extra={"batch_id": batch_id},
-                )
-                await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
-            crash_point("after_publish")  # tests only: published, not yet acked for commit
-            for item in items:
-                self._queued_turns.discard(item.instance.id)
-                if item.entry is not None:
-                    self.ledger.finish(item.entry)
+            await self._deliver(batch_id, items, records)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every fallback failed: never let a batch end unseen
+            # Its items would hold their partitions' commits forever while the worker
+            # looked healthy. Crash instead: the group redoes them from the last commit.
+            log.critical(
+                "batch %s could not be delivered, stopping the worker: %r",
+                batch_id,
+                exc,
+                extra={"batch_id": batch_id},
+            )
+            if self.on_fatal is None:
+                raise
+            await self.on_fatal(exc)
         finally:
             if not turn.done():
                 turn.set_result(None)
             self.limiter.release()
             self.metrics.batch_ended()
+
+    async def _deliver(self, batch_id: str, items: list[_Item], records: list[OutRecord]) -> None:
+        """Publishes a batch's outcomes, then acks its items. An unexpected error is
+        retried; after the last try the items are dead-lettered with it instead."""
+        error: Exception | None = None
+        for attempt in range(1, _BATCH_TRIES + 1):
+            try:
+                crash_point("after_llm")  # tests only: STREAM_CRASH_AT (stream/faults.py)
+                # Items of partitions revoked meanwhile are being redone by their new owner.
+                gone = {_position(i.instance.source) for i in items if i.entry and i.entry.dropped}
+                await self._publish_or_dead_letter(
+                    batch_id, items, [r for r in records if r.origin not in gone]
+                )
+                crash_point("after_publish")  # tests only: published, not yet acked
+                error = None
+                break
+            except Exception as exc:  # a bug must cost a retry, never an item
+                log.exception(
+                    "batch %s: delivering failed (try %d of %d)",
+                    batch_id,
+                    attempt,
+                    _BATCH_TRIES,
+                    extra={"batch_id": batch_id},
+                )
+                error = exc
+                await asyncio.sleep(0.5 * attempt)
+        if error is not None:
+            await self.publisher.publish(
+                self._internal_errors(batch_id, items, error, _BATCH_TRIES)
+            )
+        for item in items:
+            self._queued_turns.discard(item.instance.id)
+            if item.entry is not None:
+                self.ledger.finish(item.entry)
+
+    async def _publish_or_dead_letter(
+        self, batch_id: str, items: list[_Item], records: list[OutRecord]
+    ) -> None:
+        try:
+            await self.publisher.publish(records)
+        except PublishError as exc:  # the broker refuses them for good (e.g. too large)
+            log.error(
+                "batch %s: %s; dead-lettering its items",
+                batch_id,
+                exc.message,
+                extra={"batch_id": batch_id},
+            )
+            await self.publisher.publish(self._internal_errors(batch_id, items, exc, 1))
 
     async def _outcome_records(self, batch_id: str, items: list[_Item]) -> list[OutRecord]:
         """Solves the batch; an unexpected error retries it, then dead-letters its items
@@ -825,5 +871,6 @@ def build_app(
 
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
+    pipeline.on_fatal = app.crash
     app.pipeline = pipeline  # type: ignore[attr-defined]
     return app

@@ -25,7 +25,7 @@ import random
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from stream.state import read_path
+from stream.tokenizer import estimate_tokens
 
 __all__ = ["Faults", "SimConfig", "SimRequest", "Simulator", "running_simulator", "serve"]
 
@@ -68,8 +69,15 @@ class Faults(BaseModel):
 
 
 class SimConfig(BaseModel):
+    """How the simulated endpoint behaves: latency like a real one (a fixed part plus a
+    part per output token), and an account's limits (0: none)."""
+
     latency_ms: float = 0.0
     per_output_token_ms: float = 0.0
+    jitter: float = Field(0.0, ge=0, le=1, description="latency varies by up to this share")
+    max_concurrency: int = Field(0, ge=0, description="requests at once; more get a 429")
+    tokens_per_minute: int = Field(0, ge=0, description="prompt + completion tokens per 60 s")
+    limit_retry_after_s: float = Field(0.25, ge=0, description="retry-after of a busy 429")
     seed: int = 7
     faults: Faults = Field(default_factory=Faults)
 
@@ -123,6 +131,8 @@ class Simulator:
         self._seen_prefixes: set[bytes] = set()
         self._seen_skip_once: set[str] = set()
         self._predict: Any = None
+        self._active = 0  # requests being answered now
+        self._spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last 60 s
         self._scores: dict[str, float] = {}
 
     # -- the model's "judgement" --------------------------------------------------
@@ -464,6 +474,37 @@ class Simulator:
         return orjson.dumps(self.solve(req)).decode()
 
     # -- HTTP ----------------------------------------------------------------------
+    def _over_limit(self, tokens: int) -> web.Response | None:
+        """A 429 as an account gives one: too many requests at once, or the tokens of the
+        last minute plus this request over the budget (retry-after: when enough frees)."""
+        cfg = self.config
+        if cfg.max_concurrency and self._active >= cfg.max_concurrency:
+            self.stats["refused_concurrency"] += 1
+            return _refuse(
+                "too many concurrent requests (simulated limit)", cfg.limit_retry_after_s
+            )
+        if not cfg.tokens_per_minute:
+            return None
+        now = time.monotonic()
+        while self._spent and self._spent[0][0] <= now - 60:
+            self._spent.popleft()
+        used = sum(n for _, n in self._spent)
+        if used + tokens > cfg.tokens_per_minute:
+            self.stats["refused_tpm"] += 1
+            freed, wait = 0, 60.0
+            for at, n in self._spent:
+                freed += n
+                if used - freed + tokens <= cfg.tokens_per_minute:
+                    wait = at + 60 - now
+                    break
+            return _refuse(
+                "tokens per minute exceeded (simulated limit)",
+                max(wait, 0.05),
+                remaining=max(0, cfg.tokens_per_minute - used),
+            )
+        self._spent.append((now, tokens))
+        return None
+
     def _request_fault(self) -> str | None:
         f = self.config.faults
         if f.next:
@@ -522,14 +563,23 @@ class Simulator:
             content = content[: len(content) // 2].replace('"', "'", 3) + "}}oops"
         elif fault == "truncated":
             content, finish = content[: len(content) // 2], "length"
-        prompt_tokens = sum(len(m["content"]) for m in messages) // 4 + 1
-        completion_tokens = len(content) // 4 + 1
+        prompt_tokens = sum(estimate_tokens(m["content"]) for m in messages) + 3 * len(messages)
+        completion_tokens = estimate_tokens(content)
+        refusal = self._over_limit(prompt_tokens + completion_tokens)
+        if refusal is not None:
+            return refusal
         prefix = hashlib.blake2b(req.system.encode(), digest_size=16).digest()
-        cached = len(req.system) // 4 if prefix in self._seen_prefixes else 0
+        cached = estimate_tokens(req.system) if prefix in self._seen_prefixes else 0
         self._seen_prefixes.add(prefix)
         delay = self.config.latency_ms + self.config.per_output_token_ms * completion_tokens
-        if delay:
-            await asyncio.sleep(delay / 1000)
+        delay *= 1 + self.config.jitter * (2 * self.rng.random() - 1)
+        self._active += 1
+        self.stats["max_concurrency_seen"] = max(self.stats["max_concurrency_seen"], self._active)
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay / 1000)
+        finally:
+            self._active -= 1
         self.stats["completions"] += 1
         self.stats["instances"] += len(req.items)
         self.stats["prompt_tokens"] += prompt_tokens
@@ -596,6 +646,15 @@ class Simulator:
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
         return app
+
+
+def _refuse(message: str, retry_after: float, remaining: int | None = None) -> web.Response:
+    headers = {"retry-after": f"{retry_after:.2f}"}
+    if remaining is not None:
+        headers["x-ratelimit-remaining-tokens"] = str(remaining)
+    return web.json_response(
+        {"error": {"message": message, "type": "rate_limit"}}, status=429, headers=headers
+    )
 
 
 async def serve(sim: Simulator, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -106,3 +106,22 @@ async def test_oversized_record_dead_letter_keeps_a_capped_copy() -> None:
     (letter,) = _decoded(pub, "deadletter")
     assert letter["code"] == "too_large" and letter["raw_size"] > 5000
     assert acked == [(0, 0)]
+
+
+async def test_a_batch_that_cannot_be_delivered_at_all_crashes_the_worker() -> None:
+    pipe, pub = _pipeline()
+    crashed: list[BaseException] = []
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    async def refuse(records: list[Any]) -> None:
+        raise RuntimeError("the publisher is broken")
+
+    pipe.on_fatal = crash
+    pub.publish = refuse  # type: ignore[method-assign]
+    acked: list[Any] = []
+    await _feed(pipe, [(0, i, _item(i)) for i in range(3)], acked)
+    # Retried, then dead-lettering failed too: nothing acked, the worker told to crash.
+    assert acked == []
+    assert len(crashed) == 1 and "the publisher is broken" in repr(crashed[0])
