@@ -213,14 +213,14 @@ class Tally:
         self.last_at = 0.0
         self.latency_ms: dict[tuple[int, int], float] = {}
         self.base = 0  # outcomes before the clock (re)started
-        self.head: int | None = None  # outcomes counted with the first one after it
+        self.progress: list[tuple[float, int]] = []  # (when, outcomes) since the restart
         self._task: asyncio.Task[None] | None = None
 
     def restart(self) -> None:
         """Starts the throughput clock afresh at the next outcome."""
         self.base = len(self.done)
         self.first_at = None
-        self.head = None
+        self.progress = []
 
     async def __aenter__(self) -> Tally:
         consumer = AIOKafkaConsumer(
@@ -248,10 +248,8 @@ class Tally:
                 for records in batches.values():
                     for rec in records:
                         self._count(rec, now)
-                if self.first_at is not None and self.head is None:
-                    # What arrived with the first outcome is not throughput: it took
-                    # one round trip, not the time since.
-                    self.head = len(self.done)
+                if batches and self.first_at is not None:
+                    self.progress.append((now, len(self.done)))
         finally:
             await consumer.stop()
 
@@ -270,6 +268,22 @@ class Tally:
         produced = source.get("timestamp_ms")
         if produced:
             self.latency_ms[key] = rec.timestamp - produced
+
+    def rate(self) -> float:
+        """Items/s at steady state: the least-squares slope of outcomes over time, from
+        the first outcome on. Outcomes arrive in waves of whole batches; a slope over
+        all of them is not skewed by where the first and the last wave fall."""
+        points = self.progress
+        if len(points) < 2:
+            return 0.0
+        t0 = points[0][0]
+        xs = [t - t0 for t, _ in points]
+        ys = [float(n) for _, n in points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mean_x) ** 2 for x in xs)
+        if var == 0:
+            return 0.0
+        return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
 
     async def wait_for(
         self,
@@ -397,36 +411,52 @@ class Bench:
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
         try:
             async with Tally(self.bootstrap, outcome_topics) as tally:
-                for proc in procs:
-                    proc.start()
-                # One item first: the processors have joined and answer before the clock runs.
-                await produce_items(
-                    self.bootstrap, settings.topics.input, [{**load[0], "_instance": "w"}]
-                )
-                await tally.wait_for(1, 180, procs)
+                await self._warm_up(tally, settings, procs, load[0])
                 result.rss_start_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
-                if paced:
-                    rate = 0.5 * _expected_rate(
-                        endpoint, window, min(endpoint.concurrency, in_flight * processes)
-                    )
-                    await self._paced(result, tally, settings.topics.input, rate)
                 before = await self.sim.stats()
                 tally.restart()
                 await produce_items(self.bootstrap, settings.topics.input, load)
                 result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
                 after = await self.sim.stats()
-                assert tally.first_at is not None and tally.head is not None
+                assert tally.first_at is not None
                 result.seconds = max(tally.last_at - tally.first_at, 1e-6)
                 result.items = len(tally.done) - tally.base
-                result.items_per_s = (len(tally.done) - tally.head) / result.seconds
+                result.items_per_s = tally.rate()
                 self._llm_figures(result, before, after, endpoint, in_flight * processes)
                 result.rss_end_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
         finally:
             for proc in procs:
                 proc.stop()
+        if paced and result.items_per_s > 0:
+            # On fresh topics and processors: the drain's backlog must not queue ahead.
+            settings, outcome_topics, procs = await self.deploy(
+                window, in_flight, partitions, processes
+            )
+            try:
+                async with Tally(self.bootstrap, outcome_topics) as tally:
+                    await self._warm_up(tally, settings, procs, load[0])
+                    rate = 0.5 * result.items_per_s
+                    await self._paced(result, tally, settings.topics.input, rate)
+            finally:
+                for proc in procs:
+                    proc.stop()
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
+
+    async def _warm_up(
+        self,
+        tally: Tally,
+        settings: Settings,
+        procs: list[ProcessorProcess],
+        item: dict[str, str],
+    ) -> None:
+        """Starts the processors and waits for one answer: the clock runs after that."""
+        for proc in procs:
+            proc.start()
+        warm = {**item, "_instance": "warm-up"}
+        await produce_items(self.bootstrap, settings.topics.input, [warm])
+        await tally.wait_for(1, 180, procs)
 
     def _llm_figures(
         self,
@@ -520,14 +550,6 @@ class Bench:
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
-
-
-def _expected_rate(ep: Endpoint, window: int, slots: int) -> float:
-    """Items/s the endpoint model allows, guessing 60 answer tokens per item."""
-    if ep.instant:
-        return 800.0
-    per_request_s = (ep.latency_ms + ep.per_output_token_ms * 60 * window) / 1000
-    return slots * window / per_request_s
 
 
 def _line(r: Result) -> str:
