@@ -69,10 +69,10 @@ log = logging.getLogger("stream.bench")
 class Endpoint:
     """The simulated account. Defaults: a fast hosted small model."""
 
-    latency_ms: float = 400.0
+    latency_ms: float = 500.0
     per_output_token_ms: float = 2.0
     concurrency: int = 8
-    tokens_per_minute: int = 4_000_000
+    tokens_per_minute: int = 2_000_000
     instant: bool = False
 
     def config(self) -> dict[str, Any]:

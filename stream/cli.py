@@ -337,10 +337,10 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
     bn.add_argument("--partitions", type=int, default=4, help="input partitions (default 4)")
     bn.add_argument("--windows", default="10,25,50,100", help="window sizes (default 10,25,50,100)")
-    bn.add_argument("--latency-ms", type=float, default=400, help="endpoint fixed latency")
+    bn.add_argument("--latency-ms", type=float, default=500, help="endpoint fixed latency")
     bn.add_argument("--ms-per-token", type=float, default=2, help="endpoint ms per output token")
     bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
-    bn.add_argument("--tpm", type=int, default=4_000_000, help="endpoint's tokens per minute")
+XX
     bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
