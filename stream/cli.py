@@ -340,7 +340,7 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--latency-ms", type=float, default=500, help="endpoint fixed latency")
     bn.add_argument("--ms-per-token", type=float, default=2, help="endpoint ms per output token")
     bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
-XX
+    bn.add_argument("--tpm", type=int, default=2_000_000, help="endpoint's tokens per minute")
     bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
