@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka.errors import KafkaConnectionError
@@ -176,6 +176,71 @@ def _soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
     (out / "soak.md").write_text(table)
     print(f"plot: {plot(result, out / 'soak.png')}", file=sys.stderr)
     print(table)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from stream.eval import evaluate, load_items, markdown
+    from stream.llm import LLM
+    from stream.processor import resolve_api_key
+    from stream.settings import Settings
+    from stream.simulator import running_simulator
+    from stream.spec import load_spec
+
+    settings = Settings()
+    spec = load_spec(settings.spec)
+    try:
+        items = load_items(Path(args.file))
+    except (OSError, ValueError) as exc:
+        raise StreamError(str(exc)) from exc
+    if args.limit:
+        items = items[: args.limit]
+    windows = [int(w) for w in args.windows.split(",")]
+    key = resolve_api_key(settings, spec)
+
+    async def run(url: str) -> list[Any]:
+        llm = LLM(
+            base_url=url,
+            api_key=key,
+            model=spec.model.name,
+            timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
+            temperature=spec.model.temperature,
+            max_output_tokens=spec.model.max_output_tokens,
+        )
+        try:
+            return await evaluate(spec, llm, items, windows, args.concurrency)
+        finally:
+            await llm.close()
+
+    url = settings.llm_base_url or spec.model.base_url
+    with contextlib.ExitStack() as stack:
+        if not url:
+            print(
+                "no model endpoint set: using the bundled LLM SIMULATOR (not a model)",
+                file=sys.stderr,
+            )
+            _, url = stack.enter_context(running_simulator())
+        reports = asyncio.run(run(url))
+    if args.json:
+        rows = [
+            {
+                "window": r.window,
+                "items": r.items,
+                "requests_per_item": r.per_item(r.requests),
+                "prompt_tokens_per_item": r.per_item(r.prompt_tokens),
+                "completion_tokens_per_item": r.per_item(r.completion_tokens),
+                "cost_per_item_usd": r.per_item(r.cost_usd),
+                "agreement": r.agreement,
+                "accuracy": r.accuracy,
+                "unanswered": r.unanswered,
+                "latency_p50_s": r.latency(0.5),
+                "latency_p99_s": r.latency(0.99),
+            }
+            for r in reports
+        ]
+        print(orjson.dumps(rows).decode())
+    else:
+        print(markdown(reports, args.file, spec.model.name))
     return 0
 
 
@@ -349,6 +414,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")
     bn.set_defaults(fn=_bench)
+    ev = sub.add_parser("eval", help="decisions, tokens and cost per window size, no Kafka")
+    ev.add_argument("file", help="JSONL file: one item per line, optional _label")
+    ev.add_argument("--windows", default="1,10,25,50", help="window sizes (default 1,10,25,50)")
+    ev.add_argument("--concurrency", type=int, default=4, help="requests at once (default 4)")
+    ev.add_argument("--limit", type=int, default=0, help="only the first N items")
+    ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")
+    ev.set_defaults(fn=_eval)
     c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")
     c.set_defaults(fn=_schemas)
@@ -396,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) is not None:
             os.environ[var] = getattr(args, flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    quiet = ("demo", "produce", "tail", "topics", "audit", "bench")
+    quiet = ("demo", "produce", "tail", "topics", "audit", "bench", "eval")
     if args.command in quiet and not args.verbose:
         # The demo prints its own summary; the client libraries' start-up chatter (a new
         # topic's leader election, group coordinator discovery) is retried noise there.

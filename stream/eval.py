@@ -1,0 +1,221 @@
+"""`stream eval`: what a window size costs in decisions, before you choose it.
+
+Runs a JSONL file of items through the product's own request building, solving and
+validation (no Kafka) at several window sizes against any OpenAI-compatible endpoint,
+and reports per size: agreement with the per-item decisions (window 1), accuracy
+against labels where lines carry them, tokens, requests and cost per item, and request
+latency.
+
+A *decision* is what an instance's calls decide, free text left out: for every call, its
+tool and those arguments whose schema is an enum, a boolean, a number or an integer
+(`moderateComment` with `decision: reject`; its `reason` is prose and ignored). Two
+answers agree when their decisions are equal as sets.
+
+A *label* is the line's `_label`: `{tool: {argument: value}}`, e.g.
+`{"moderateComment": {"decision": "reject"}}`. An answer is right when, for every tool
+in the label, it called that tool with those argument values; other calls do not
+matter. Fields starting with `_` (other than `_instance`) never reach the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stream.llm import LLM
+from stream.models import Call, SourcePosition
+from stream.prompt import Instance, PromptBuilder
+from stream.solve import Outcome, Solver
+from stream.spec import AgentSpec, Tool
+from stream.validate import Validator
+
+__all__ = ["EvalItem", "SizeReport", "decision_of", "evaluate", "load_items", "markdown"]
+
+_DECIDING = {"boolean", "integer", "number"}
+
+Decision = frozenset[tuple[str, str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalItem:
+    id: str
+    payload: dict[str, Any]
+    label: dict[str, dict[str, Any]] | None
+
+
+@dataclass(slots=True)
+class SizeReport:
+    window: int
+    items: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    unanswered: int = 0
+    cost_usd: float = 0.0
+    agreement: float | None = None
+    accuracy: float | None = None
+    latencies: list[float] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+    def per_item(self, value: float) -> float:
+        return value / self.items if self.items else 0.0
+
+    def latency(self, q: float) -> float:
+        lat = sorted(self.latencies)
+        return lat[min(len(lat) - 1, int(len(lat) * q))] if lat else 0.0
+
+
+def load_items(path: Path) -> list[EvalItem]:
+    """Reads the JSONL file; a line that is not a JSON object is an error naming it."""
+    items = []
+    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
+        label = row.get("_label")
+        payload = {k: v for k, v in row.items() if not k.startswith("_")}
+        ident = str(row.get("_instance", row.get("id", f"line-{number}")))
+        items.append(EvalItem(ident, payload, label if isinstance(label, dict) else None))
+    return items
+
+
+def _deciding(tool: Tool) -> set[str]:
+    props = tool.parameters.get("properties", {})
+    return {
+        name
+        for name, schema in props.items()
+        if isinstance(schema, dict) and ("enum" in schema or schema.get("type") in _DECIDING)
+    }
+
+
+def decision_of(calls: list[Call], spec: AgentSpec) -> Decision:
+    deciding = {t.name: _deciding(t) for t in spec.tools}
+    out = set()
+    for call in calls:
+        keys = deciding.get(call.tool, set())
+        args = {k: v for k, v in call.arguments.items() if k in keys}
+        if not args:
+            out.add((call.tool, "", ""))
+        for key, value in args.items():
+            out.add((call.tool, key, orjson.dumps(value).decode()))
+    return frozenset(out)
+
+
+def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
+    for tool, args in label.items():
+        if not args and not any(t == tool for t, _, _ in decision):
+            return False
+        for key, value in args.items():
+            if (tool, key, orjson.dumps(value).decode()) not in decision:
+                return False
+    return True
+
+
+class _Latencies:
+    """The LLM client's listener: keeps each answered request's latency."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def observe_latency(self, seconds: float) -> None:
+        self.seen.append(seconds)
+
+    def on_retry(self) -> None:
+        pass
+
+    def on_circuit(self, is_open: bool) -> None:
+        pass
+
+
+async def _run_size(
+    spec: AgentSpec, llm: LLM, items: list[EvalItem], window: int, concurrency: int
+) -> SizeReport:
+    solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
+    report = SizeReport(window, len(items))
+    listener = _Latencies()
+    llm.listener = listener
+    gate = asyncio.Semaphore(concurrency)
+    instances = [
+        Instance(
+            it.id,
+            dict(it.payload),
+            SourcePosition(topic="eval", partition=0, offset=k),
+            len(orjson.dumps(it.payload)),
+        )
+        for k, it in enumerate(items)
+    ]
+
+    async def one(chunk: list[Instance]) -> Outcome:
+        async with gate:
+            return await solver.solve(chunk)
+
+    chunks = [instances[k : k + window] for k in range(0, len(instances), window)]
+    for outcome in await asyncio.gather(*(one(c) for c in chunks)):
+        report.requests += outcome.requests
+        report.prompt_tokens += outcome.prompt_tokens
+        report.completion_tokens += outcome.completion_tokens
+        report.unanswered += len(outcome.unanswered)
+        for answer in outcome.answers:
+            report.decisions[answer.instance.id] = decision_of(answer.calls, spec)
+    report.latencies = listener.seen
+    price_in, price_out = spec.model.price_input_per_million, spec.model.price_output_per_million
+    report.cost_usd = (report.prompt_tokens * price_in + report.completion_tokens * price_out) / 1e6
+    labelled = [it for it in items if it.label]
+    if labelled:
+        right = sum(
+            1
+            for it in labelled
+            if it.id in report.decisions and _right(report.decisions[it.id], it.label or {})
+        )
+        report.accuracy = right / len(labelled)
+    return report
+
+
+async def evaluate(
+    spec: AgentSpec,
+    llm: LLM,
+    items: list[EvalItem],
+    windows: list[int],
+    concurrency: int = 4,
+) -> list[SizeReport]:
+    """One report per window size; window 1 always runs first, as the reference."""
+    sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
+    reports = []
+    for window in sizes:
+        reports.append(await _run_size(spec, llm, items, window, concurrency))
+    reference = reports[0].decisions
+    for report in reports:
+        shared = [i for i in reference if i in report.decisions]
+        same = sum(1 for i in shared if report.decisions[i] == reference[i])
+        report.agreement = same / len(reference) if reference else None
+    return reports
+
+
+def markdown(reports: list[SizeReport], source: str, model: str) -> str:
+    def pct(value: float | None) -> str:
+        return "–" if value is None else f"{100 * value:.1f}%"
+
+    lines = [
+        f"{reports[0].items if reports else 0} items from `{source}`, model `{model}`",
+        "",
+        "| window | requests/item | prompt tok/item | completion tok/item | cost/item USD "
+        "| agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in reports:
+        lines.append(
+            f"| {r.window} | {r.per_item(r.requests):.3f} | {r.per_item(r.prompt_tokens):.1f} "
+            f"| {r.per_item(r.completion_tokens):.1f} | {r.per_item(r.cost_usd):.7f} "
+            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.unanswered} "
+            f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,51 @@
+"""What `stream eval` compares: decisions without prose, labels as required arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream.eval import _right, decision_of, load_items
+from stream.models import Call
+from stream.settings import DEFAULT_SPEC
+from stream.spec import load_spec
+
+
+def _call(tool: str, **args: object) -> Call:
+    return Call.model_validate({"_tool": tool, "_instance": "x", **args})
+
+
+def test_a_decision_keeps_enum_arguments_and_drops_prose() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    a = decision_of([_call("moderateComment", decision="reject", reason="rude")], spec)
+    b = decision_of(
+        [
+            _call("moderateComment", decision="reject", reason="insults a person"),
+            _call("notifyAuthor", message="Please be kind."),
+        ],
+        spec,
+    )
+    assert ("moderateComment", "decision", '"reject"') in a
+    assert a != b  # notifying the author is a decision too; its wording is not
+    assert b == decision_of(
+        [
+            _call("moderateComment", decision="reject", reason="other words"),
+            _call("notifyAuthor", message="Other words."),
+        ],
+        spec,
+    )
+    assert _right(b, {"moderateComment": {"decision": "reject"}})
+    assert not _right(b, {"moderateComment": {"decision": "approve"}})
+    assert _right(b, {"notifyAuthor": {}}) and not _right(a, {"notifyAuthor": {}})
+
+
+def test_load_items_strips_underscore_fields_and_names_a_bad_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"_instance": "a", "comment": "hi", "_label": {"t": {}}, "_kind": "x"}\n\n')
+    [item] = load_items(good)
+    assert item.id == "a" and item.payload == {"comment": "hi"} and item.label == {"t": {}}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"comment": "ok"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object"):
+        load_items(bad)
