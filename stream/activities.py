@@ -35,6 +35,7 @@ from stream.errors import SpecError
 from stream.metrics import WorkerMetrics
 from stream.models import ActivityRecord, Call, DeadLetter, ResultRecord
 from stream.publish import OutRecord, Publisher
+from stream.security import options_for
 from stream.settings import Settings
 from stream.spec import AgentSpec, Tool
 from stream.web import WebServer
@@ -134,6 +135,7 @@ class Activities:
         consumer = AIOKafkaConsumer(
             *topics,
             bootstrap_servers=bootstrap,
+            **options_for(bootstrap),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             group_id=group or f"{settings.topic_prefix}activities.{spec.name}",

@@ -77,17 +77,21 @@ class Endpoint:
 
     def config(self) -> dict[str, Any]:
         if self.instant:
+            # Nothing to wait for and nothing expensive to compute: what is left to
+            # measure is the processor (the classifier would be the bottleneck).
             return {
                 "latency_ms": 0.0,
                 "per_output_token_ms": 0.0,
                 "max_concurrency": 0,
                 "tokens_per_minute": 0,
+                "classifier": False,
             }
         return {
             "latency_ms": self.latency_ms,
             "per_output_token_ms": self.per_output_token_ms,
             "max_concurrency": self.concurrency,
             "tokens_per_minute": self.tokens_per_minute,
+            "classifier": True,
         }
 
 
@@ -457,6 +461,7 @@ class Bench:
         warm = {**item, "_instance": "warm-up"}
         await produce_items(self.bootstrap, settings.topics.input, [warm])
         await tally.wait_for(1, 180, procs)
+        await _all_ready(procs)
 
     def _llm_figures(
         self,
@@ -550,6 +555,25 @@ class Bench:
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
+
+
+async def _all_ready(procs: list[ProcessorProcess], wait_s: float = 120) -> None:
+    """Until every processor owns its partitions and none is rebalancing (/readyz), twice
+    in a row: a member joining late would stop the others mid-measurement."""
+    deadline = time.monotonic() + wait_s
+    steady = 0
+    async with aiohttp.ClientSession() as http:
+        while steady < 2 and time.monotonic() < deadline:
+            ready = 0
+            for proc in procs:
+                try:
+                    url = f"http://127.0.0.1:{proc.env['STREAM_WEB_PORT']}/readyz"
+                    async with http.get(url) as resp:
+                        ready += resp.status == 200
+                except aiohttp.ClientError:
+                    pass
+            steady = steady + 1 if ready == len(procs) else 0
+            await asyncio.sleep(1.0)
 
 
 def _line(r: Result) -> str:

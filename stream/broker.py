@@ -26,6 +26,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ from stream.errors import StreamError
 __all__ = [
     "BrokerError",
     "LocalKafka",
+    "Tls",
     "docker_available",
     "ensure_jars",
     "kafka_bootstrap",
@@ -146,16 +148,50 @@ log4j.logger.kafka.server.KafkaRaftServer=INFO
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """A TLS listener's files: the broker's key and certificate chain in one PEM file
+    (PKCS#8 key, unencrypted), the CA that signs clients, and whether clients must
+    show a certificate (mutual TLS). With `sasl_users`, a second listener takes
+    SASL_SSL with the PLAIN mechanism for these user names and passwords."""
+
+    keystore_pem: Path
+    ca_pem: Path
+    client_auth: bool = False
+    sasl_users: dict[str, str] | None = None
+
+
 class LocalKafka:
     """One KRaft broker+controller JVM on 127.0.0.1, started from the cached Maven jars."""
 
-    def __init__(self, data_dir: Path | None = None, port: int | None = None, heap_mb: int = 512):
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        port: int | None = None,
+        heap_mb: int = 512,
+        tls: Tls | None = None,
+    ):
         self._given_dir = data_dir
         self._dir: Path | None = data_dir
         self._port = port
         self._cport: int | None = None
+        self._tls = tls
+        self._tls_ports: tuple[int, int] | None = None  # SSL, SASL_SSL
         self._heap_mb = heap_mb
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The TLS listener's address (the plaintext one stays for the broker's own use)."""
+        if self._tls_ports is None:
+            raise BrokerError("LocalKafka has no TLS listener, or has not been started")
+        return f"{HOST}:{self._tls_ports[0]}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        if self._tls_ports is None or not (self._tls and self._tls.sasl_users):
+            raise BrokerError("LocalKafka has no SASL_SSL listener, or has not been started")
+        return f"{HOST}:{self._tls_ports[1]}"
 
     @property
     def bootstrap(self) -> str:
@@ -181,6 +217,9 @@ class LocalKafka:
             self._port = _free_ports(1)[0]
         if self._cport is None:
             self._cport = next(p for p in _free_ports(2) if p != self._port)
+        if self._tls is not None and self._tls_ports is None:
+            spare = [p for p in _free_ports(4) if p not in (self._port, self._cport)]
+            self._tls_ports = (spare[0], spare[1])
         for p in (self._port, self._cport):
             _check_free(p)
         if self._dir is None:
@@ -247,7 +286,35 @@ class LocalKafka:
             "broker.heartbeat.interval.ms": "1000",
             "broker.session.timeout.ms": "4000",
         }
+        if self._tls is not None and self._tls_ports is not None:
+            props.update(self._tls_properties(props))
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _tls_properties(self, props: dict[str, str]) -> dict[str, str]:
+        assert self._tls is not None and self._tls_ports is not None
+        tls, (ssl_port, sasl_port) = self._tls, self._tls_ports
+        names = [("SSL", ssl_port)] + ([("SASL_SSL", sasl_port)] if tls.sasl_users else [])
+        extra = {
+            "listeners": props["listeners"] + "".join(f",{n}://{HOST}:{p}" for n, p in names),
+            "advertised.listeners": props["advertised.listeners"]
+            + "".join(f",{n}://{HOST}:{p}" for n, p in names),
+            "listener.security.protocol.map": props["listener.security.protocol.map"]
+            + "".join(f",{n}:{n}" for n, _ in names),
+            # PEM stores (Kafka 2.7+): no JKS conversion, the files a CA tool writes.
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(tls.keystore_pem),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(tls.ca_pem),
+            "listener.name.ssl.ssl.client.auth": "required" if tls.client_auth else "none",
+        }
+        if tls.sasl_users:
+            users = " ".join(f'user_{u}="{pw}"' for u, pw in tls.sasl_users.items())
+            extra["sasl.enabled.mechanisms"] = "PLAIN"
+            extra["listener.name.sasl_ssl.plain.sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            )
+            extra["listener.name.sasl_ssl.ssl.client.auth"] = "none"
+        return extra
 
     async def _wait_ready(self, deadline: float, budget: float) -> None:
         from aiokafka.admin import AIOKafkaAdminClient

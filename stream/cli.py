@@ -16,7 +16,7 @@ import orjson
 from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
-from stream.errors import StreamError
+from stream.errors import KafkaUnreachable, StreamError
 
 if TYPE_CHECKING:
     from stream.bench import Endpoint
@@ -35,7 +35,16 @@ def _configured() -> tuple[Settings, AgentSpec, str]:
     spec = load_spec(settings.spec)
     if not settings.bootstrap_servers:
         raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS (or run `stream broker`)")
+    _secure(settings)
     return settings, spec, settings.bootstrap_servers
+
+
+def _secure(settings: Settings) -> None:
+    """Files the Kafka security settings under the configured broker address."""
+    from stream.security import client_options, register
+
+    if settings.bootstrap_servers:
+        register(settings.bootstrap_servers, client_options(settings))
 
 
 def _process(_: argparse.Namespace) -> int:
@@ -113,6 +122,9 @@ def _llm_sim(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from stream.demo import run_demo
+    from stream.settings import Settings
+
+    _secure(Settings())  # a configured broker may need TLS or SASL
 
     if not (Path(__file__).resolve().parent.parent / "examples" / args.example).is_dir():
         raise StreamError(f"no example named {args.example!r} (try moderation or tickets)")
@@ -476,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return int(args.fn(args))
+    except KafkaUnreachable as exc:
+        print(f"stream: error: {exc.message}", file=sys.stderr)
+        return 3
     except StreamError as exc:
         print(f"stream: error: {exc.message}", file=sys.stderr)
         return 2

@@ -21,7 +21,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from stream.errors import StreamError
+from stream.errors import KafkaUnreachable, StreamError
+from stream.security import options_for
 from stream.settings import Settings
 from stream.spec import AgentSpec
 from stream.topics import ensure_product_topics, product_topics, state_changelog
@@ -108,7 +109,10 @@ async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
     except (KafkaError, OSError, TimeoutError) as exc:
         with contextlib.suppress(Exception):
             await stop()
-        raise StreamError(f"cannot reach Kafka at {bootstrap} (STREAM_BOOTSTRAP_SERVERS)") from exc
+        raise KafkaUnreachable(
+            f"cannot reach Kafka at {bootstrap} (check STREAM_BOOTSTRAP_SERVERS and, for TLS "
+            "or SASL, the STREAM_KAFKA_* settings)"
+        ) from exc
     try:
         yield client
     finally:
@@ -118,7 +122,9 @@ async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
 async def _layout(bootstrap: str) -> dict[str, list[int]]:
     """Every topic's partitions. One metadata request for all topics, never one that names
     a topic: with auto.create.topics.enable, naming a missing one creates it (1 partition)."""
-    async with _connected(bootstrap, AIOKafkaAdminClient(bootstrap_servers=bootstrap)) as admin:
+    async with _connected(
+        bootstrap, AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    ) as admin:
         described = await admin.describe_topics(None)
     return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
 
@@ -147,7 +153,10 @@ async def produce(
             raise StreamError(f"topic {topic} does not exist (`stream topics --create`)")
         # Idempotent: a send retried after a lost ack is not written twice.
         producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True
+            bootstrap_servers=bootstrap,
+            **options_for(bootstrap),
+            acks="all",
+            enable_idempotence=True,
         )
         async with _connected(bootstrap, producer):
             start = shown = time.monotonic()
@@ -306,7 +315,9 @@ async def tail(
 
     if not (found := (await _layout(bootstrap)).get(topic)):
         raise StreamError(f"topic {topic} does not exist")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
+    )
     async with _connected(bootstrap, consumer):
         tps = [TopicPartition(topic, p) for p in found]
         consumer.assign(tps)
@@ -362,7 +373,9 @@ async def topics(
     parts = {n: layout[n] for n in names if n in layout}
     ends: dict[TopicPartition, int] = {}
     if parts:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
+        )
         async with _connected(bootstrap, consumer):
             ends = await consumer.end_offsets(
                 [TopicPartition(n, p) for n in parts for p in parts[n]]
@@ -385,7 +398,7 @@ async def _committed(bootstrap: str, group: str, topic: str, parts: list[int]) -
     created and the coordinator answers "not available" for a moment: ask again."""
     if not parts:
         return {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
     async with _connected(bootstrap, admin):
         for attempt in range(40):
             try:

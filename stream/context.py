@@ -19,6 +19,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
+from stream.security import options_for
 from stream.spec import AgentSpec
 from stream.topics import partitions, read_topic
 
@@ -116,7 +117,11 @@ class ContextFollower:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            **options_for(self.bootstrap),
+            enable_auto_commit=False,
+        )
         await consumer.start()
         try:
             tps = [

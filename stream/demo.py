@@ -26,6 +26,7 @@ from stream.activities import Activities, load_activities
 from stream.audit import AuditReport, audit
 from stream.broker import kafka_bootstrap
 from stream.samples import comments, malformed_records, tickets
+from stream.security import options_for
 from stream.settings import DEFAULT_SPEC, Settings
 from stream.simulator import SimConfig, Simulator, running_simulator
 from stream.spec import AgentSpec, load_spec
@@ -77,7 +78,11 @@ class ProcessorProcess:
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> int:
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=8 * 1024 * 1024
+        bootstrap_servers=bootstrap,
+        **options_for(bootstrap),
+        acks="all",
+        linger_ms=5,
+        max_request_size=8 * 1024 * 1024,
     )
     await producer.start()
     try:

@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "BadRecord",
     "InvalidCall",
+    "KafkaUnreachable",
     "LLMError",
     "SpecError",
     "StreamError",
@@ -26,6 +27,12 @@ class StreamError(Exception):
         super().__init__(message)
         self.message = message
         self.data = data
+
+
+class KafkaUnreachable(StreamError):
+    """No broker answered at the address, or the TLS/SASL handshake failed."""
+
+    retriable = True
 
 
 class SpecError(StreamError):

@@ -48,6 +48,7 @@ from stream.models import (
 from stream.offsets import Entry, OffsetLedger
 from stream.prompt import Instance, PromptBuilder
 from stream.publish import OutRecord, Publisher, PublishError
+from stream.security import faust_credentials
 from stream.settings import Settings, Topics
 from stream.solve import Answer, Outcome, Solver
 from stream.spec import NO_ACTION, AgentSpec
@@ -760,6 +761,7 @@ def build_app(
         # never be redelivered. Crash the worker instead; the group redelivers from the
         # last commit and the process supervisor (Kubernetes, compose) restarts it.
         agent_supervisor=mode.CrashingSupervisor,
+        broker_credentials=faust_credentials(bootstrap),
     )
     llm = LLM(
         base_url=llm_url,

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 
 from stream.errors import StreamError
 from stream.faults import armed, crash_point
+from stream.security import options_for
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
@@ -49,6 +50,7 @@ class Publisher:
         # Created here, not in __init__: aiokafka binds to the loop that is running.
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self._bootstrap,
+            **options_for(self._bootstrap),
             client_id=self._client_id,
             acks="all",
             enable_idempotence=True,

@@ -85,6 +85,24 @@ class Settings(BaseSettings):
         6066, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and the page"
     )
 
+    # Kafka security: passed to every Kafka client the product creates (stream/security.py).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How clients talk to the brokers"
+    )
+    kafka_ssl_cafile: Path | None = Field(None, description="CA certificates (PEM) to trust")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate (PEM), mTLS")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client private key (PEM), mTLS")
+    kafka_ssl_key_password: SecretStr | None = Field(None, description="Password of the key")
+    kafka_ssl_check_hostname: bool = Field(True, description="Check the broker's host name")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="SASL mechanism (SASL_* protocols)"
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user name")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
+    kafka_sasl_password_file: Path | None = Field(
+        None, description="File holding the SASL password (a mounted secret)"
+    )
+
     crash_at: str | None = Field(
         None,
         description="Tests only: [raise:]POINT:N kills (or raises in) the processor at the "

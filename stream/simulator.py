@@ -49,6 +49,7 @@ _SPAM = re.compile(
     r"|cheap (?:watches|pills|followers)|earn \d+",
     re.IGNORECASE,
 )
+_RUDE = re.compile(r"\b(idiot|moron|stupid|fuck\w*|shit|loser|clown|hell)\b", re.IGNORECASE)
 _MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
 _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 
@@ -78,6 +79,9 @@ class SimConfig(BaseModel):
     max_concurrency: int = Field(0, ge=0, description="requests at once; more get a 429")
     tokens_per_minute: int = Field(0, ge=0, description="prompt + completion tokens per 60 s")
     limit_retry_after_s: float = Field(0.25, ge=0, description="retry-after of a busy 429")
+    classifier: bool = Field(
+        True, description="judge with the trained classifier; off: cheap word rules only"
+    )
     seed: int = 7
     faults: Faults = Field(default_factory=Faults)
 
@@ -137,6 +141,9 @@ class Simulator:
 
     # -- the model's "judgement" --------------------------------------------------
     def _toxicity(self, texts: list[str]) -> list[float]:
+        if not self.config.classifier:
+            # Word rules only: for measuring the processor, not the model's judgement.
+            return [0.9 if _RUDE.search(t) else 0.1 for t in texts]
         if self._predict is None:
             from profanity_check import predict_prob  # loads the bundled sklearn model
 

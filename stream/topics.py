@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from stream.security import options_for
 from stream.settings import Settings
 from stream.spec import AgentSpec
 
@@ -78,7 +79,7 @@ async def ensure_topics(
     config: dict[str, str] | None = None,
 ) -> list[str]:
     """Creates the missing ones; returns what was created. Existing topics are left alone."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -105,7 +106,7 @@ async def ensure_topics(
 
 async def partitions(bootstrap: str, topic: str) -> list[int]:
     """The topic's partition numbers, straight from the broker (none if it is missing)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
     await admin.start()
     try:
         # Asking about a missing topic by name would make the broker auto-create it with
@@ -128,7 +129,9 @@ async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord
     tps = [TopicPartition(topic, p) for p in await partitions(bootstrap, topic)]
     if not tps:
         return
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
+    )
     await consumer.start()
     try:
         consumer.assign(tps)

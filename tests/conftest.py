@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from stream.audit import AuditReport
 from stream.broker import kafka_bootstrap
 from stream.demo import ProcessorProcess, launch_processor, wait_accounted
+from stream.security import options_for
 from stream.settings import Settings
 from stream.simulator import Faults, Simulator, running_simulator
 from stream.spec import AgentSpec
@@ -59,7 +60,9 @@ class Deployment:
     async def produce_to(
         self, topic: str, records: list[tuple[bytes | None, bytes | None]]
     ) -> list[tuple[int, int]]:
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", **options_for(self.bootstrap)
+        )
         await producer.start()
         try:
             futs = [await producer.send(topic, v, key=k) for k, v in records]
