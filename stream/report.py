@@ -112,7 +112,7 @@ def plots(results: list[Result], folder: Path) -> list[Path]:
     ax.set_yscale("log")
     ax.set_ylabel("items per second (log)")
     ax.set_title("Throughput")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     path = folder / "bench-throughput.png"
