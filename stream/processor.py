@@ -16,7 +16,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import faust
 import mode
@@ -62,6 +62,8 @@ from stream.workflow import Turn, Workflow
 __all__ = ["Pipeline", "build_app", "call_id", "resolve_api_key"]
 
 log = logging.getLogger("stream.processor")
+
+_T = TypeVar("_T")
 
 _BATCH_TRIES = 3
 _RAW_KEEP = 64 * 1024
@@ -170,7 +172,7 @@ class Pipeline:
 
     def _item_budget(self, spec: AgentSpec) -> int:
         """Prompt tokens left for instances once the static prefix is counted."""
-        fixed = self.tokenizer.count(PromptBuilder(spec).system) + _REQUEST_OVERHEAD
+        fixed = self.tokenizer.count(self.solver.prompt.system) + _REQUEST_OVERHEAD
         room = spec.window.max_input_tokens - fixed
         if room < _MIN_ROOM:
             raise SpecError(
@@ -331,29 +333,18 @@ class Pipeline:
     async def _deliver(self, batch_id: str, items: list[_Item], records: list[OutRecord]) -> None:
         """Publishes a batch's outcomes, then acks its items. An unexpected error is
         retried; after the last try the items are dead-lettered with it instead."""
-        error: Exception | None = None
-        for attempt in range(1, _BATCH_TRIES + 1):
-            try:
-                crash_point("after_llm")  # tests only: STREAM_CRASH_AT (stream/faults.py)
-                # Items of partitions revoked meanwhile are being redone by their new owner.
-                gone = {_position(i.instance.source) for i in items if i.entry and i.entry.dropped}
-                await self._publish_or_dead_letter(
-                    batch_id, items, [r for r in records if r.origin not in gone]
-                )
-                crash_point("after_publish")  # tests only: published, not yet acked
-                error = None
-                break
-            except Exception as exc:  # a bug must cost a retry, never an item
-                log.exception(
-                    "batch %s: delivering failed (try %d of %d)",
-                    batch_id,
-                    attempt,
-                    _BATCH_TRIES,
-                    extra={"batch_id": batch_id},
-                )
-                error = exc
-                await asyncio.sleep(0.5 * attempt)
-        if error is not None:
+
+        async def publish() -> None:
+            crash_point("after_llm")  # tests only: STREAM_CRASH_AT (stream/faults.py)
+            # Items of partitions revoked meanwhile are being redone by their new owner.
+            gone = {_position(i.instance.source) for i in items if i.entry and i.entry.dropped}
+            await self._publish_or_dead_letter(
+                batch_id, items, [r for r in records if r.origin not in gone]
+            )
+            crash_point("after_publish")  # tests only: published, not yet acked
+
+        error = await self._retried(batch_id, "delivering", publish)
+        if isinstance(error, Exception):
             await self.publisher.publish(
                 self._internal_errors(batch_id, items, error, _BATCH_TRIES)
             )
@@ -380,22 +371,38 @@ class Pipeline:
         """Solves the batch; an unexpected error retries it, then dead-letters its items
         with the error, so nothing of the batch is acked without an outcome."""
         instances = [item.instance for item in items]
+
+        async def solve() -> list[OutRecord]:
+            outcome = await self.solver.solve(instances)
+            self._learn_output(outcome, len(instances))
+            return self._records(batch_id, outcome)
+
+        records = await self._retried(batch_id, "solving", solve)
+        if isinstance(records, Exception):
+            return self._internal_errors(batch_id, items, records, _BATCH_TRIES)
+        return records
+
+    async def _retried(
+        self, batch_id: str, what: str, step: Callable[[], Awaitable[_T]]
+    ) -> _T | Exception:
+        """Runs `step` up to _BATCH_TRIES times; its result, or the last error. A bug
+        must cost a retry, never an item: the caller dead-letters with the error."""
+        error: Exception = RuntimeError(f"{what} was not tried")
         for attempt in range(1, _BATCH_TRIES + 1):
             try:
-                outcome = await self.solver.solve(instances)
-                self._learn_output(outcome, len(instances))
-                return self._records(batch_id, outcome)
-            except Exception as exc:  # a bug must cost a retry, never an item
+                return await step()
+            except Exception as exc:
                 log.exception(
-                    "batch %s failed (try %d of %d)",
+                    "batch %s: %s failed (try %d of %d)",
                     batch_id,
+                    what,
                     attempt,
                     _BATCH_TRIES,
                     extra={"batch_id": batch_id},
                 )
                 error = exc
                 await asyncio.sleep(0.5 * attempt)
-        return self._internal_errors(batch_id, items, error, _BATCH_TRIES)
+        return error
 
     def _internal_errors(
         self, batch_id: str, items: list[_Item], error: Exception, attempts: int
@@ -783,7 +790,7 @@ def build_app(
     table = app.Table(
         "state", default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
     )
-    if PromptBuilder(spec).stateful:
+    if pipeline.solver.prompt.stateful:
         # Without a plan or awaited calls there is no state to keep: writing every item
         # to the changelog would cost a publish per item for nothing.
         pipeline.workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
