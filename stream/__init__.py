@@ -1,0 +1,22 @@
+"""instanced-stream: batched, multi-instance LLM decisions on a Kafka stream.
+
+The sub-packages follow the data path (see docs/architecture.md):
+
+- `stream.core`: the protocols (spec, messages, prompt, validation, solving, advice,
+  workflow, state). Pure: no Kafka, no HTTP.
+- `stream.llm`: the model endpoint (openai client), its adaptive limiter, a local server.
+- `stream.runtime`: the Kafka side: the faust app, intake, windows, offsets, publishing.
+- `stream.activities`: the SDK for workers that run activity calls (no faust needed).
+- `stream.ops`: what people run and watch: CLI, console, audit, metrics, web page, logs.
+- `stream.testing`: the LLM simulator, the local broker launcher, samples, fault injection.
+- `stream.tools`: demo, benchmark, soak and eval, built on the parts above.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("instanced-stream")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__"]

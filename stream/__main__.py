@@ -1,3 +1,3 @@
-from stream.cli import main
+from stream.ops.cli import main
 
 raise SystemExit(main())

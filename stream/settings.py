@@ -11,11 +11,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from stream.faults import parse
+from stream.testing.faults import parse
 
 __all__ = ["DEFAULT_SPEC", "Settings", "Topics"]
 
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "examples" / "moderation" / "agent.yaml"
+# The examples ship beside the package in a checkout (see README: install).
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEFAULT_SPEC = EXAMPLES / "moderation" / "agent.yaml"
 
 
 class Topics:

@@ -16,14 +16,14 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
-from stream.audit import AuditReport
-from stream.broker import kafka_bootstrap
-from stream.demo import ProcessorProcess, launch_processor, wait_accounted
-from stream.security import options_for
+from stream.core.spec import AgentSpec
+from stream.ops.audit import AuditReport
+from stream.runtime.security import options_for
+from stream.runtime.topics import read_json
 from stream.settings import Settings
-from stream.simulator import Faults, Simulator, running_simulator
-from stream.spec import AgentSpec
-from stream.topics import read_json
+from stream.testing.broker import kafka_bootstrap
+from stream.testing.simulator import Faults, Simulator, running_simulator
+from stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
 
 
 def _free_port() -> int:

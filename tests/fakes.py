@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Instance
 from stream.errors import LLMError
-from stream.llm import Completion
-from stream.models import SourcePosition
-from stream.prompt import Instance
-from stream.simulator import SimRequest, Simulator
+from stream.llm.client import Completion
+from stream.testing.simulator import SimRequest, Simulator
 
 
 def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:
@@ -64,7 +64,7 @@ class FakePublisher:
         return None
 
     async def publish(self, records: list[Any]) -> None:
-        from stream.publish import PublishError
+        from stream.runtime.publish import PublishError
 
         if self.refuse_next:
             self.refuse_next -= 1

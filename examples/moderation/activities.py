@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from stream.activities import Activities
-from stream.models import Call
-from stream.spec import Tool
+from stream.activities.worker import Activities
+from stream.core.messages import Call
+from stream.core.spec import Tool
 
 activities = Activities()
 decisions: Counter[str] = Counter()

@@ -11,9 +11,9 @@ import re
 from collections import Counter
 from typing import Any
 
-from stream.activities import Activities, Branch, paths_of
-from stream.models import Call
-from stream.spec import Tool
+from stream.activities.worker import Activities, Branch, paths_of
+from stream.core.messages import Call
+from stream.core.spec import Tool
 
 activities = Activities()
 routed: Counter[str] = Counter()

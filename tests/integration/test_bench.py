@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream.bench import Endpoint, run_bench
+from stream.tools.bench import Endpoint, run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

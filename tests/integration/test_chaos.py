@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream.audit import AuditReport
-from stream.broker import LocalKafka
-from stream.demo import ProcessorProcess, launch_processor
+from stream.ops.audit import AuditReport
 from stream.settings import Settings
-from stream.simulator import Faults, Simulator
+from stream.testing.broker import LocalKafka
+from stream.testing.simulator import Faults, Simulator
+from stream.tools.demo import ProcessorProcess, launch_processor
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

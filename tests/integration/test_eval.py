@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from stream.eval import evaluate, load_items, markdown
-from stream.llm import LLM
+from stream.core.spec import load_spec
+from stream.llm.client import LLM
 from stream.settings import DEFAULT_SPEC
-from stream.simulator import Simulator
-from stream.spec import load_spec
+from stream.testing.simulator import Simulator
+from stream.tools.eval import evaluate, load_items, markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,13 +7,13 @@ import time
 import openai
 import pytest
 
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.spec import load_spec
 from stream.errors import LLMError
-from stream.llm import LLM, RetryPolicy
-from stream.models import SourcePosition
-from stream.prompt import Instance, PromptBuilder
+from stream.llm.client import LLM, RetryPolicy
 from stream.settings import DEFAULT_SPEC
-from stream.simulator import Faults, Simulator
-from stream.spec import load_spec
+from stream.testing.simulator import Faults, Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

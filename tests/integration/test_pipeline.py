@@ -15,10 +15,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream.activities import Activities
-from stream.models import Call
-from stream.prompt import token_for
-from stream.spec import Tool
+from stream.activities.worker import Activities
+from stream.core.messages import Call
+from stream.core.prompt import token_for
+from stream.core.spec import Tool
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -15,11 +15,11 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from stream.broker import LocalKafka, Tls
-from stream.demo import launch_processor
-from stream.security import client_options, register
+from stream.runtime.security import client_options, register
 from stream.settings import Settings
-from stream.simulator import Simulator
+from stream.testing.broker import LocalKafka, Tls
+from stream.testing.simulator import Simulator
+from stream.tools.demo import launch_processor
 from tests.conftest import Deployment, _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -16,9 +16,9 @@ import orjson
 import pytest
 import yaml
 
-from stream.activities import Activities, load_activities
-from stream.samples import tickets
-from stream.topics import read_json, read_topic, state_changelog
+from stream.activities.worker import Activities, load_activities
+from stream.runtime.topics import read_json, read_topic, state_changelog
+from stream.testing.samples import tickets
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from stream.console import TopicRow, format_record, parse_lines, render_topics, resolve_topic
-from stream.models import (
+from stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
     BatchRef,
@@ -15,6 +14,7 @@ from stream.models import (
     DoneRecord,
     SourcePosition,
 )
+from stream.ops.console import TopicRow, format_record, parse_lines, render_topics, resolve_topic
 from stream.settings import Settings
 
 SOURCE = SourcePosition(topic="p.items", partition=2, offset=1042, key="c-42")

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import orjson
 
-from stream.context import apply_context
+from stream.core.spec import load_spec
+from stream.runtime.context import apply_context
 from stream.settings import DEFAULT_SPEC
-from stream.spec import load_spec
 
 
 def _msg(data: object) -> bytes:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from stream.eval import _right, decision_of, load_items
-from stream.models import Call
+from stream.core.messages import Call
+from stream.core.spec import load_spec
 from stream.settings import DEFAULT_SPEC
-from stream.spec import load_spec
+from stream.tools.eval import _right, decision_of, load_items
 
 
 def _call(tool: str, **args: object) -> Call:

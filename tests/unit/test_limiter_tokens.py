@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from stream.limiter import Limiter
-from stream.tokenizer import Tokenizer, estimate_tokens
-from stream.windowing import Windower
+from stream.core.tokenizer import Tokenizer, estimate_tokens
+from stream.llm.limiter import Limiter
+from stream.runtime.windowing import Windower
 
 
 async def test_limit_grows_one_slot_per_round_trip_while_healthy() -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from stream.offsets import OffsetLedger
-from stream.windowing import Windower
+from stream.runtime.offsets import OffsetLedger
+from stream.runtime.windowing import Windower
 
 
 def test_out_of_order_finish_acks_only_in_offset_order() -> None:

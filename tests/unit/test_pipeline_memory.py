@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import orjson
 
-from stream.llm import LLM
-from stream.models import SourcePosition
-from stream.processor import Pipeline
-from stream.publish import Publisher
+from stream.core.messages import SourcePosition
+from stream.core.spec import AgentSpec, Tool, load_spec
+from stream.llm.client import LLM
+from stream.runtime.processor import Pipeline
+from stream.runtime.publish import Publisher
 from stream.settings import DEFAULT_SPEC, Settings
-from stream.spec import AgentSpec, Tool, load_spec
 from tests.fakes import FakeLLM, FakePublisher
 
 

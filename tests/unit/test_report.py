@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.bench import Endpoint, Result
-from stream.report import markdown, plots
-from stream.soak import Sample, SoakResult
-from stream.soak import markdown as soak_markdown
-from stream.soak import plot as soak_plot
+from stream.tools.bench import Endpoint, Result
+from stream.tools.report import markdown, plots
+from stream.tools.soak import Sample, SoakResult
+from stream.tools.soak import markdown as soak_markdown
+from stream.tools.soak import plot as soak_plot
 
 
 def _results() -> list[Result]:

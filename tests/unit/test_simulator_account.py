@@ -8,10 +8,10 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from stream.prompt import PromptBuilder
+from stream.core.prompt import PromptBuilder
+from stream.core.spec import load_spec
 from stream.settings import DEFAULT_SPEC
-from stream.simulator import SimConfig, Simulator
-from stream.spec import load_spec
+from stream.testing.simulator import SimConfig, Simulator
 from tests.fakes import make_batch
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 import orjson
 from jsonschema import Draft202012Validator
 
-from stream.prompt import Instance, PromptBuilder
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.spec import load_spec
+from stream.core.validate import Validator
 from stream.settings import DEFAULT_SPEC
-from stream.simulator import Simulator
-from stream.spec import load_spec
-from stream.validate import Validator
+from stream.testing.simulator import Simulator
 from tests.fakes import make_batch
 
 

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from stream.llm import LLM
-from stream.prompt import Instance, PromptBuilder
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.solve import Solver
+from stream.core.spec import load_spec
+from stream.core.validate import Validator
+from stream.llm.client import LLM
 from stream.settings import DEFAULT_SPEC
-from stream.solve import Solver
-from stream.spec import load_spec
-from stream.validate import Validator
 from tests.fakes import FakeLLM, make_batch
 
 

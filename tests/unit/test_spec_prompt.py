@@ -5,11 +5,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
+from stream.core.spec import AgentSpec, load_spec
 from stream.errors import SpecError
-from stream.models import SourcePosition
-from stream.prompt import Ask, Instance, PromptBuilder, token_for
 from stream.settings import DEFAULT_SPEC
-from stream.spec import AgentSpec, load_spec
 
 
 def _inst(i: int, text: str) -> Instance:

@@ -3,12 +3,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from stream.core.messages import SourcePosition
+from stream.core.spec import AgentSpec, load_spec
+from stream.core.validate import Validator
 from stream.errors import BadRecord
-from stream.intake import MAX_DEPTH, parse_item
-from stream.models import SourcePosition
+from stream.runtime.intake import MAX_DEPTH, parse_item
 from stream.settings import DEFAULT_SPEC
-from stream.spec import AgentSpec, load_spec
-from stream.validate import Validator
 
 SRC = SourcePosition(topic="items", partition=1, offset=5)
 

@@ -10,17 +10,17 @@ from typing import Any, cast
 
 import orjson
 
-from stream.llm import LLM
-from stream.models import BatchRef, Call, ResultRecord, SourcePosition
-from stream.processor import Pipeline
-from stream.prompt import Instance
-from stream.publish import Publisher
-from stream.samples import tickets
+from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
+from stream.core.prompt import Instance
+from stream.core.spec import Advisor, AgentSpec, load_spec
+from stream.core.state import MemoryStore
+from stream.core.validate import Opinion
+from stream.core.workflow import Workflow
+from stream.llm.client import LLM
+from stream.runtime.processor import Pipeline
+from stream.runtime.publish import Publisher
 from stream.settings import Settings
-from stream.spec import Advisor, AgentSpec, load_spec
-from stream.state import MemoryStore
-from stream.validate import Opinion
-from stream.workflow import Workflow
+from stream.testing.samples import tickets
 from tests.fakes import FakeLLM, FakePublisher
 
 TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets" / "agent.yaml"

@@ -14,9 +14,9 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from stream.models import Call
-from stream.prompt import Ask, meta_tools
-from stream.spec import CONSULT, AgentSpec
+from stream.core.messages import Call
+from stream.core.prompt import Ask, meta_tools
+from stream.core.spec import CONSULT, AgentSpec
 
 __all__ = ["Opinion", "Refusal", "Validator", "Verdict"]
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Instance
 from stream.errors import BadRecord
-from stream.models import SourcePosition
-from stream.prompt import Instance
 
 __all__ = ["MAX_DEPTH", "parse_item"]
 

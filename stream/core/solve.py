@@ -13,12 +13,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from stream.core.messages import Call
+from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
+from stream.core.validate import Opinion, Refusal, Validator
 from stream.errors import LLMError
-from stream.faults import crash_point
-from stream.llm import LLM
-from stream.models import Call
-from stream.prompt import Ask, Instance, PromptBuilder, token_for
-from stream.validate import Opinion, Refusal, Validator
+from stream.llm.client import LLM
+from stream.testing.faults import crash_point
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
 

@@ -22,19 +22,17 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from stream.activities import Activities, load_activities
-from stream.audit import AuditReport, audit
-from stream.broker import kafka_bootstrap
-from stream.samples import comments, malformed_records, tickets
-from stream.security import options_for
-from stream.settings import DEFAULT_SPEC, Settings
-from stream.simulator import SimConfig, Simulator, running_simulator
-from stream.spec import AgentSpec, load_spec
-from stream.topics import activity_topics, ensure_product_topics, read_json
+from stream.activities.worker import Activities, load_activities
+from stream.core.spec import AgentSpec, load_spec
+from stream.ops.audit import AuditReport, audit
+from stream.runtime.security import options_for
+from stream.runtime.topics import activity_topics, ensure_product_topics, read_json
+from stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
+from stream.testing.broker import kafka_bootstrap
+from stream.testing.samples import comments, malformed_records, tickets
+from stream.testing.simulator import SimConfig, Simulator, running_simulator
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 class ProcessorProcess:

@@ -16,9 +16,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from stream.security import options_for
+from stream.core.spec import AgentSpec
+from stream.runtime.security import options_for
 from stream.settings import Settings
-from stream.spec import AgentSpec
 
 __all__ = [
     "activity_topics",

@@ -21,11 +21,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from stream.core.spec import AgentSpec
 from stream.errors import KafkaUnreachable, StreamError
-from stream.security import options_for
+from stream.runtime.security import options_for
+from stream.runtime.topics import ensure_product_topics, product_topics, state_changelog
 from stream.settings import Settings
-from stream.spec import AgentSpec
-from stream.topics import ensure_product_topics, product_topics, state_changelog
 
 __all__ = [
     "Line",

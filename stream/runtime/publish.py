@@ -17,8 +17,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream.errors import StreamError
-from stream.faults import armed, crash_point
-from stream.security import options_for
+from stream.runtime.security import options_for
+from stream.testing.faults import armed, crash_point
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 

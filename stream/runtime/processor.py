@@ -23,15 +23,8 @@ import mode
 import orjson
 from pydantic import ValidationError
 
-from stream.advice import Consensus, gate, summarise
-from stream.context import ContextFollower, Messages, apply_context
-from stream.errors import BadRecord, SpecError
-from stream.faults import crash_point
-from stream.intake import parse_item
-from stream.limiter import Limiter
-from stream.llm import LLM
-from stream.metrics import Metrics
-from stream.models import (
+from stream.core.advice import Consensus, gate, summarise
+from stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
     ApprovalRecord,
@@ -45,19 +38,26 @@ from stream.models import (
     SourcePosition,
     TraceEntry,
 )
-from stream.offsets import Entry, OffsetLedger
-from stream.prompt import Instance, PromptBuilder
-from stream.publish import OutRecord, Publisher, PublishError
-from stream.security import faust_credentials
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.solve import Answer, Outcome, Solver
+from stream.core.spec import NO_ACTION, AgentSpec
+from stream.core.state import TableStore, read_path
+from stream.core.tokenizer import Tokenizer
+from stream.core.validate import Validator
+from stream.core.workflow import Turn, Workflow
+from stream.errors import BadRecord, SpecError
+from stream.llm.client import LLM
+from stream.llm.limiter import Limiter
+from stream.ops.metrics import Metrics
+from stream.ops.web import WebServer
+from stream.runtime.context import ContextFollower, Messages, apply_context
+from stream.runtime.intake import parse_item
+from stream.runtime.offsets import Entry, OffsetLedger
+from stream.runtime.publish import OutRecord, Publisher, PublishError
+from stream.runtime.security import faust_credentials
+from stream.runtime.windowing import Windower
 from stream.settings import Settings, Topics
-from stream.solve import Answer, Outcome, Solver
-from stream.spec import NO_ACTION, AgentSpec
-from stream.state import TableStore, read_path
-from stream.tokenizer import Tokenizer
-from stream.validate import Validator
-from stream.web import WebServer
-from stream.windowing import Windower
-from stream.workflow import Turn, Workflow
+from stream.testing.faults import crash_point
 
 __all__ = ["Pipeline", "build_app", "call_id", "resolve_api_key"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from stream.models import (
+from stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
     ApprovalRecord,
@@ -23,7 +23,7 @@ from stream.models import (
     ProposalRecord,
     ResultRecord,
 )
-from stream.spec import Advisor, AgentSpec, ContextMessage, Plan, Tool
+from stream.core.spec import Advisor, AgentSpec, ContextMessage, Plan, Tool
 
 __all__ = ["CONTRACTS", "render", "write_schemas"]
 

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream.advice import Vote as _Vote
-from stream.advice import aggregate, parse_votes
-from stream.models import (
+from stream.core.advice import Vote as _Vote
+from stream.core.advice import aggregate, parse_votes
+from stream.core.messages import (
     ApprovalRecord,
     BatchRef,
     Call,
@@ -25,10 +25,10 @@ from stream.models import (
     ResultRecord,
     TraceEntry,
 )
-from stream.prompt import Instance
-from stream.spec import AgentSpec
-from stream.state import InstanceState, Pending, StateStore, alternatives, write_path
-from stream.validate import Opinion
+from stream.core.prompt import Instance
+from stream.core.spec import AgentSpec
+from stream.core.state import InstanceState, Pending, StateStore, alternatives, write_path
+from stream.core.validate import Opinion
 
 __all__ = ["Turn", "Workflow"]
 

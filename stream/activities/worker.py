@@ -31,14 +31,14 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
+from stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
+from stream.core.spec import AgentSpec, Tool
 from stream.errors import SpecError
-from stream.metrics import WorkerMetrics
-from stream.models import ActivityRecord, Call, DeadLetter, ResultRecord
-from stream.publish import OutRecord, Publisher
-from stream.security import options_for
+from stream.ops.metrics import WorkerMetrics
+from stream.ops.web import WebServer
+from stream.runtime.publish import OutRecord, Publisher
+from stream.runtime.security import options_for
 from stream.settings import Settings
-from stream.spec import AgentSpec, Tool
-from stream.web import WebServer
 
 __all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
 

@@ -67,5 +67,5 @@ class WebServer:
         return web.Response(body=orjson.dumps(self.metrics.live()), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:
-        page = resources.files("stream").joinpath("live.html").read_text()
+        page = resources.files("stream.ops").joinpath("live.html").read_text()
         return web.Response(text=page, content_type="text/html")

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from stream.models import SourcePosition, TraceEntry
+from stream.core.messages import SourcePosition, TraceEntry
 
 __all__ = [
     "InstanceState",

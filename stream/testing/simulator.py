@@ -36,8 +36,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from stream.state import read_path
-from stream.tokenizer import estimate_tokens
+from stream.core.state import read_path
+from stream.core.tokenizer import estimate_tokens
 
 __all__ = ["Faults", "SimConfig", "SimRequest", "Simulator", "running_simulator", "serve"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.bench import Endpoint, Result
+from stream.tools.bench import Endpoint, Result
 
 __all__ = ["markdown", "plots"]
 

@@ -19,17 +19,17 @@ from pydantic import ValidationError
 from stream.errors import KafkaUnreachable, StreamError
 
 if TYPE_CHECKING:
-    from stream.bench import Endpoint
+    from stream.core.spec import AgentSpec
     from stream.settings import Settings
-    from stream.spec import AgentSpec
+    from stream.tools.bench import Endpoint
 
 __all__ = ["main"]
 
 
 def _configured() -> tuple[Settings, AgentSpec, str]:
     """Settings, the validated spec, and the broker address, or a clear error."""
+    from stream.core.spec import load_spec
     from stream.settings import Settings
-    from stream.spec import load_spec
 
     settings = Settings()
     spec = load_spec(settings.spec)
@@ -41,7 +41,7 @@ def _configured() -> tuple[Settings, AgentSpec, str]:
 
 def _secure(settings: Settings) -> None:
     """Files the Kafka security settings under the configured broker address."""
-    from stream.security import client_options, register
+    from stream.runtime.security import client_options, register
 
     if settings.bootstrap_servers:
         register(settings.bootstrap_servers, client_options(settings))
@@ -50,11 +50,11 @@ def _secure(settings: Settings) -> None:
 def _process(_: argparse.Namespace) -> int:
     import faust
 
-    from stream.context import Messages, load_context
-    from stream.faults import arm
-    from stream.logs import json_handler
-    from stream.processor import build_app, resolve_api_key
-    from stream.topics import ensure_product_topics
+    from stream.ops.logs import json_handler
+    from stream.runtime.context import Messages, load_context
+    from stream.runtime.processor import build_app, resolve_api_key
+    from stream.runtime.topics import ensure_product_topics
+    from stream.testing.faults import arm
 
     settings, spec, bootstrap = _configured()
     llm_url = settings.llm_base_url or spec.model.base_url
@@ -86,7 +86,7 @@ def _process(_: argparse.Namespace) -> int:
 
 
 def _activities(args: argparse.Namespace) -> int:
-    from stream.activities import load_activities
+    from stream.activities.worker import load_activities
 
     settings, spec, bootstrap = _configured()
     registry = load_activities(args.module)
@@ -96,7 +96,7 @@ def _activities(args: argparse.Namespace) -> int:
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from stream.broker import run_foreground
+    from stream.testing.broker import run_foreground
 
     return run_foreground(args.port, Path(args.data_dir) if args.data_dir else None)
 
@@ -104,7 +104,7 @@ def _broker(args: argparse.Namespace) -> int:
 def _llm_sim(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from stream.simulator import SimConfig, Simulator
+    from stream.testing.simulator import SimConfig, Simulator
 
     sim = Simulator(
         SimConfig(
@@ -121,12 +121,12 @@ def _llm_sim(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from stream.demo import run_demo
-    from stream.settings import Settings
+    from stream.settings import EXAMPLES, Settings
+    from stream.tools.demo import run_demo
 
     _secure(Settings())  # a configured broker may need TLS or SASL
 
-    if not (Path(__file__).resolve().parent.parent / "examples" / args.example).is_dir():
+    if not (EXAMPLES / args.example).is_dir():
         raise StreamError(f"no example named {args.example!r} (try moderation or tickets)")
     return run_demo(
         args.items,
@@ -138,9 +138,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from stream.bench import Endpoint, bench_spec, results_json, run_bench
-    from stream.broker import kafka_bootstrap
-    from stream.report import markdown, plots
+    from stream.testing.broker import kafka_bootstrap
+    from stream.tools.bench import Endpoint, bench_spec, results_json, run_bench
+    from stream.tools.report import markdown, plots
 
     endpoint = Endpoint(
         latency_ms=args.latency_ms,
@@ -178,8 +178,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
-    from stream.broker import kafka_bootstrap
-    from stream.soak import markdown, plot, run_soak
+    from stream.testing.broker import kafka_bootstrap
+    from stream.tools.soak import markdown, plot, run_soak
 
     out = Path(args.out)
     with kafka_bootstrap() as bootstrap:
@@ -192,12 +192,12 @@ def _soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from stream.eval import evaluate, load_items, markdown
-    from stream.llm import LLM
-    from stream.processor import resolve_api_key
+    from stream.core.spec import load_spec
+    from stream.llm.client import LLM
+    from stream.runtime.processor import resolve_api_key
     from stream.settings import Settings
-    from stream.simulator import running_simulator
-    from stream.spec import load_spec
+    from stream.testing.simulator import running_simulator
+    from stream.tools.eval import evaluate, load_items, markdown
 
     settings = Settings()
     spec = load_spec(settings.spec)
@@ -257,7 +257,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
-    from stream.schemas import write_schemas
+    from stream.ops.schemas import write_schemas
 
     for path in write_schemas(Path(args.out)):
         print(path)
@@ -265,8 +265,8 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from stream.audit import audit
-    from stream.topics import activity_topics
+    from stream.ops.audit import audit
+    from stream.runtime.topics import activity_topics
 
     settings, spec, bootstrap = _configured()
     report = asyncio.run(audit(bootstrap, settings.topics, activity_topics(settings, spec)))
@@ -280,8 +280,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _advice(args: argparse.Namespace) -> int:
-    from stream.advice import render
-    from stream.topics import read_json
+    from stream.core.advice import render
+    from stream.runtime.topics import read_json
 
     settings, _, bootstrap = _configured()
     records = asyncio.run(read_json(bootstrap, settings.topics.advice))
@@ -296,9 +296,9 @@ def _advice(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
-    from stream.models import ApprovalRecord
-    from stream.publish import OutRecord, Publisher
-    from stream.topics import read_json
+    from stream.core.messages import ApprovalRecord
+    from stream.runtime.publish import OutRecord, Publisher
+    from stream.runtime.topics import read_json
 
     settings, _, bootstrap = _configured()
     proposals = asyncio.run(read_json(bootstrap, settings.topics.proposals))
@@ -337,7 +337,7 @@ def _approve(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from stream.console import produce, resolve_topic
+    from stream.ops.console import produce, resolve_topic
 
     settings, _, bootstrap = _configured()
     topic = resolve_topic(settings, args.topic) if args.topic else settings.topics.input
@@ -348,7 +348,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from stream.console import resolve_topic, tail
+    from stream.ops.console import resolve_topic, tail
 
     settings, _, bootstrap = _configured()
     topic = resolve_topic(settings, args.topic)
@@ -360,7 +360,7 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from stream.console import render_topics, topics
+    from stream.ops.console import render_topics, topics
 
     settings, spec, bootstrap = _configured()
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))

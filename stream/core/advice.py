@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from stream.models import Call, OpinionRecord
-from stream.spec import AdviceSettings, AgentSpec
-from stream.validate import Opinion
+from stream.core.messages import Call, OpinionRecord
+from stream.core.spec import AdviceSettings, AgentSpec
+from stream.core.validate import Opinion
 
 __all__ = ["Consensus", "Vote", "aggregate", "gate", "parse_votes", "render", "summarise"]
 

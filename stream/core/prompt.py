@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from stream.models import SourcePosition
-from stream.spec import CONSULT, NO_ACTION, AgentSpec, Tool
-from stream.tokenizer import estimate_tokens
+from stream.core.messages import SourcePosition
+from stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
+from stream.core.tokenizer import estimate_tokens
 
 __all__ = [
     "Ask",

@@ -11,9 +11,9 @@ from collections import Counter
 import orjson
 from pydantic import BaseModel, Field
 
-from stream.models import ITEM_CODES
+from stream.core.messages import ITEM_CODES
+from stream.runtime.topics import read_topic
 from stream.settings import Topics
-from stream.topics import read_topic
 
 __all__ = ["AuditReport", "audit"]
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
-from stream.llm import LLM
-from stream.models import Call, SourcePosition
-from stream.prompt import Instance, PromptBuilder
-from stream.solve import Outcome, Solver
-from stream.spec import AgentSpec, Tool
-from stream.validate import Validator
+from stream.core.messages import Call, SourcePosition
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.solve import Outcome, Solver
+from stream.core.spec import AgentSpec, Tool
+from stream.core.validate import Validator
+from stream.llm.client import LLM
 
 __all__ = ["EvalItem", "SizeReport", "decision_of", "evaluate", "load_items", "markdown"]
 

@@ -19,9 +19,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
-from stream.security import options_for
-from stream.spec import AgentSpec
-from stream.topics import partitions, read_topic
+from stream.core.spec import AgentSpec
+from stream.runtime.security import options_for
+from stream.runtime.topics import partitions, read_topic
 
 __all__ = ["ContextFollower", "apply_context", "load_context"]
 

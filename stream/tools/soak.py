@@ -15,7 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stream.bench import Bench, Endpoint, Tally, bench_session, bench_spec, produce_items, rss_mb
+from stream.tools.bench import (
+    Bench,
+    Endpoint,
+    Tally,
+    bench_session,
+    bench_spec,
+    produce_items,
+    rss_mb,
+)
 
 __all__ = ["Sample", "SoakResult", "markdown", "plot", "run_soak", "soak"]
 

@@ -40,11 +40,11 @@ import orjson
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from stream.demo import ProcessorProcess
-from stream.samples import comments
+from stream.core.spec import load_spec
+from stream.runtime.topics import activity_topics, ensure_product_topics, ensure_topics
 from stream.settings import DEFAULT_SPEC, Settings
-from stream.spec import load_spec
-from stream.topics import activity_topics, ensure_product_topics, ensure_topics
+from stream.testing.samples import comments
+from stream.tools.demo import ProcessorProcess
 
 __all__ = [
     "Bench",

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 
 from stream.errors import LLMError
-from stream.limiter import Limiter
+from stream.llm.limiter import Limiter
 
 __all__ = ["LLM", "Completion", "RetryPolicy"]
 
