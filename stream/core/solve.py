@@ -14,10 +14,10 @@ import logging
 from dataclasses import dataclass, field
 
 from stream.core.messages import Call
+from stream.core.model import Model
 from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
 from stream.core.validate import Opinion, Refusal, Validator
 from stream.errors import LLMError
-from stream.llm.client import LLM
 from stream.testing.faults import crash_point
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
@@ -69,7 +69,7 @@ class Outcome:
 class Solver:
     def __init__(
         self,
-        llm: LLM,
+        llm: Model,
         prompt: PromptBuilder,
         validator: Validator,
         max_attempts: int,

@@ -13,26 +13,25 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import openai
 
+from stream.core.model import Completion
 from stream.errors import LLMError
 from stream.llm.limiter import Limiter
 
-__all__ = ["LLM", "Completion", "RetryPolicy"]
+__all__ = ["LLM", "Completion", "Listener", "RetryPolicy"]
 
 log = logging.getLogger("stream.llm")
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    latency_s: float
+class Listener(Protocol):
+    """Told of every answer, retry and circuit change (the processor's metrics)."""
+
+    def observe_latency(self, seconds: float) -> None: ...
+    def on_retry(self) -> None: ...
+    def on_circuit(self, is_open: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +87,8 @@ class LLM:
         temperature: float = 0.0,
         max_output_tokens: int | None = None,
         retry: RetryPolicy | None = None,
+        listener: Listener | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.model = model
         self.temperature = temperature
@@ -95,8 +96,8 @@ class LLM:
         self.retry = retry or RetryPolicy()
         self.retries = 0
         self.failing = 0  # consecutive retriable failures: the circuit is open while > 2
-        self.listener: Any = None  # has observe_latency/on_retry/on_circuit, if set
-        self.limiter: Limiter | None = None  # told of every answer and every refusal
+        self.listener = listener
+        self.limiter = limiter  # told of every answer and every refusal
         # Our own retry loop, not the client's: it must never give up on an outage.
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0
