@@ -73,6 +73,11 @@ class LLMError(StreamError):
         self.retry_after = retry_after
 
     @property
+    def timeout(self) -> bool:
+        """No answer within the request timeout."""
+        return bool(self.data.get("timeout"))
+
+    @property
     def overload(self) -> bool:
         """The endpoint is busy (429, 503, or no answer in time): send it less."""
-        return self.status in (429, 503) or bool(self.data.get("timeout"))
+        return self.status in (429, 503) or self.timeout

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path(".stream-data"), description="Local state of the processor")
     llm_base_url: str | None = Field(None, description="Overrides the spec's model.base_url")
+    llm_model: str | None = Field(None, description="Overrides the spec's model.name")
     llm_api_key: SecretStr | None = Field(
         None, description="API key; else the env var or file the spec names"
     )

@@ -34,15 +34,27 @@ class FakeLLM:
         self.requests: list[list[dict[str, Any]]] = []
         self.asks: list[SimRequest] = []
         self.reject_marker: str | None = None
+        self.messages: list[list[dict[str, str]]] = []
+        # Requests of more instances than this time out; so does any holding the marker.
+        self.timeout_over: int | None = None
+        self.timeout_marker: str | None = None
 
     async def complete(
-        self, messages: list[dict[str, str]], response_format: dict[str, Any]
+        self,
+        messages: list[dict[str, str]],
+        response_format: dict[str, Any],
+        *,
+        items: int = 1,
     ) -> Completion:
         req = Simulator.read_request(messages)
         self.requests.append(req.items)
         self.asks.append(req)
+        self.messages.append(messages)
         if self.reject_marker and any(self.reject_marker in str(i) for i in req.items):
             raise LLMError("endpoint answered 400: content refused", retriable=False, status=400)
+        too_big = self.timeout_over is not None and len(req.items) > self.timeout_over
+        if too_big or (self.timeout_marker and self.timeout_marker in str(req.items)):
+            raise LLMError("LLM request timed out", retriable=True, timeout=True)
         text = self.sim.answer(req)
         return Completion(text, "stop", 10 * len(req.items), 5 * len(req.items), 0, 0.0)
 

@@ -23,10 +23,16 @@ class Completion:
 
 
 class Model(Protocol):
-    """Completes one request; raises `stream.errors.LLMError` when it cannot."""
+    """Completes one request of `items` instances; raises `stream.errors.LLMError` when
+    it cannot. A timeout is raised (`LLMError.timeout`) when splitting the request or
+    giving up on its one item may help; outages are waited out inside."""
 
     model: str
 
     async def complete(
-        self, messages: list[dict[str, str]], response_format: dict[str, Any]
+        self,
+        messages: list[dict[str, str]],
+        response_format: dict[str, Any],
+        *,
+        items: int = 1,
     ) -> Completion: ...

@@ -188,8 +188,13 @@ class PromptBuilder:
         self._schema = lru_cache(maxsize=64)(self._build_schema)
 
     def messages(
-        self, instances: Sequence[Instance], ask: Ask | None = None
+        self,
+        instances: Sequence[Instance],
+        ask: Ask | None = None,
+        refused: Sequence[tuple[str, str]] = (),
     ) -> list[dict[str, str]]:
+        """The request; `refused` (token, why) says what was wrong with the last answer
+        for these instances. It comes last, so the cached prefix stays the same."""
         body: list[dict[str, Any]] = []
         for k, inst in enumerate(instances):
             token = token_for(k)
@@ -210,6 +215,15 @@ class PromptBuilder:
             ask = ask or self.first_ask
             control = {"activeAdvisors": list(ask.active), "mayConsult": ask.consult}
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
+        if refused:
+            lines = "\n".join(f"{token}: {why}" for token, why in refused)
+            messages.append(
+                {
+                    "role": "user",
+                    "content": "Your last answer did not settle these instances, for these "
+                    f"reasons:\n{lines}\nAnswer again with valid calls for every instance.",
+                }
+            )
         return messages
 
     def response_format(self, n: int, ask: Ask | None = None) -> dict[str, Any]:

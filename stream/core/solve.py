@@ -1,15 +1,16 @@
 """Turns a batch of instances into accepted calls: ask, validate, re-ask the missing.
 
 Every instance ends in exactly one way: accepted calls (NoAction included), or unanswered
-with a reason after `max_attempts` asks. A group that keeps failing as a whole is split in
-halves, so one poison item cannot take its batch-mates down with it. An instance whose
-answer asks to consult an on-demand advisor is decided again in a follow-up request with
-that advisor active (a bounded number of rounds).
+with a reason after `max_attempts` asks. A re-ask names what was wrong with the last
+answer, after the cached prefix, so the model can correct itself. A group that keeps
+failing as a whole, or whose request timed out, is split in halves, so one poison item
+or a window too large for the endpoint's time limit cannot hold its batch-mates. An
+instance whose answer asks to consult an on-demand advisor is decided again in a
+follow-up request with that advisor active (a bounded number of rounds).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -63,6 +64,7 @@ class Outcome:
     cached_tokens: int = 0
     consults: int = 0
     stray_opinions: int = 0
+    latencies: list[float] = field(default_factory=list)
     notes: dict[int, _Notes] = field(default_factory=dict)
 
 
@@ -94,70 +96,99 @@ class Solver:
     ) -> None:
         pending = group
         attempt = first_attempt
-        reason, code = "no valid call for this instance", "unanswered"
+        code, reason = "unanswered", "no valid call for this instance"
+        feedback: dict[int, str] = {}
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            tokens = [token_for(k) for k in range(len(pending))]
             try:
-                done = await self.llm.complete(
-                    self.prompt.messages(pending, ask),
-                    self.prompt.response_format(len(pending), ask),
-                )
+                pending, feedback = await self._ask(pending, out, attempt, ask, rounds, feedback)
             except LLMError as exc:
-                # Not retriable (e.g. 400): the same request will fail the same way, so
-                # split at once to find the item that causes it.
                 out.requests += 1
-                reason, code = exc.message, "llm_rejected"
-                break
-            out.requests += 1
-            out.prompt_tokens += done.prompt_tokens
-            out.completion_tokens += done.completion_tokens
-            out.cached_tokens += done.cached_tokens
-            verdict = self.validator.check(done.text, tokens, ask)
-            by_token = dict(zip(tokens, pending, strict=True))
-            self._note_opinions(out, verdict.opinions, by_token)
-            out.stray_opinions += verdict.stray_opinions
-            for refusal in verdict.refusals:
-                owner = by_token.get(refusal.token) if refusal.token else None
-                out.refusals.append((refusal, owner, attempt))
-            for token, calls in verdict.calls.items():
-                inst = by_token[token]
-                notes = out.notes.get(id(inst), _Notes())
-                out.answers.append(
-                    Answer(
-                        inst,
-                        calls,
-                        token,
-                        len(pending),
-                        attempt,
-                        list(notes.opinions.values()),
-                        notes.consulted,
-                    )
-                )
-            if verdict.consults:
-                await self._consult(verdict.consults, by_token, out, attempt, ask, rounds)
-            answered = set(verdict.calls) | set(verdict.consults)
-            pending = [by_token[t] for t in tokens if t not in answered]
+                if not exc.timeout:
+                    # Not retriable (e.g. 400): the same request fails the same way, so
+                    # split at once to find the item that causes it.
+                    code, reason = "llm_rejected", exc.message
+                    break
+                code, reason = "llm_timeout", f"no answer in time: {exc.message}"
+                if len(pending) > 1:
+                    break  # smaller requests answer sooner
+                continue  # one item the endpoint cannot answer in time, while it answers others
             if not pending:
                 return
-            reason, code = verdict.malformed or "no valid call for this instance", "unanswered"
-            if done.finish_reason == "length":
-                reason = f"answer truncated at the output limit; {reason}"
-            log.info(
-                "ask %d left %d of %d instances unanswered: %s",
-                attempt,
-                len(pending),
-                len(tokens),
-                reason,
-            )
+            code, reason = "unanswered", next(iter(feedback.values()), reason)
         if len(pending) > 1:
             half = len(pending) // 2
-            await asyncio.gather(
-                self._solve(pending[:half], out, attempt + 1, ask, rounds),
-                self._solve(pending[half:], out, attempt + 1, ask, rounds),
-            )
+            # One half after the other: they share the batch's one in-flight slot.
+            await self._solve(pending[:half], out, attempt + 1, ask, rounds)
+            await self._solve(pending[half:], out, attempt + 1, ask, rounds)
             return
         for instance in pending:
             out.unanswered.append(Unanswered(instance, code, reason, attempt))
+
+    async def _ask(
+        self,
+        pending: list[Instance],
+        out: Outcome,
+        attempt: int,
+        ask: Ask,
+        rounds: int,
+        feedback: dict[int, str],
+    ) -> tuple[list[Instance], dict[int, str]]:
+        """One request: records what it settled; returns the instances still open and
+        why each is open (keyed by id(instance)), for the next ask to say."""
+        tokens = [token_for(k) for k in range(len(pending))]
+        notes = [
+            (t, feedback[id(i)]) for t, i in zip(tokens, pending, strict=True) if id(i) in feedback
+        ]
+        done = await self.llm.complete(
+            self.prompt.messages(pending, ask, notes),
+            self.prompt.response_format(len(pending), ask),
+            items=len(pending),
+        )
+        out.requests += 1
+        out.prompt_tokens += done.prompt_tokens
+        out.completion_tokens += done.completion_tokens
+        out.cached_tokens += done.cached_tokens
+        out.latencies.append(done.latency_s)
+        verdict = self.validator.check(done.text, tokens, ask)
+        by_token = dict(zip(tokens, pending, strict=True))
+        self._note_opinions(out, verdict.opinions, by_token)
+        out.stray_opinions += verdict.stray_opinions
+        why: dict[str, str] = {}
+        for refusal in verdict.refusals:
+            owner = by_token.get(refusal.token) if refusal.token else None
+            out.refusals.append((refusal, owner, attempt))
+            if refusal.token:
+                why.setdefault(refusal.token, f"{refusal.code}: {refusal.reason}")
+        for token, calls in verdict.calls.items():
+            inst = by_token[token]
+            notes_of = out.notes.get(id(inst), _Notes())
+            out.answers.append(
+                Answer(
+                    inst,
+                    calls,
+                    token,
+                    len(pending),
+                    attempt,
+                    list(notes_of.opinions.values()),
+                    notes_of.consulted,
+                )
+            )
+        if verdict.consults:
+            await self._consult(verdict.consults, by_token, out, attempt, ask, rounds)
+        answered = set(verdict.calls) | set(verdict.consults)
+        left = [t for t in tokens if t not in answered]
+        default = verdict.malformed or "no valid call for this instance"
+        if done.finish_reason == "length":
+            default = f"answer truncated at the output limit; {default}"
+        if left:
+            log.info(
+                "ask %d left %d of %d instances unanswered: %s",
+                attempt,
+                len(left),
+                len(tokens),
+                default,
+            )
+        return [by_token[t] for t in left], {id(by_token[t]): why.get(t, default) for t in left}
 
     def _note_opinions(
         self, out: Outcome, opinions: list[Opinion], by_token: dict[str, Instance]

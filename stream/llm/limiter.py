@@ -10,6 +10,10 @@ back ten times slower above the level that failed, so an account's hard concurre
 limit is probed rarely, not every round trip. A retry-after pauses new requests until
 it has passed. `window.max_in_flight` is the ceiling; with `window.adaptive: false` the
 limit stays there.
+
+The size of a request is learned the same way: a request that timed out halves the
+number of instances a window may hold (`max_items`), and answers well inside the timeout
+at that size let it grow by one, so windows shrink to what the endpoint answers in time.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Limiter:
         self._usual: dict[int, tuple[int, float]] = {}  # size class -> (answers, seconds)
         self._slowdown = 1.0  # recent round trips over their size's usual, smoothed
         self._waiters: list[asyncio.Future[None]] = []
+        self.max_items: int | None = None  # instances answered in time; None: no timeout yet
         self._on_change = on_change
         if on_change is not None:
             on_change(self.limit)
@@ -86,7 +91,15 @@ class Limiter:
             if not woken.done():
                 woken.set_result(None)
 
-    def on_success(self, latency_s: float, completion_tokens: int = 0) -> None:
+    def on_success(
+        self,
+        latency_s: float,
+        completion_tokens: int = 0,
+        items: int = 0,
+        share_of_timeout: float = 0.0,
+    ) -> None:
+        if self.max_items is not None and items >= self.max_items and share_of_timeout < 0.5:
+            self.max_items += 1
         self._rtt = latency_s if not self._rtt else self._rtt + _FAST * (latency_s - self._rtt)
         size = max(completion_tokens, 1).bit_length()
         seen, usual = self._usual.get(size, (0, latency_s))
@@ -116,6 +129,13 @@ class Limiter:
         # in_flight counts the refused batch itself: the others are what it bore.
         self._plateau = float(self.in_flight)
         self._cut(min(self.limit * _CUT, self.in_flight - 1.0), "endpoint refused")
+
+    def on_timeout(self, items: int) -> None:
+        """A request of `items` instances was not answered in time: windows shrink."""
+        cap = max(1, items // 2)
+        if self.max_items is None or cap < self.max_items:
+            log.info("window size limit -> %d: a request of %d timed out", cap, items)
+            self.max_items = cap
 
     def _cut(self, target: float, why: str) -> None:
         self._last_cut = time.monotonic()

@@ -45,6 +45,12 @@ class Metrics:
         self.circuit_open = Gauge(
             "stream_circuit_open", "1 while the endpoint keeps failing", registry=r
         )
+        self.refused = Gauge(
+            "stream_llm_refused",
+            "HTTP status while the endpoint refuses the key or model (401/403/404), else 0;"
+            " consumption is paused meanwhile",
+            registry=r,
+        )
         self.in_flight_limit = Gauge(
             "stream_llm_in_flight_limit",
             "Batches allowed in flight now (adaptive: grows while healthy, shrinks on 429s)",
@@ -98,6 +104,9 @@ class Metrics:
 
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
+
+    def on_refused(self, status: int | None) -> None:
+        self.refused.set(status or 0)
 
     def observe_batch(self, size: int, reason: str) -> None:
         self.batch_size.observe(size)

@@ -5,9 +5,9 @@ decides moderation with a real trained classifier (alt-profanity-check, whose mo
 in its wheel) plus spam rules, answers with a solution valid for the requested schema,
 reports token usage (and prompt-prefix cache hits), and injects faults for tests.
 
-Faults: per-request switches (`next`: a queue of "429", "500", "hang", "malformed",
-"truncated"), rates for the same and for per-instance faults, and markers in an item's
-text that force a per-instance fault deterministically:
+Faults: per-request switches (`next`: a queue of "429", "500", "401", "403", "404",
+"hang", "malformed", "truncated"), rates for the same and for per-instance faults, and
+markers in an item's text that force a per-instance fault deterministically:
 `[[sim:skip-once]]`, `[[sim:skip-always]]`, `[[sim:unknown-tool]]`, `[[sim:invent]]`,
 `[[sim:bad-args]]`, `[[sim:noaction]]`, `[[sim:poison]]` (spoils any answer that
 includes the item, so only splitting the batch can isolate it), and for advisors
@@ -51,6 +51,11 @@ _SPAM = re.compile(
 )
 _RUDE = re.compile(r"\b(idiot|moron|stupid|fuck\w*|shit|loser|clown|hell)\b", re.IGNORECASE)
 _MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
+_REFUSALS = {
+    "401": "Incorrect API key provided (simulated)",
+    "403": "This key has no access to the model (simulated)",
+    "404": f"The model does not exist; this endpoint serves {MODEL_NAME} (simulated)",
+}
 _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 
 
@@ -84,6 +89,9 @@ class SimConfig(BaseModel):
     )
     seed: int = 7
     faults: Faults = Field(default_factory=Faults)
+    api_key: str | None = Field(
+        None, description="the one key accepted (401 for others, as a real account); None: any"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,7 +465,10 @@ class Simulator:
         for m in messages:
             if m["role"] != "user":
                 continue
-            data = orjson.loads(m["content"])
+            try:
+                data = orjson.loads(m["content"])
+            except orjson.JSONDecodeError:
+                continue  # prose: a re-ask's reasons, which the simulator does not read
             if isinstance(data, list):
                 items = [d for d in data if isinstance(d, dict) and "_instance" in d]
             elif isinstance(data, dict):
@@ -512,6 +523,15 @@ class Simulator:
         self._spent.append((now, tokens))
         return None
 
+    def _account_fault(self, request: web.Request, body: dict[str, Any]) -> str | None:
+        """What a real account refuses: a key it does not know, a model it does not serve."""
+        key = self.config.api_key
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            return "401"
+        if body.get("model") != MODEL_NAME:
+            return "404"
+        return None
+
     def _request_fault(self) -> str | None:
         f = self.config.faults
         if f.next:
@@ -545,9 +565,14 @@ class Simulator:
                 },
                 status=400,
             )
-        fault = self._request_fault()
+        fault = self._request_fault() or self._account_fault(request, body)
         if fault:
             self.stats[f"fault_{fault}"] += 1
+        if fault in _REFUSALS:
+            return web.json_response(
+                {"error": {"message": _REFUSALS[fault], "type": "invalid_request_error"}},
+                status=int(fault),
+            )
         if fault == "429":
             return web.json_response(
                 {"error": {"message": "rate limited (simulated)", "type": "rate_limit"}},

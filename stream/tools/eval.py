@@ -120,29 +120,11 @@ def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
     return True
 
 
-class _Latencies:
-    """The LLM client's listener: keeps each answered request's latency."""
-
-    def __init__(self) -> None:
-        self.seen: list[float] = []
-
-    def observe_latency(self, seconds: float) -> None:
-        self.seen.append(seconds)
-
-    def on_retry(self) -> None:
-        pass
-
-    def on_circuit(self, is_open: bool) -> None:
-        pass
-
-
 async def _run_size(
     spec: AgentSpec, llm: LLM, items: list[EvalItem], window: int, concurrency: int
 ) -> SizeReport:
     solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
     report = SizeReport(window, len(items))
-    listener = _Latencies()
-    llm.listener = listener
     gate = asyncio.Semaphore(concurrency)
     instances = [
         Instance(
@@ -164,9 +146,9 @@ async def _run_size(
         report.prompt_tokens += outcome.prompt_tokens
         report.completion_tokens += outcome.completion_tokens
         report.unanswered += len(outcome.unanswered)
+        report.latencies += outcome.latencies
         for answer in outcome.answers:
             report.decisions[answer.instance.id] = decision_of(answer.calls, spec)
-    report.latencies = listener.seen
     price_in, price_out = spec.model.price_input_per_million, spec.model.price_output_per_million
     report.cost_usd = (report.prompt_tokens * price_in + report.completion_tokens * price_out) / 1e6
     labelled = [it for it in items if it.label]

@@ -121,3 +121,18 @@ async def test_window_closes_when_the_expected_answer_would_outgrow_the_budget()
 @pytest.mark.parametrize("ceiling", [1, 2])
 async def test_small_ceilings_start_at_one_or_more(ceiling: int) -> None:
     assert Limiter(ceiling).slots >= 1
+
+
+def test_timeouts_halve_the_window_and_answers_in_time_grow_it_back() -> None:
+    limiter = Limiter(4)
+    assert limiter.max_items is None
+    limiter.on_timeout(25)
+    assert limiter.max_items == 12
+    limiter.on_timeout(20)  # a request sent before the cut: the smaller cap stays
+    assert limiter.max_items == 10
+    limiter.on_success(9.0, 100, items=10, share_of_timeout=0.9)  # in time, but barely
+    assert limiter.max_items == 10
+    limiter.on_success(2.0, 100, items=10, share_of_timeout=0.2)
+    assert limiter.max_items == 11
+    limiter.on_success(1.0, 100, items=5, share_of_timeout=0.1)  # smaller than the cap
+    assert limiter.max_items == 11

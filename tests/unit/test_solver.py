@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from stream.core.prompt import Instance, PromptBuilder
 from stream.core.solve import Solver
 from stream.core.spec import load_spec
 from stream.core.validate import Validator
-from stream.llm.client import LLM
 from stream.settings import DEFAULT_SPEC
 from tests.fakes import FakeLLM, make_batch
 
@@ -17,7 +16,7 @@ def _batch(texts: list[str]) -> list[Instance]:
 
 def _solver(fake: FakeLLM, attempts: int = 3) -> Solver:
     spec = load_spec(DEFAULT_SPEC)
-    return Solver(cast(LLM, fake), PromptBuilder(spec), Validator(spec), attempts)
+    return Solver(fake, PromptBuilder(spec), Validator(spec), attempts)
 
 
 def _answered(outcome: Any) -> set[str]:
@@ -99,3 +98,38 @@ async def test_consult_round_trip_asks_again_with_the_on_demand_advisor() -> Non
     assert {o.advisor for o in plain.opinions} == {"safetyOfficer", "communityManager"}
     safety = next(o for o in plain.opinions if o.advisor == "safetyOfficer")
     assert safety.token == plain.token and safety.error is None
+
+
+async def test_a_window_that_times_out_is_split_until_it_answers_in_time() -> None:
+    fake = FakeLLM()
+    fake.timeout_over = 3
+    out = await _solver(fake).solve(_batch([f"post {i}" for i in range(8)]))
+    # Halves run one after the other, each split again until it fits the time limit.
+    assert [len(r) for r in fake.requests] == [8, 4, 2, 2, 4, 2, 2]
+    assert _answered(out) == {f"id-{i}" for i in range(8)}
+    assert not out.unanswered
+
+
+async def test_an_item_that_always_times_out_is_dead_lettered_after_max_attempts() -> None:
+    fake = FakeLLM()
+    fake.timeout_marker = "ENDLESS"
+    out = await _solver(fake, attempts=2).solve(_batch(["a", "b", "ENDLESS essay", "d"]))
+    assert [(u.instance.id, u.code) for u in out.unanswered] == [("id-2", "llm_timeout")]
+    assert "no answer in time" in out.unanswered[0].reason
+    assert _answered(out) == {"id-0", "id-1", "id-3"}
+
+
+async def test_a_re_ask_tells_the_model_why_its_last_answer_was_refused() -> None:
+    fake = FakeLLM()
+    out = await _solver(fake).solve(_batch(["fine", "wrong args [[sim:bad-args]]"]))
+    assert [len(r) for r in fake.requests] == [2, 1, 1]
+    first, second, _ = fake.messages
+    assert all("did not settle" not in m["content"] for m in first)
+    # The reasons come after the unchanged system prompt (the cached prefix).
+    assert second[0] == first[0]
+    assert "bad_arguments" in second[-1]["content"] and second[-1]["content"].startswith("Your")
+    assert "①:" in second[-1]["content"]  # the instance's token in the re-ask
+    assert _answered(out) == {"id-0"}
+    # The dead letter names the last refusal, not only "no valid call".
+    assert [u.instance.id for u in out.unanswered] == ["id-1"]
+    assert out.unanswered[0].reason.startswith("bad_arguments: ")
