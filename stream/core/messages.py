@@ -199,12 +199,14 @@ DeadLetterCode = Literal[
     "too_large",
     "unanswered",
     "llm_rejected",
+    "llm_timeout",
     "internal_error",
     # one call of the model's answer was refused; its item is asked again
     "unknown_tool",
     "unknown_instance",
     "bad_arguments",
     "malformed_call",
+    "duplicate_call",
     # an activity handler kept failing on a published call
     "activity_failed",
 ]
@@ -217,6 +219,7 @@ ITEM_CODES: frozenset[str] = frozenset(
         "too_large",
         "unanswered",
         "llm_rejected",
+        "llm_timeout",
         "internal_error",
     }
 )

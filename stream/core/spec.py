@@ -63,6 +63,12 @@ class Tool(_Strict):
         description="State paths (†state.x) its result may be written to; two or more: "
         "the activity chooses (a branch)",
     )
+    max_calls_per_instance: int = Field(
+        1,
+        ge=1,
+        description="Calls of this tool one instance may get in one answer; the model's "
+        "extra calls are refused as duplicate_call (the first ones count)",
+    )
 
     @field_validator("parameters")
     @classmethod

@@ -52,6 +52,7 @@ class Verdict:
     opinions: list[Opinion] = field(default_factory=list)
     consults: dict[str, list[str]] = field(default_factory=dict)
     stray_opinions: int = 0
+    duplicates: int = 0  # exact repeats of an accepted call, dropped
     malformed: str | None = None
 
     def missing(self, tokens: Sequence[str]) -> list[str]:
@@ -63,6 +64,7 @@ class Validator:
         tools = [*spec.tools, *meta_tools(spec)]
         self._validators = {t.name: Draft202012Validator(t.parameters) for t in tools}
         self._required = {t.name: set(t.parameters.get("required", [])) for t in tools}
+        self._most = {t.name: t.max_calls_per_instance for t in tools}
         self._advisors = {a.id: a for a in spec.advisors}
         self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
 
@@ -88,7 +90,7 @@ class Validator:
                     advisor = str(outcome.arguments.get("advisor"))
                     verdict.consults.setdefault(outcome.instance, []).append(advisor)
             else:
-                verdict.calls.setdefault(outcome.instance, []).append(outcome)
+                self._accept(verdict, outcome, raw)
         # An instance that asked for a consult is decided in the follow-up, not here.
         for token in verdict.consults:
             verdict.calls.pop(token, None)
@@ -100,6 +102,26 @@ class Validator:
             else:
                 verdict.opinions.append(opinion)
         return verdict
+
+    def _accept(self, verdict: Verdict, call: Call, raw: dict[str, Any]) -> None:
+        """A weak model may call one instance twice (approve, then reject): the first
+        call counts, the extra ones are refused so nothing contradictory is published."""
+        calls = verdict.calls.setdefault(call.instance, [])
+        same = [c for c in calls if c.tool == call.tool]
+        if len(same) < self._most[call.tool]:
+            calls.append(call)
+        elif any(c.arguments == call.arguments for c in same):
+            verdict.duplicates += 1  # the same call repeated word for word: nothing to refuse
+        else:
+            verdict.refusals.append(
+                Refusal(
+                    "duplicate_call",
+                    f"{call.tool} already called for this instance in this answer "
+                    f"(at most {self._most[call.tool]})",
+                    raw,
+                    call.instance,
+                )
+            )
 
     def _check_opinion(self, raw: Any, known: set[str], ask: Ask) -> Opinion | None:
         """An opinion of an active advisor about a known instance, else None (stray)."""

@@ -132,3 +132,14 @@ def test_instance_id_from_field_else_key() -> None:
     inst = parse_item(b'{"c": 1}', b"key-7", SRC, 1000)
     assert inst.id == "key-7"
     assert inst.payload == {"c": 1}
+
+
+def test_an_instance_called_twice_keeps_the_first_call_and_refuses_the_contradiction() -> None:
+    v = Validator(load_spec(DEFAULT_SPEC))
+    approve = {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "a"}
+    reject = {"_tool": "moderateComment", "_instance": "①", "decision": "reject", "reason": "b"}
+    verdict = v.check(_answer(approve, reject, dict(approve)), ["①"])
+    assert [c.arguments["decision"] for c in verdict.calls["①"]] == ["approve"]
+    assert [r.code for r in verdict.refusals] == ["duplicate_call"]
+    assert verdict.refusals[0].call == reject
+    assert verdict.duplicates == 1  # the word-for-word repeat is dropped, not refused
