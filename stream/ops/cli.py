@@ -134,6 +134,7 @@ def _demo(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         latency_ms=args.latency_ms,
         example=args.example,
+        llm=args.llm,
     )
 
 
@@ -165,10 +166,12 @@ def _bench(args: argparse.Namespace) -> int:
                 cap_s=args.cap_s,
                 scaling=args.scaling,
                 spec=spec,
+                llm=args.endpoint or args.llm,
             )
         )
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
-    table = markdown(results, endpoint, command.strip())
+    llm = args.endpoint or args.llm
+    table = markdown(results, endpoint, command.strip(), None if llm == "simulator" else llm)
     (out / "bench.md").write_text(table)
     (out / "bench.json").write_bytes(results_json(results))
     for path in plots(results, out):
@@ -196,8 +199,8 @@ def _eval(args: argparse.Namespace) -> int:
     from stream.llm.client import LLM
     from stream.runtime.processor import resolve_api_key
     from stream.settings import Settings
-    from stream.testing.simulator import running_simulator
     from stream.tools.eval import evaluate, load_items, markdown
+    from stream.tools.target import llm_target
 
     settings = Settings()
     spec = load_spec(settings.spec)
@@ -208,31 +211,29 @@ def _eval(args: argparse.Namespace) -> int:
     if args.limit:
         items = items[: args.limit]
     windows = [int(w) for w in args.windows.split(",")]
-    key = resolve_api_key(settings, spec)
-
-    async def run(url: str) -> list[Any]:
-        llm = LLM(
-            base_url=url,
-            api_key=key,
-            model=spec.model.name,
-            timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
-            temperature=spec.model.temperature,
-            max_output_tokens=spec.model.max_output_tokens,
+    choice = args.llm or settings.llm_base_url or spec.model.base_url or "simulator"
+    if choice == "simulator" and not args.llm:
+        print(
+            "no model endpoint set: using the bundled LLM SIMULATOR (not a model)", file=sys.stderr
         )
-        try:
-            return await evaluate(spec, llm, items, windows, args.concurrency)
-        finally:
-            await llm.close()
+    with llm_target(choice, model=settings.llm_model or spec.model.name) as target:
+        key = resolve_api_key(settings, spec) if target.kind == "endpoint" else "none"
 
-    url = settings.llm_base_url or spec.model.base_url
-    with contextlib.ExitStack() as stack:
-        if not url:
-            print(
-                "no model endpoint set: using the bundled LLM SIMULATOR (not a model)",
-                file=sys.stderr,
+        async def run() -> list[Any]:
+            llm = LLM(
+                base_url=target.url,
+                api_key=key,
+                model=target.model,
+                timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
+                temperature=spec.model.temperature,
+                max_output_tokens=spec.model.max_output_tokens,
             )
-            _, url = stack.enter_context(running_simulator())
-        reports = asyncio.run(run(url))
+            try:
+                return await evaluate(spec, llm, items, windows, args.concurrency)
+            finally:
+                await llm.close()
+
+        reports = asyncio.run(run())
     if args.json:
         rows = [
             {
@@ -252,7 +253,7 @@ def _eval(args: argparse.Namespace) -> int:
         ]
         print(orjson.dumps(rows).decode())
     else:
-        print(markdown(reports, args.file, spec.model.name))
+        print(markdown(reports, args.file, target.model))
     return 0
 
 
@@ -386,6 +387,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=180, help="seconds to wait for outcomes")
     d.add_argument("--latency-ms", type=float, default=50, help="simulated LLM latency")
     d.add_argument(
+        "--llm",
+        default="simulator",
+        help="simulator (default), local (a real small model via llama.cpp), or an endpoint URL",
+    )
+    d.add_argument(
         "--example",
         default="moderation",
         help="which example under examples/: moderation (default) or tickets (stateful)",
@@ -425,6 +431,13 @@ def _parser() -> argparse.ArgumentParser:
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
     )
     bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")
+    bn.add_argument(
+        "--llm",
+        default="simulator",
+        help="simulator (default, shaped by the flags above), local (a real small model via "
+        "llama.cpp) or an endpoint URL",
+    )
+    bn.add_argument("--endpoint", default=None, metavar="URL", help="same as --llm URL")
     bn.set_defaults(fn=_bench)
     ev = sub.add_parser("eval", help="decisions, tokens and cost per window size, no Kafka")
     ev.add_argument("file", help="JSONL file: one item per line, optional _label")
@@ -432,6 +445,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=4, help="requests at once (default 4)")
     ev.add_argument("--limit", type=int, default=0, help="only the first N items")
     ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")
+    ev.add_argument(
+        "--llm",
+        default=None,
+        help="simulator, local (a real small model via llama.cpp) or an endpoint URL "
+        "(default: the configured endpoint, else the simulator)",
+    )
     ev.set_defaults(fn=_eval)
     c = sub.add_parser("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")

@@ -38,6 +38,7 @@ __all__ = [
     "Tls",
     "docker_available",
     "ensure_jars",
+    "free_port",
     "kafka_bootstrap",
     "run_foreground",
 ]
@@ -98,6 +99,11 @@ def ensure_jars() -> Path:
             raise BrokerError(f"mvn could not fetch the Kafka jars:\n{tail}", retriable=True)
         marker.write_text(version + "\n")
         return jars
+
+
+def free_port() -> int:
+    """A port nobody listens on now, on the loopback address."""
+    return _free_ports(1)[0]
 
 
 def _free_ports(count: int) -> list[int]:

@@ -22,12 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import secrets
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -38,27 +33,23 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stream.core.spec import load_spec
 from stream.runtime.topics import activity_topics, ensure_product_topics, ensure_topics
 from stream.settings import DEFAULT_SPEC, Settings
-from stream.testing.samples import comments
+from stream.testing.broker import free_port
+from stream.testing.simulator import MODEL_NAME
 from stream.tools.demo import ProcessorProcess
+from stream.tools.load import Tally, bench_items, passthrough, produce_items, rss_mb
+from stream.tools.target import SimProcess, Target, llm_target, processor_usage
 
 __all__ = [
     "Bench",
     "Endpoint",
     "Result",
-    "SimProcess",
-    "Tally",
-    "bench_items",
     "bench_session",
     "bench_spec",
-    "free_port",
-    "produce_items",
     "results_json",
-    "rss_mb",
     "run_bench",
 ]
 
@@ -119,230 +110,11 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
-    """Comments of realistic length: one to four sentences each (about 60-400 bytes)."""
-    rng = random.Random(seed)
-    pool = [c["comment"] for c in comments(400, seed)]
-    out = []
-    for i, item in enumerate(comments(n, seed)):
-        extra = " ".join(rng.choice(pool) for _ in range(rng.randint(0, 3)))
-        out.append({**item, "_instance": f"b-{i:06d}", "comment": f"{item['comment']} {extra}"})
-    return out
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-class SimProcess:
-    """`stream llm-sim` as its own OS process, so its work does not share our GIL."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = workdir / "simulator.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self._log.open("ab") as out:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "stream", "llm-sim", "--port", str(self.port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    async def ready(self, wait_s: float = 60) -> None:
-        deadline = time.monotonic() + wait_s
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    async with http.get(f"{self.url}/v1/models") as resp:
-                        if resp.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the simulator did not start; see {self._log}")
-                await asyncio.sleep(0.2)
-
-    async def configure(self, endpoint: Endpoint) -> None:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{self.url}/sim/config", json=endpoint.config()) as resp,
-        ):
-            resp.raise_for_status()
-
-    async def stats(self) -> dict[str, float]:
-        async with aiohttp.ClientSession() as http, http.get(f"{self.url}/sim/stats") as resp:
-            data: dict[str, Any] = await resp.json()
-        return {k: float(v) for k, v in _flat(data).items()}
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
-            self._proc.wait(10)
-
-
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        elif isinstance(value, int | float):
-            out[prefix + key] = float(value)
-    return out
-
-
-class Tally:
-    """Reads the outcome topics as they fill: which inputs ended, and how late."""
-
-    def __init__(self, bootstrap: str, topics: list[str]) -> None:
-        self.bootstrap = bootstrap
-        self.topics = topics
-        self.done: set[tuple[int, int]] = set()
-        self.first_at: float | None = None
-        self.last_at = 0.0
-        self.latency_ms: dict[tuple[int, int], float] = {}
-        self.base = 0  # outcomes before the clock (re)started
-        self.progress: list[tuple[float, int]] = []  # (when, outcomes) since the restart
-        self._task: asyncio.Task[None] | None = None
-
-    def restart(self) -> None:
-        """Starts the throughput clock afresh at the next outcome."""
-        self.base = len(self.done)
-        self.first_at = None
-        self.progress = []
-
-    async def __aenter__(self) -> Tally:
-        consumer = AIOKafkaConsumer(
-            *self.topics,
-            bootstrap_servers=self.bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=50,
-        )
-        await consumer.start()
-        self._task = asyncio.create_task(self._run(consumer))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
-        try:
-            while True:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-                now = time.monotonic()
-                for records in batches.values():
-                    for rec in records:
-                        self._count(rec, now)
-                if batches and self.first_at is not None:
-                    self.progress.append((now, len(self.done)))
-        finally:
-            await consumer.stop()
-
-    def _count(self, rec: Any, now: float) -> None:
-        try:
-            source = orjson.loads(rec.value)["source"]
-            key = (int(source["partition"]), int(source["offset"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return
-        if key in self.done:
-            return
-        self.done.add(key)
-        if self.first_at is None:
-            self.first_at = now
-        self.last_at = now
-        produced = source.get("timestamp_ms")
-        if produced:
-            self.latency_ms[key] = rec.timestamp - produced
-
-    def rate(self) -> float:
-        """Items/s at steady state: the least-squares slope of outcomes over time, from
-        the first outcome on. Outcomes arrive in waves of whole batches; a slope over
-        all of them is not skewed by where the first and the last wave fall."""
-        points = self.progress
-        if len(points) < 2:
-            return 0.0
-        t0 = points[0][0]
-        xs = [t - t0 for t, _ in points]
-        ys = [float(n) for _, n in points]
-        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-        var = sum((x - mean_x) ** 2 for x in xs)
-        if var == 0:
-            return 0.0
-        return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-
-    async def wait_for(
-        self,
-        count: int,
-        cap_s: float,
-        proc: list[ProcessorProcess],
-        since: float | None = None,
-    ) -> bool:
-        """Until `count` inputs ended, or `cap_s` after `since` (default: the first
-        outcome); True if it gave up."""
-        started = time.monotonic()
-        while len(self.done) < count:
-            for p in proc:
-                if p.proc is not None and p.proc.poll() is not None:
-                    raise RuntimeError(f"processor exited:\n{p.tail()}")
-            now = time.monotonic()
-            if self.first_at is None and now - started > 180:
-                raise RuntimeError(f"no outcome within 180 s:\n{proc[0].tail()}")
-            origin = since if since is not None else self.first_at
-            if origin is not None and now - origin > cap_s:
-                return True
-            await asyncio.sleep(0.1)
-        return False
-
-
-async def produce_items(
-    bootstrap: str, topic: str, items: list[dict[str, str]], rate: float | None = None
-) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        started = time.monotonic()
-        futures = []
-        for i, item in enumerate(items):
-            if rate:
-                ahead = started + i / rate - time.monotonic()
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-            futures.append(
-                await producer.send(
-                    topic,
-                    orjson.dumps(item),
-                    key=item["_instance"].encode(),
-                    timestamp_ms=int(time.time() * 1000),
-                )
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
 @dataclass(slots=True)
 class Bench:
     bootstrap: str
-    sim: SimProcess
+    sim: SimProcess | None  # None: a real endpoint (`target`), counted by the processors
+    target: Target
     workdir: Path
     spec: dict[str, Any]
     items: list[dict[str, str]]
@@ -382,7 +154,8 @@ class Bench:
                     "STREAM_BOOTSTRAP_SERVERS": self.bootstrap,
                     "STREAM_TOPIC_PREFIX": prefix,
                     "STREAM_PARTITIONS": str(partitions),
-                    "STREAM_LLM_BASE_URL": f"{self.sim.url}/v1",
+                    "STREAM_LLM_BASE_URL": self.target.url,
+                    "STREAM_LLM_MODEL": self.target.model,
                     "STREAM_SPEC": str(spec_path),
                     "STREAM_DATA_DIR": str(run_dir / f"data{k}"),
                     "STREAM_WEB_PORT": str(free_port()),
@@ -407,7 +180,8 @@ class Bench:
         paced: bool = True,
     ) -> Result:
         endpoint = endpoint or self.endpoint
-        await self.sim.configure(endpoint)
+        if self.sim is not None:
+            await self.sim.configure(endpoint.config())
         settings, outcome_topics, procs = await self.deploy(
             window, in_flight, partitions, processes
         )
@@ -417,11 +191,11 @@ class Bench:
             async with Tally(self.bootstrap, outcome_topics) as tally:
                 await self._warm_up(tally, settings, procs, load[0])
                 result.rss_start_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
-                before = await self.sim.stats()
+                before = await self._usage(procs)
                 tally.restart()
                 await produce_items(self.bootstrap, settings.topics.input, load)
                 result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
-                after = await self.sim.stats()
+                after = await self._usage(procs)
                 assert tally.first_at is not None
                 result.seconds = max(tally.last_at - tally.first_at, 1e-6)
                 result.items = len(tally.done) - tally.base
@@ -447,6 +221,11 @@ class Bench:
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
+
+    async def _usage(self, procs: list[ProcessorProcess]) -> dict[str, float]:
+        if self.sim is not None:
+            return await self.sim.stats()
+        return await processor_usage(int(p.env["STREAM_WEB_PORT"]) for p in procs)
 
     async def _warm_up(
         self,
@@ -484,7 +263,12 @@ class Bench:
             result.cached_share = delta("cached_tokens") / delta("prompt_tokens")
         if answered:
             result.mean_batch = delta("instances") / answered
-            if not ep.instant:
+            if self.sim is None:
+                # A real endpoint: its own measured latency, and as many requests at
+                # once as it serves (llama.cpp: its slots) or the processors send.
+                slots = min(self.target.slots or in_flight, in_flight)
+                result.ceiling_per_s = slots * result.mean_batch / (delta("latency_s") / answered)
+            elif not ep.instant:
                 # The ceiling `window x in-flight / latency` with the endpoint's own
                 # latency for the answers it gave, and its tokens-per-minute bound.
                 per_request_ms = ep.latency_ms + ep.per_output_token_ms * (
@@ -518,37 +302,7 @@ class Bench:
         src, dst = prefix + "items", prefix + "copy"
         await ensure_topics(self.bootstrap, [src, dst], partitions)
         await produce_items(self.bootstrap, src, self.items)
-        consumer = AIOKafkaConsumer(
-            src,
-            bootstrap_servers=self.bootstrap,
-            group_id=prefix + "passthrough",
-            auto_offset_reset="earliest",
-            enable_auto_commit=True,
-            auto_commit_interval_ms=1000,
-        )
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
-        )
-        await consumer.start()
-        await producer.start()
-        moved = 0
-        first: float | None = None
-        try:
-            while moved < len(self.items):
-                batches = await consumer.getmany(timeout_ms=500, max_records=5000)
-                if first is None and batches:
-                    first = time.monotonic()
-                futures = [
-                    await producer.send(dst, rec.value, key=rec.key)
-                    for records in batches.values()
-                    for rec in records
-                ]
-                await asyncio.gather(*futures)
-                moved += len(futures)
-        finally:
-            await consumer.stop()
-            await producer.stop()
-        seconds = time.monotonic() - (first or time.monotonic())
+        moved, seconds = await passthrough(self.bootstrap, src, dst, len(self.items))
         result = Result(
             "aiokafka passthrough", None, 1, partitions, moved, seconds, moved / seconds
         )
@@ -599,14 +353,28 @@ def bench_spec(path: Path = DEFAULT_SPEC) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def bench_session(
-    bootstrap: str, endpoint: Endpoint, n: int, cap_s: float, paced_s: float, spec: dict[str, Any]
+    bootstrap: str,
+    endpoint: Endpoint,
+    n: int,
+    cap_s: float,
+    paced_s: float,
+    spec: dict[str, Any],
+    llm: str = "simulator",
 ) -> AsyncIterator[Bench]:
+    """The simulator as its own process (so its work does not share our GIL), or the
+    real model `llm` names (see stream.tools.target)."""
+    items = bench_items(n)
     with _workdir() as workdir:
+        if llm != "simulator":
+            with llm_target(llm, model=os.environ.get("STREAM_LLM_MODEL")) as target:
+                yield Bench(bootstrap, None, target, workdir, spec, items, endpoint, cap_s, paced_s)
+            return
         sim = SimProcess(workdir)
         sim.start()
         try:
             await sim.ready()
-            yield Bench(bootstrap, sim, workdir, spec, bench_items(n), endpoint, cap_s, paced_s)
+            target = Target("simulator", f"{sim.url}/v1", MODEL_NAME)
+            yield Bench(bootstrap, sim, target, workdir, spec, items, endpoint, cap_s, paced_s)
         finally:
             sim.stop()
 
@@ -622,13 +390,16 @@ async def run_bench(
     paced_s: float = 10.0,
     scaling: bool = False,
     spec: dict[str, Any] | None = None,
+    llm: str = "simulator",
 ) -> list[Result]:
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
-    async with bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec) as bench:
+    async with bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec, llm) as bench:
         await bench.passthrough(partitions)
-        await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))
-        in_flight = endpoint.concurrency * 2  # the AIMD ceiling: it finds the account's limit
+        if bench.sim is not None:
+            await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))
+        # The AIMD ceiling: it finds the account's limit.
+        in_flight = endpoint.concurrency * 2 if bench.sim else 2 * (bench.target.slots or 4)
         await bench.product("baseline (window 1)", 1, in_flight=in_flight, partitions=partitions)
         for window in windows:
             await bench.product(

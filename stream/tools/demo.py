@@ -1,8 +1,9 @@
 """`stream demo`: the whole product on embedded defaults, in one command.
 
-A local Kafka broker (or the configured one), the LLM simulator, the processor as its
-own OS process, and the example's activity worker; it publishes sample comments plus a
-few malformed records, waits until every item is accounted for, and reports.
+A local Kafka broker (or the configured one), a model (the LLM simulator by default; a
+real local model with `--llm local`; any endpoint with `--llm URL`), the processor as
+its own OS process, and the example's activity worker; it publishes sample comments plus
+a few malformed records, waits until every item is accounted for, and reports.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from stream.activities.worker import Activities, load_activities
 from stream.core.spec import AgentSpec, load_spec
@@ -28,9 +30,10 @@ from stream.ops.audit import AuditReport, audit
 from stream.runtime.security import options_for
 from stream.runtime.topics import activity_topics, ensure_product_topics, read_json
 from stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
-from stream.testing.broker import kafka_bootstrap
+from stream.testing.broker import free_port, kafka_bootstrap
 from stream.testing.samples import comments, malformed_records, tickets
-from stream.testing.simulator import SimConfig, Simulator, running_simulator
+from stream.testing.simulator import SimConfig
+from stream.tools.target import Target, llm_target
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
@@ -155,21 +158,39 @@ async def _wait_done(bootstrap: str, settings: Settings, expected: int, wait_s: 
         await asyncio.sleep(1.0)
 
 
+def _llm_usage(port: int) -> dict[str, int]:
+    """What the processor itself counted of its model use (any endpoint), from /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    got: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "stream_tokens_total":
+                got[f"{sample.labels['kind']}_tokens"] = int(sample.value)
+            elif sample.name in ("stream_llm_latency_seconds_count", "stream_llm_retries_total"):
+                got["requests"] = got.get("requests", 0) + int(sample.value)
+    return got
+
+
 async def _demo(
     bootstrap: str,
-    sim: Simulator,
-    llm_url: str,
+    target: Target,
     n: int,
     wait_s: float,
     say: Any,
     example: str,
 ) -> dict[str, Any]:
+    web_port = free_port()
     settings, spec, proc = await launch_processor(
         bootstrap,
-        llm_url,
+        target.url,
         f"demo-{secrets.token_hex(3)}.",
         "stream-demo-",
         spec_path=EXAMPLES / example / "agent.yaml",
+        STREAM_LLM_MODEL=target.model,
+        STREAM_WEB_PORT=str(web_port),
     )
     prefix = settings.topic_prefix
     activities: Activities = load_activities(str(EXAMPLES / example / "activities.py"))
@@ -197,6 +218,7 @@ async def _demo(
                 break
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
+        usage = dict(target.sim.stats) if target.sim is not None else _llm_usage(web_port)
     finally:
         stop.set()
         proc.stop()
@@ -211,11 +233,10 @@ async def _demo(
         awaited += sum(
             "_outputPath" in r.get("call", {}) for r in await read_json(bootstrap, topic)
         )
-    stats = sim.stats
     return {
         "items": n,
-        "llm_requests": stats["requests"],
-        "llm_requests_per_item": round(stats["requests"] / max(n, 1), 4),
+        "llm_requests": usage.get("requests", 0),
+        "llm_requests_per_item": round(usage.get("requests", 0) / max(n, 1), 4),
         "calls": report.calls_by_tool,
         "fire_and_forget": report.fire_and_forget,
         "no_action": report.no_action,
@@ -239,14 +260,14 @@ async def _demo(
         "turns": sum(d["turns"] for d in done),
         "awaited_calls": awaited,
         "results_answered": activities.answered,
-        "prompt_tokens": stats["prompt_tokens"],
-        "completion_tokens": stats["completion_tokens"],
-        "cached_tokens": stats["cached_tokens"],
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "cached_tokens": usage.get("cached_tokens", 0),
         "window_max_items": spec.window.max_items,
         "elapsed_s": round(elapsed, 2),
         "audit": report.summary(),
         "topics_prefix": prefix,
-        "llm": "stream LLM simulator (not a real model)",
+        "llm": target.summary(),
     }
 
 
@@ -256,16 +277,17 @@ def run_demo(
     timeout: float = 180.0,
     latency_ms: float = 50.0,
     example: str = "moderation",
+    llm: str = "simulator",
 ) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
     with (
         kafka_bootstrap() as bootstrap,
-        running_simulator(SimConfig(latency_ms=latency_ms)) as (sim, url),
+        llm_target(llm, SimConfig(latency_ms=latency_ms), Settings().llm_model) as target,
     ):
-        say(f"broker {bootstrap}; LLM simulator {url} (a simulator, not a model)")
-        result = asyncio.run(_demo(bootstrap, sim, url, items, timeout, say, example))
+        say(f"broker {bootstrap}; {target.describe()}")
+        result = asyncio.run(_demo(bootstrap, target, items, timeout, say, example))
     if not as_json:
         calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
         print(

@@ -25,17 +25,25 @@ def _pct(value: float | None, base: float | None) -> str:
     return f"{100 * value / base:.0f}%"
 
 
-def markdown(results: list[Result], endpoint: Endpoint, command: str) -> str:
+def markdown(
+    results: list[Result], endpoint: Endpoint, command: str, real: str | None = None
+) -> str:
+    """The table; `real` describes a real endpoint (then `endpoint` shaped nothing)."""
     by_name = {r.name: r for r in results}
     base = by_name.get("baseline (window 1)")
     passthrough = by_name.get("aiokafka passthrough")
+    about = (
+        f"Real endpoint: {real}; its ceiling is `slots x mean batch / its measured latency`."
+        if real
+        else f"Simulated endpoint: {endpoint.latency_ms:.0f} ms + "
+        f"{endpoint.per_output_token_ms:g} ms per output token, at most "
+        f"{endpoint.concurrency} requests at once and {endpoint.tokens_per_minute:,} tokens "
+        "per minute (429 with retry-after beyond either)."
+    )
     lines = [
         f"Command: `{command}`",
         "",
-        f"Simulated endpoint: {endpoint.latency_ms:.0f} ms + "
-        f"{endpoint.per_output_token_ms:g} ms per output token, at most "
-        f"{endpoint.concurrency} requests at once and {endpoint.tokens_per_minute:,} tokens "
-        "per minute (429 with retry-after beyond either).",
+        about,
         "",
         "| run | items | items/s | vs baseline | vs LLM ceiling | vs passthrough "
         "| requests/item | refused/item | prompt tok/item | cached | completion tok/item "

@@ -15,15 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stream.tools.bench import (
-    Bench,
-    Endpoint,
-    Tally,
-    bench_session,
-    bench_spec,
-    produce_items,
-    rss_mb,
-)
+from stream.tools.bench import Bench, Endpoint, bench_session, bench_spec
+from stream.tools.load import Tally, produce_items, rss_mb
 
 __all__ = ["Sample", "SoakResult", "markdown", "plot", "run_soak", "soak"]
 
@@ -58,7 +51,8 @@ class SoakResult:
 
 async def soak(bench: Bench, seconds: float, rate: float | None = None) -> SoakResult:
     endpoint = bench.endpoint
-    await bench.sim.configure(endpoint)
+    if bench.sim is not None:
+        await bench.sim.configure(endpoint.config())
     window, in_flight = 50, endpoint.concurrency * 2
     settings, outcome_topics, procs = await bench.deploy(window, in_flight, 4, 1)
     if rate is None:

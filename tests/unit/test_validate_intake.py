@@ -136,8 +136,18 @@ def test_instance_id_from_field_else_key() -> None:
 
 def test_an_instance_called_twice_keeps_the_first_call_and_refuses_the_contradiction() -> None:
     v = Validator(load_spec(DEFAULT_SPEC))
-    approve = {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "a"}
-    reject = {"_tool": "moderateComment", "_instance": "①", "decision": "reject", "reason": "b"}
+    approve: dict[str, object] = {
+        "_tool": "moderateComment",
+        "_instance": "①",
+        "decision": "approve",
+        "reason": "a",
+    }
+    reject: dict[str, object] = {
+        "_tool": "moderateComment",
+        "_instance": "①",
+        "decision": "reject",
+        "reason": "b",
+    }
     verdict = v.check(_answer(approve, reject, dict(approve)), ["①"])
     assert [c.arguments["decision"] for c in verdict.calls["①"]] == ["approve"]
     assert [r.code for r in verdict.refusals] == ["duplicate_call"]
