@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
-from stream.core.prompt import Instance
 from stream.errors import LLMError
 from stream.llm.client import Completion
 from stream.testing.simulator import SimRequest, Simulator

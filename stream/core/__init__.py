@@ -4,8 +4,9 @@ Pure by rule: nothing here imports faust, aiokafka, aiohttp or openai (a unit te
 checks it). The model is reached through the `Model` protocol in `solve`.
 """
 
+from stream.core.instance import Instance
 from stream.core.messages import Call, SourcePosition
-from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
+from stream.core.prompt import Ask, PromptBuilder, token_for
 from stream.core.solve import Outcome, Solver
 from stream.core.spec import AgentSpec, Tool, load_spec
 from stream.core.validate import Validator, Verdict

@@ -16,10 +16,12 @@ from typing import Any
 
 import orjson
 
-from stream.core.messages import SourcePosition
+from stream.core.instance import Instance
 from stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
 from stream.core.tokenizer import estimate_tokens
 
+# `Instance` lives in stream.core.instance; it is re-exported here for the modules that
+# still import it from the prompt (solve, tools.eval).
 __all__ = [
     "Ask",
     "Instance",
@@ -40,18 +42,6 @@ _CIRCLED = (
 def token_for(index: int) -> str:
     """The token of the index-th instance (0-based) of a request."""
     return _CIRCLED[index] if index < len(_CIRCLED) else f"#{index + 1}"
-
-
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """One input item of a batch: the producer's id, its data, and where it came from."""
-
-    id: str
-    payload: dict[str, Any]
-    source: SourcePosition
-    size: int
-    state: dict[str, Any] | None = None  # the instance's state, shown to the model
-    turn: int = 1
 
 
 NO_ACTION_TOOL = Tool(

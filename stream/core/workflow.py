@@ -16,6 +16,7 @@ from typing import Any
 
 from stream.core.advice import Vote as _Vote
 from stream.core.advice import aggregate, parse_votes
+from stream.core.instance import Instance
 from stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -25,7 +26,6 @@ from stream.core.messages import (
     ResultRecord,
     TraceEntry,
 )
-from stream.core.prompt import Instance
 from stream.core.spec import AgentSpec
 from stream.core.state import InstanceState, Pending, StateStore, alternatives, write_path
 from stream.core.validate import Opinion

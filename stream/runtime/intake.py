@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
+from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
-from stream.core.prompt import Instance
 from stream.errors import BadRecord
 
 __all__ = ["MAX_DEPTH", "parse_item"]

@@ -7,8 +7,9 @@ import time
 import openai
 import pytest
 
+from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
-from stream.core.prompt import Instance, PromptBuilder
+from stream.core.prompt import PromptBuilder
 from stream.core.spec import load_spec
 from stream.errors import LLMError
 from stream.llm.client import LLM, RetryPolicy

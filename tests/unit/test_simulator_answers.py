@@ -3,7 +3,8 @@ from __future__ import annotations
 import orjson
 from jsonschema import Draft202012Validator
 
-from stream.core.prompt import Instance, PromptBuilder
+from stream.core.instance import Instance
+from stream.core.prompt import PromptBuilder
 from stream.core.spec import load_spec
 from stream.core.validate import Validator
 from stream.settings import DEFAULT_SPEC

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream.core.prompt import Instance, PromptBuilder
+from stream.core.instance import Instance
+from stream.core.prompt import PromptBuilder
 from stream.core.solve import Solver
 from stream.core.spec import load_spec
 from stream.core.validate import Validator

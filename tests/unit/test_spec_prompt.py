@@ -5,8 +5,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
-from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
+from stream.core.prompt import Ask, PromptBuilder, token_for
 from stream.core.spec import AgentSpec, load_spec
 from stream.errors import SpecError
 from stream.settings import DEFAULT_SPEC

@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import orjson
 
+from stream.core.instance import Instance
 from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
-from stream.core.prompt import Instance
 from stream.core.spec import Advisor, AgentSpec, load_spec
 from stream.core.state import MemoryStore
 from stream.core.validate import Opinion
