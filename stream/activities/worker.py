@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
@@ -36,8 +35,8 @@ from stream.core.spec import AgentSpec, Tool
 from stream.errors import SpecError
 from stream.ops.metrics import WorkerMetrics
 from stream.ops.web import WebServer
+from stream.runtime import clients
 from stream.runtime.publish import OutRecord, Publisher
-from stream.runtime.security import options_for
 from stream.settings import Settings
 
 __all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
@@ -132,11 +131,9 @@ class Activities:
         if unknown:
             raise SpecError(f"handlers for tools the spec does not declare: {sorted(unknown)}")
         topics = {t.topic or settings.topics.activity(t.name): t for t in tools.values()}
-        consumer = AIOKafkaConsumer(
+        consumer = clients.consumer(
+            bootstrap,
             *topics,
-            bootstrap_servers=bootstrap,
-            **options_for(bootstrap),
-            enable_auto_commit=False,
             auto_offset_reset="earliest",
             group_id=group or f"{settings.topic_prefix}activities.{spec.name}",
         )

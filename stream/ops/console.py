@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from stream.core.spec import AgentSpec
 from stream.errors import KafkaUnreachable, StreamError
-from stream.runtime.security import options_for
+from stream.runtime import clients
 from stream.runtime.topics import ensure_product_topics, product_topics, state_changelog
 from stream.settings import Settings
 
@@ -122,9 +122,7 @@ async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
 async def _layout(bootstrap: str) -> dict[str, list[int]]:
     """Every topic's partitions. One metadata request for all topics, never one that names
     a topic: with auto.create.topics.enable, naming a missing one creates it (1 partition)."""
-    async with _connected(
-        bootstrap, AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
-    ) as admin:
+    async with _connected(bootstrap, clients.admin(bootstrap)) as admin:
         described = await admin.describe_topics(None)
     return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
 
@@ -152,12 +150,7 @@ async def produce(
         if topic not in await _layout(bootstrap):
             raise StreamError(f"topic {topic} does not exist (`stream topics --create`)")
         # Idempotent: a send retried after a lost ack is not written twice.
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            **options_for(bootstrap),
-            acks="all",
-            enable_idempotence=True,
-        )
+        producer = clients.producer(bootstrap)
         async with _connected(bootstrap, producer):
             start = shown = time.monotonic()
             pending: list[asyncio.Future[Any]] = []
@@ -315,9 +308,7 @@ async def tail(
 
     if not (found := (await _layout(bootstrap)).get(topic)):
         raise StreamError(f"topic {topic} does not exist")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
-    )
+    consumer = clients.consumer(bootstrap)
     async with _connected(bootstrap, consumer):
         tps = [TopicPartition(topic, p) for p in found]
         consumer.assign(tps)
@@ -373,9 +364,7 @@ async def topics(
     parts = {n: layout[n] for n in names if n in layout}
     ends: dict[TopicPartition, int] = {}
     if parts:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
-        )
+        consumer = clients.consumer(bootstrap)
         async with _connected(bootstrap, consumer):
             ends = await consumer.end_offsets(
                 [TopicPartition(n, p) for n in parts for p in parts[n]]
@@ -398,7 +387,7 @@ async def _committed(bootstrap: str, group: str, topic: str, parts: list[int]) -
     created and the coordinator answers "not available" for a moment: ask again."""
     if not parts:
         return {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    admin = clients.admin(bootstrap)
     async with _connected(bootstrap, admin):
         for attempt in range(40):
             try:

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stream.core.spec import AgentSpec
-from stream.runtime.security import options_for
+from stream.runtime import clients
 from stream.settings import Settings
 
 __all__ = [
@@ -79,7 +79,7 @@ async def ensure_topics(
     config: dict[str, str] | None = None,
 ) -> list[str]:
     """Creates the missing ones; returns what was created. Existing topics are left alone."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    admin = clients.admin(bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -106,7 +106,7 @@ async def ensure_topics(
 
 async def partitions(bootstrap: str, topic: str) -> list[int]:
     """The topic's partition numbers, straight from the broker (none if it is missing)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    admin = clients.admin(bootstrap)
     await admin.start()
     try:
         # Asking about a missing topic by name would make the broker auto-create it with
@@ -129,9 +129,7 @@ async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord
     tps = [TopicPartition(topic, p) for p in await partitions(bootstrap, topic)]
     if not tps:
         return
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, **options_for(bootstrap), enable_auto_commit=False
-    )
+    consumer = clients.consumer(bootstrap)
     await consumer.start()
     try:
         consumer.assign(tps)

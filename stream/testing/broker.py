@@ -323,7 +323,7 @@ class LocalKafka:
         return extra
 
     async def _wait_ready(self, deadline: float, budget: float) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient
+        from stream.runtime import clients
 
         assert self._proc is not None
         assert self._dir is not None
@@ -345,7 +345,7 @@ class LocalKafka:
             except (OSError, TimeoutError):
                 await asyncio.sleep(0.2)
                 continue
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
+            admin = clients.admin(self.bootstrap, request_timeout_ms=5000)
             try:
                 await admin.start()
                 await admin.list_topics()
