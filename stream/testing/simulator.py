@@ -21,36 +21,33 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import re
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, Field
 
-from stream.core.state import read_path
 from stream.core.tokenizer import estimate_tokens
+from stream.testing.account import MODEL_NAME, Faults, SimConfig
+from stream.testing.judge import Judge, SimRequest
 
-__all__ = ["Faults", "SimConfig", "SimRequest", "Simulator", "running_simulator", "serve"]
+__all__ = [
+    "MODEL_NAME",
+    "Faults",
+    "SimConfig",
+    "SimRequest",
+    "Simulator",
+    "running_simulator",
+    "serve",
+]
 
 log = logging.getLogger("stream.simulator")
 
-MODEL_NAME = "stream-sim-1"
-_SPAM = re.compile(
-    r"https?://|www\.|buy now|free money|click here|limited offer|\$\$\$|subscribe to my"
-    r"|cheap (?:watches|pills|followers)|earn \d+",
-    re.IGNORECASE,
-)
-_RUDE = re.compile(r"\b(idiot|moron|stupid|fuck\w*|shit|loser|clown|hell)\b", re.IGNORECASE)
-_MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
 _REFUSALS = {
     "401": "Incorrect API key provided (simulated)",
     "403": "This key has no access to the model (simulated)",
@@ -59,439 +56,15 @@ _REFUSALS = {
 _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 
 
-class Faults(BaseModel):
-    next: list[str] = Field(default_factory=list, description="Request faults, used in order")
-    rate_limit_rate: float = 0.0
-    error_rate: float = 0.0
-    hang_rate: float = 0.0
-    malformed_rate: float = 0.0
-    skip_rate: float = 0.0
-    invent_rate: float = 0.0
-    unknown_tool_rate: float = 0.0
-    bad_args_rate: float = 0.0
-    bad_votes_rate: float = 0.0
-    retry_after_s: float = 1.0
-    hang_s: float = 3600.0
+class Simulator(Judge):
+    """The judge behind an OpenAI-compatible HTTP API, with an account's limits."""
 
-
-class SimConfig(BaseModel):
-    """How the simulated endpoint behaves: latency like a real one (a fixed part plus a
-    part per output token), and an account's limits (0: none)."""
-
-    latency_ms: float = 0.0
-    per_output_token_ms: float = 0.0
-    jitter: float = Field(0.0, ge=0, le=1, description="latency varies by up to this share")
-    max_concurrency: int = Field(0, ge=0, description="requests at once; more get a 429")
-    tokens_per_minute: int = Field(0, ge=0, description="prompt + completion tokens per 60 s")
-    limit_retry_after_s: float = Field(0.25, ge=0, description="retry-after of a busy 429")
-    classifier: bool = Field(
-        True, description="judge with the trained classifier; off: cheap word rules only"
-    )
-    seed: int = 7
-    faults: Faults = Field(default_factory=Faults)
-    api_key: str | None = Field(
-        None, description="the one key accepted (401 for others, as a real account); None: any"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class SimRequest:
-    system: str
-    tools: list[dict[str, Any]]
-    items: list[dict[str, Any]]
-    advisors: list[dict[str, Any]]
-    active: tuple[str, ...]
-    may_consult: bool
-    instruction: str = ""
-
-
-def _views(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each token's messages, merged: its input and its state (in the order given)."""
-    views: dict[str, dict[str, Any]] = {}
-    for item in items:
-        view = views.setdefault(str(item["_instance"]), {"input": {}, "state": {}})
-        body = {k: v for k, v in item.items() if k not in ("type", "_instance")}
-        view["state" if item.get("type") == "state" else "input"].update(body)
-        if item.get("type") == "state" and not view["input"]:
-            view["input"] = dict(body)
-    return views
-
-
-def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
-    """What the council votes on: approve/reject when the main tool chooses between them,
-    else the first two tools."""
-    props = tools[0].get("parameters", {}).get("properties", {}) if tools else {}
-    for schema in props.values():
-        if {"approve", "reject"} <= set(schema.get("enum", [])):
-            return "approve", "reject"
-    names = [t["name"] for t in tools] + ["NoAction"]
-    return names[0], names[1]
-
-
-@lru_cache(maxsize=65536)
-def _is_spam(text: str) -> bool:
-    letters = sum(map(str.isalpha, text))
-    shouting = letters >= 12 and sum(map(str.isupper, text)) / letters > 0.7
-    return bool(_SPAM.search(text)) or shouting or re.search(r"(.)\1{7,}", text) is not None
-
-
-class Simulator:
     def __init__(self, config: SimConfig | None = None) -> None:
-        self.config = config or SimConfig()
-        self.rng = random.Random(self.config.seed)
-        self.stats: Counter[str] = Counter()
+        super().__init__(config)
         self._seen_prefixes: set[bytes] = set()
-        self._seen_skip_once: set[str] = set()
-        self._predict: Any = None
         self._active = 0  # requests being answered now
         self._spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last 60 s
-        self._scores: dict[str, float] = {}
 
-    # -- the model's "judgement" --------------------------------------------------
-    def _toxicity(self, texts: list[str]) -> list[float]:
-        if not self.config.classifier:
-            # Word rules only: for measuring the processor, not the model's judgement.
-            return [0.9 if _RUDE.search(t) else 0.1 for t in texts]
-        if self._predict is None:
-            from profanity_check import predict_prob  # loads the bundled sklearn model
-
-            self._predict = predict_prob
-        # Remembered per text: the classifier is the simulator's main cost, and a fast
-        # simulator must not be what limits a benchmark of the processor.
-        new = list(dict.fromkeys(t for t in texts if t not in self._scores))
-        if new:
-            if len(self._scores) > 200_000:
-                self._scores.clear()
-            self._scores.update(zip(new, (float(p) for p in self._predict(new)), strict=True))
-        return [self._scores[t] for t in texts]
-
-    def _fill(self, schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
-        if "anyOf" in schema:
-            branch: dict[str, Any] = next(
-                (s for s in schema["anyOf"] if s.get("type") != "null"), {}
-            )
-            return self._fill(branch, name, flagged, why)
-        if "enum" in schema:
-            options = list(schema["enum"])
-            if {"approve", "reject"} <= set(options):
-                return "reject" if flagged else "approve"
-            return options[0] if flagged else options[-1]
-        kind = schema.get("type")
-        if kind == "string":
-            if name == "message":
-                return f"Your comment was removed: {why}."
-            return why
-        if kind in ("number", "integer"):
-            return 1 if flagged else 0
-        if kind == "boolean":
-            return flagged
-        if kind == "array":
-            return []
-        if kind == "object":
-            props = schema.get("properties", {})
-            return {k: self._fill(v, k, flagged, why) for k, v in props.items()}
-        return None
-
-    def solve(self, req: SimRequest) -> dict[str, Any]:
-        """The solution: advisors' opinions first (when any are active), then calls."""
-        faults = self.config.faults
-        views = _views(req.items)
-        if req.instruction:
-            return {"calls": self._route_instruction(req, views)}
-        texts = [
-            " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
-            for item in (view["input"] for view in views.values())
-        ]
-        scores = self._toxicity(texts)
-        real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-        options = _vote_options(real)
-        on_demand = [a["id"] for a in req.advisors if a.get("on") is None]
-        calls: list[Any] = []
-        judged: list[tuple[str, str, float, bool, set[str]]] = []
-        for (token, view), text, score in zip(views.items(), texts, scores, strict=True):
-            markers = set(_MARKER.findall(text))
-            if "skip-always" in markers or self.rng.random() < faults.skip_rate:
-                self.stats["fault_skip"] += 1
-                continue
-            if "skip-once" in markers and text not in self._seen_skip_once:
-                self._seen_skip_once.add(text)
-                self.stats["fault_skip"] += 1
-                continue
-            spam = _is_spam(text)
-            flagged = score > 0.5 or spam
-            judged.append((token, text, score, flagged, markers))
-            if "noaction" in markers:
-                calls.append(
-                    {
-                        "_tool": "NoAction",
-                        "_instance": token,
-                        "_reasoningForCall": "nothing to do",
-                        "reason": "marked",
-                    }
-                )
-                continue
-            unsure = 0.35 < score < 0.65 or "consult" in markers
-            if req.may_consult and on_demand and unsure:
-                self.stats["consults"] += 1
-                calls.append(
-                    {
-                        "_tool": "ConsultAdvisor",
-                        "_instance": token,
-                        "_reasoningForCall": "borderline; a second opinion helps",
-                        "advisor": on_demand[0],
-                        "question": "Is this acceptable?",
-                    }
-                )
-                continue
-            why = (
-                ("spam" if spam else "insulting or profane language")
-                if flagged
-                else ("within the community rules")
-            )
-            if any(t.get("paths") or t.get("kind") == "latent" for t in real):
-                calls += self._plan_step(token, view, real, text)
-                continue
-            for pos, tool in enumerate(real):
-                if pos > 0 and not flagged:
-                    continue  # follow-up tools act on flagged items only
-                args = self._fill(tool.get("parameters", {}), "", flagged, why)
-                call = {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": f"toxicity {score:.2f}; {why}",
-                    **(args if isinstance(args, dict) else {}),
-                }
-                if pos == 0 and ("bad-args" in markers or self.rng.random() < faults.bad_args_rate):
-                    self.stats["fault_bad_args"] += 1
-                    call = {**call, **dict.fromkeys(args, 12345)} if args else {**call, "x": 1}
-                if pos == 0 and (
-                    "unknown-tool" in markers or self.rng.random() < faults.unknown_tool_rate
-                ):
-                    self.stats["fault_unknown_tool"] += 1
-                    call["_tool"] = "deleteEverything"
-                calls.append(call)
-            if "invent" in markers or self.rng.random() < faults.invent_rate:
-                self.stats["fault_invent"] += 1
-                calls.append(
-                    {**calls[-1], "_instance": "⑨⑨"}
-                    if calls
-                    else {"_tool": real[0]["name"], "_instance": "⑨⑨"}
-                )
-        opinions = self._opinions(req, judged, options)
-        return {"advisors": opinions, "calls": calls} if req.advisors else {"calls": calls}
-
-    def _opinions(
-        self,
-        req: SimRequest,
-        judged: list[tuple[str, str, float, bool, set[str]]],
-        options: tuple[str, str],
-    ) -> list[dict[str, Any]]:
-        """Advisor personas: a strict lens (safety, risk, legal) rejects earlier than a
-        lenient one (community, growth), so borderline items get divergent votes."""
-        out: list[dict[str, Any]] = []
-        if not judged:
-            return out
-        for advisor in req.advisors:
-            if advisor["id"] not in req.active:
-                continue
-            lens = f"{advisor['id']} {advisor.get('role', '')}".lower()
-            bias = (
-                1.6
-                if re.search(r"safety|risk|secur|legal|strict", lens)
-                else (0.6 if re.search(r"communit|growth|lenient|engage", lens) else 1.0)
-            )
-            targets = (
-                judged
-                if advisor.get("isInstanced")
-                else [
-                    (
-                        "",
-                        "",
-                        sum(j[2] for j in judged) / len(judged),
-                        any(j[3] for j in judged),
-                        set().union(*(j[4] for j in judged)),
-                    )
-                ]
-            )
-            for token, _, score, flagged, markers in targets:
-                reject = min(1.0, score * bias + (0.5 if flagged and score < 0.5 else 0.0))
-                if "disagree" in markers:
-                    reject = 0.0 if flagged else 1.0
-                votes: Any = {
-                    options[0]: round(100 * (1 - reject)),
-                    options[1]: round(100 * reject),
-                }
-                votes_text = orjson.dumps(votes).decode()
-                if "bad-votes" in markers or self.rng.random() < self.config.faults.bad_votes_rate:
-                    self.stats["fault_bad_votes"] += 1
-                    votes_text = "{" + f"{options[0]}: ten, {options[1]}: lots"
-                view = f"{advisor['id']} reads a risk of {reject:.2f}"
-                fields = self._fill(advisor.get("schema", {}), "", reject > 0.5, view)
-                opinion = {
-                    "id": advisor["id"],
-                    **(fields if isinstance(fields, dict) else {}),
-                    "calls": votes_text,
-                }
-                if advisor.get("isInstanced"):
-                    opinion["_instance"] = token
-                out.append(opinion)
-        self.stats["opinions"] += len(out)
-        return out
-
-    def _plan_step(
-        self, token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
-    ) -> list[dict[str, Any]]:
-        """A stateful turn: fetch what the state still lacks (awaited calls and latent
-        notes); once everything is known, act with the final tools and await nothing."""
-        state = view["state"]
-
-        def known(paths: list[str]) -> bool:
-            return any(read_path(state, p) is not None for p in paths)
-
-        calls: list[dict[str, Any]] = []
-        awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
-        missing = [t for t in awaited if not known(t["paths"])]
-        if missing:
-            for tool in missing:
-                args = self._fill(tool.get("parameters", {}), "", False, "needed to decide")
-                calls.append(
-                    {
-                        "_tool": tool["name"],
-                        "_instance": token,
-                        "_reasoningForCall": "the state lacks this",
-                        "_outputPath": " || ".join(tool["paths"]),
-                        "_scopes": ["input"],
-                        **(args if isinstance(args, dict) else {}),
-                    }
-                )
-            for tool in tools:
-                if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
-                    continue
-                args = self._fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
-                call = {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "thinking it through",
-                    **(args if isinstance(args, dict) else {}),
-                }
-                if tool.get("paths"):
-                    call["_outputPath"] = tool["paths"][0]
-                calls.append(call)
-            return calls
-        urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
-        for tool in tools:
-            if tool.get("kind") == "latent" and not tool.get("paths"):
-                # a thought before acting: kept in the trace, never published
-                calls.append(
-                    {
-                        "_tool": tool["name"],
-                        "_instance": token,
-                        "_reasoningForCall": "weighing the state",
-                        **self._fill(tool.get("parameters", {}), "", urgent, "weighing"),
-                    }
-                )
-                continue
-            if tool.get("paths") or tool.get("kind") == "latent":
-                continue
-            args = self._fill(tool.get("parameters", {}), "", urgent, "decided from the state")
-            calls.append(
-                {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "everything needed is in the state",
-                    "_scopes": ["input", "†state"],
-                    **(args if isinstance(args, dict) else {}),
-                }
-            )
-        return calls
-
-    def _route_instruction(
-        self, req: SimRequest, views: dict[str, dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """A global instruction about one named instance: only that instance acts."""
-        text = req.instruction
-        quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
-        task = next((a or b for a, b in quoted), text)
-        status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
-        tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-        calls: list[dict[str, Any]] = []
-        for token, view in views.items():
-            name = str(view["state"].get("name") or view["input"].get("name") or "")
-            if name and re.search(rf"\b{re.escape(name)}\b", text):
-                tool = tools[0]
-                strings = [
-                    k
-                    for k, v in tool.get("parameters", {}).get("properties", {}).items()
-                    if v.get("type") == "string"
-                ]
-                args = dict(zip(strings, [task, status], strict=False))
-                call = {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": f"the instruction names {name}",
-                    **args,
-                }
-                if tool.get("paths"):
-                    call["_outputPath"] = tool["paths"][0]
-                calls.append(call)
-            else:
-                calls.append(
-                    {
-                        "_tool": "NoAction",
-                        "_instance": token,
-                        "_reasoningForCall": "the instruction is about someone else",
-                        "reason": "not addressed by the instruction",
-                    }
-                )
-        return calls
-
-    @staticmethod
-    def read_request(messages: list[dict[str, str]]) -> SimRequest:
-        """Finds tools and advisors (system message), the instances (the user message that
-        is a JSON array) and which advisors speak (the user message that is an object)."""
-        system = next(m["content"] for m in messages if m["role"] == "system")
-        sections = system.split("\n\n")
-        tools = orjson.loads(sections[sections.index("# Tools") + 1])
-        advisors: list[dict[str, Any]] = []
-        instruction = ""
-        for k, section in enumerate(sections[:-1]):
-            if section.startswith("# Advisors"):
-                advisors = orjson.loads(sections[k + 1])
-            if section == "# Global inputs":
-                for message in orjson.loads(sections[k + 1]):
-                    instruction += str(message.get("instruction", ""))
-        items: list[dict[str, Any]] = []
-        control: dict[str, Any] = {}
-        for m in messages:
-            if m["role"] != "user":
-                continue
-            try:
-                data = orjson.loads(m["content"])
-            except orjson.JSONDecodeError:
-                continue  # prose: a re-ask's reasons, which the simulator does not read
-            if isinstance(data, list):
-                items = [d for d in data if isinstance(d, dict) and "_instance" in d]
-            elif isinstance(data, dict):
-                control = data
-        return SimRequest(
-            system,
-            tools,
-            items,
-            advisors,
-            tuple(control.get("activeAdvisors", ())),
-            bool(control.get("mayConsult", False)),
-            instruction,
-        )
-
-    def answer(self, req: SimRequest) -> str:
-        """The answer text; an item marked poison spoils the whole answer, as a model
-        sometimes does when one input derails it."""
-        if any("[[sim:poison]]" in orjson.dumps(item).decode() for item in req.items):
-            self.stats["fault_poison"] += 1
-            return '{"calls": [{"_tool": "oops'
-        return orjson.dumps(self.solve(req)).decode()
-
-    # -- HTTP ----------------------------------------------------------------------
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the
         last minute plus this request over the budget (retry-after: when enough frees)."""
