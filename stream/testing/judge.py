@@ -5,6 +5,7 @@ instructions follow simple rules; markers in an item force per-instance faults."
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections import Counter
@@ -18,6 +19,8 @@ from stream.core.state import read_path
 from stream.testing.account import SimConfig
 
 __all__ = ["Judge", "SimRequest"]
+
+log = logging.getLogger("stream.simulator")
 
 _SPAM = re.compile(
     r"https?://|www\.|buy now|free money|click here|limited offer|\$\$\$|subscribe to my"
@@ -81,13 +84,17 @@ class Judge:
         self._scores: dict[str, float] = {}
 
     def _toxicity(self, texts: list[str]) -> list[float]:
+        if self._predict is None and self.config.classifier:
+            try:
+                from profanity_check import predict_prob  # loads the bundled sklearn model
+            except ImportError:  # the `testing` extra is not installed (e.g. the image)
+                log.warning("alt-profanity-check is not installed: judging by word rules")
+                self.config = self.config.model_copy(update={"classifier": False})
+            else:
+                self._predict = predict_prob
         if not self.config.classifier:
             # Word rules only: for measuring the processor, not the model's judgement.
             return [0.9 if _RUDE.search(t) else 0.1 for t in texts]
-        if self._predict is None:
-            from profanity_check import predict_prob  # loads the bundled sklearn model
-
-            self._predict = predict_prob
         # Remembered per text: the classifier is the simulator's main cost, and a fast
         # simulator must not be what limits a benchmark of the processor.
         new = list(dict.fromkeys(t for t in texts if t not in self._scores))
