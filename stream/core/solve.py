@@ -19,7 +19,6 @@ from stream.core.model import Model
 from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
 from stream.core.validate import Opinion, Refusal, Validator
 from stream.errors import LLMError
-from stream.testing.faults import crash_point
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
 
@@ -88,7 +87,6 @@ class Solver:
         first = self.prompt.first_ask
         ask = Ask(first.active, first.consult and self.max_consults > 0)
         await self._solve(instances, outcome, 1, ask, 0)
-        crash_point("solved")  # tests only (stream/faults.py): a bug in the guarded body
         return outcome
 
     async def _solve(

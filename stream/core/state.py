@@ -20,6 +20,7 @@ __all__ = [
     "InstanceState",
     "MemoryStore",
     "Pending",
+    "StagedStore",
     "StateStore",
     "TableStore",
     "alternatives",
@@ -117,6 +118,30 @@ class MemoryStore:
 
     def items(self) -> Iterator[InstanceState]:
         return iter([v.model_copy(deep=True) for v in self.data.values()])
+
+
+class StagedStore:
+    """Writes held here, over a store that is only read: `Workflow.rehearsal` runs a state
+    change on it to learn its effects without making it."""
+
+    def __init__(self, base: StateStore) -> None:
+        self.base = base
+        self.staged: dict[str, InstanceState] = {}
+
+    def get(self, instance: str) -> InstanceState | None:
+        found = self.staged.get(instance)
+        return found.model_copy(deep=True) if found else self.base.get(instance)
+
+    def put(self, value: InstanceState) -> None:
+        self.staged[value.instance] = value.model_copy(deep=True)
+
+    def items(self) -> Iterator[InstanceState]:
+        seen = set()
+        for value in self.base.items():
+            seen.add(value.instance)
+            yield self.get(value.instance) or value
+        for name in [n for n in self.staged if n not in seen]:
+            yield self.staged[name].model_copy(deep=True)
 
 
 class TableStore:

@@ -6,6 +6,11 @@ are all answered is ready for its next turn; its workflow ends when a turn makes
 awaited call, a `finish` advisor votes stop, or the turn limit is reached, and its final
 state is published as a done record. A lazy plan stores each turn's calls as a proposal
 and runs them only when approved.
+
+Every method changes state at once (one get and one put, no await in between, so nothing
+else runs meanwhile). A caller that must publish a change's effects before storing the
+change (so that a crash between the two repeats the effects instead of losing them) asks
+a `rehearsal()` first: the same workflow over a store that keeps its writes to itself.
 """
 
 from __future__ import annotations
@@ -27,14 +32,21 @@ from stream.core.messages import (
     TraceEntry,
 )
 from stream.core.spec import AgentSpec
-from stream.core.state import InstanceState, Pending, StateStore, alternatives, write_path
+from stream.core.state import (
+    InstanceState,
+    Pending,
+    StagedStore,
+    StateStore,
+    alternatives,
+    write_path,
+)
 from stream.core.validate import Opinion
 
-__all__ = ["Turn", "Workflow"]
+__all__ = ["TurnEffects", "Workflow"]
 
 
 @dataclass(slots=True)
-class Turn:
+class TurnEffects:
     """What a turn's answer does: which calls run now, and what else to publish."""
 
     run: list[str] = field(default_factory=list)  # call ids to publish now
@@ -54,6 +66,11 @@ class Workflow:
     @property
     def iterative(self) -> bool:
         return self.spec.plan is not None
+
+    def rehearsal(self) -> Workflow:
+        """This workflow over a staged copy of its store: what a change would do (its
+        records, its next turn), with nothing stored and no counter moved."""
+        return Workflow(self.spec, StagedStore(self.store), self.timeout)
 
     def admit(self, inst: Instance) -> Instance:
         """An input or state record arrives: it starts (or restarts) its instance's
@@ -76,13 +93,13 @@ class Workflow:
         calls: list[tuple[str, Call]],
         batch: BatchRef,
         opinions: list[Opinion],
-    ) -> Turn:
+    ) -> TurnEffects:
         """Applies a turn's answer to the instance's state (once, however often the batch
         is redone) and says which calls run now."""
         st = self.store.get(inst.id)
-        out = Turn()
+        out = TurnEffects()
         if st is None:
-            return Turn(run=[cid for cid, _ in calls])
+            return TurnEffects(run=[cid for cid, _ in calls])
         first_time = st.mark(
             f"turn{inst.turn}@{inst.source.topic}/{inst.source.partition}/{inst.source.offset}"
         )
@@ -118,23 +135,29 @@ class Workflow:
             st.pending = {}
             out.done = self._finish(st, "stopped", "a finish advisor voted stop")
         elif lazy and calls:
-            st.status = "awaiting_approval"
-            st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
-            out.proposal = ProposalRecord(
-                instance=inst.id,
-                turn=inst.turn,
-                batch=batch,
-                calls=[call.wire() for _, call in calls],
-                call_ids=[cid for cid, _ in calls],
-                plan=self.spec.plan.steps if self.spec.plan else [],
-                source=inst.source,
-            )
+            out.proposal = self._propose(st, inst, calls, batch)
         elif st.pending:
             st.status = "pending"
         else:
             out.done = self._maybe_done(st, awaited, opinions)
         self.store.put(st)
         return out
+
+    def _propose(
+        self, st: InstanceState, inst: Instance, calls: list[tuple[str, Call]], batch: BatchRef
+    ) -> ProposalRecord:
+        """A lazy plan's turn: its calls wait for approval."""
+        st.status = "awaiting_approval"
+        st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
+        return ProposalRecord(
+            instance=inst.id,
+            turn=inst.turn,
+            batch=batch,
+            calls=[call.wire() for _, call in calls],
+            call_ids=[cid for cid, _ in calls],
+            plan=self.spec.plan.steps if self.spec.plan else [],
+            source=inst.source,
+        )
 
     def _maybe_done(
         self, st: InstanceState, awaited: bool, opinions: list[Opinion]

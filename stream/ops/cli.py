@@ -50,31 +50,32 @@ def _secure(settings: Settings) -> None:
 def _process(_: argparse.Namespace) -> int:
     import faust
 
+    from stream.core.overrides import Messages
+    from stream.llm.factory import endpoint, resolve_api_key
     from stream.ops.logs import json_handler
-    from stream.runtime.context import Messages, load_context
-    from stream.runtime.processor import build_app, resolve_api_key
+    from stream.runtime.app import build_app
+    from stream.runtime.overrides import load_overrides
+    from stream.runtime.probe import NO_PROBE, Probe
     from stream.runtime.topics import ensure_product_topics
-    from stream.testing.faults import arm
 
     settings, spec, bootstrap = _configured()
-    llm_url = settings.llm_base_url or spec.model.base_url
-    if not llm_url:
-        raise StreamError(
-            "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
-            "(`stream llm-sim` runs the bundled simulator)"
-        )
-
+    llm_url = endpoint(settings, spec)
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network
-    arm(settings.crash_at)  # tests only (fault campaign); unset: every crash point is a no-op
+    probe: Probe = NO_PROBE
+    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
+        from stream.testing.faults import FaultProbe, arm
+
+        arm(settings.crash_at)
+        probe = FaultProbe()
 
     async def prepare() -> tuple[Messages, dict[int, int]]:
         await ensure_product_topics(bootstrap, settings, spec)
-        return await load_context(bootstrap, settings.topics.context)
+        return await load_overrides(bootstrap, settings.topics.context)
 
-    messages, ends = asyncio.run(prepare())
+    overrides = asyncio.run(prepare())
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    app = build_app(settings, spec, bootstrap, llm_url, context=(messages, ends))
+    app = build_app(settings, spec, bootstrap, llm_url, overrides, probe=probe)
     if settings.log_format == "json":
         app.conf.loghandlers = [json_handler()]
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -59,6 +60,25 @@ class Metrics:
         self.lag = Gauge(
             "stream_consumer_lag", "Records not yet consumed", ["partition"], registry=r
         )
+        self.llm_requests = Counter(
+            "stream_llm_requests", "Model requests (re-asks and splits included)", registry=r
+        )
+        self.refused_calls = Counter(
+            "stream_refused_calls",
+            "Calls of the model's answers refused, by code",
+            ["code"],
+            registry=r,
+        )
+        self.events = Counter(
+            "stream_events",
+            "What else became of instances and workflows, by kind (no_action, latent_calls,"
+            " reviewed, proposals, done, turns, results, consults, advisor_opinions, ...)",
+            ["kind"],
+            registry=r,
+        )
+        self.context_refused = Gauge(
+            "stream_context_refused", "Context messages refused at the latest change", registry=r
+        )
         self.price_in = price_in
         self.price_out = price_out
         self.answered = 0
@@ -107,6 +127,49 @@ class Metrics:
 
     def on_refused(self, status: int | None) -> None:
         self.refused.set(status or 0)
+
+    def count(self, events: Mapping[str, int]) -> None:
+        """Counts named events: `calls.<tool>`, `dead_letter.<code>`, `refused.<code>`,
+        `llm_requests`; any other name is a kind of `stream_events`."""
+        for name, n in events.items():
+            family, _, label = name.partition(".")
+            if not n:
+                continue
+            if family == "calls":
+                self.calls_out.labels(label).inc(n)
+            elif family == "dead_letter":
+                self.dead_letters.labels(label).inc(n)
+            elif family == "refused":
+                self.refused_calls.labels(label).inc(n)
+            elif name == "llm_requests":
+                self.llm_requests.inc(n)
+            else:
+                self.events.labels(name).inc(n)
+
+    def counts(self) -> dict[str, int]:
+        """Every count so far, flat, in the names `count` takes (the periodic log line)."""
+
+        def by(counter: Counter, prefix: str, suffix: str = "") -> dict[str, int]:
+            return {
+                f"{prefix}{next(iter(s.labels.values()), '')}{suffix}": int(s.value)
+                for m in counter.collect()
+                for s in m.samples
+                if s.name.endswith("_total")
+            }
+
+        return {
+            "items_in": sum(by(self.items_in, "").values()),
+            "llm_requests": sum(by(self.llm_requests, "").values()),
+            **by(self.tokens, "", "_tokens"),
+            **by(self.window_close, "window_close."),
+            **by(self.calls_out, "calls."),
+            **by(self.dead_letters, "dead_letter."),
+            **by(self.refused_calls, "refused."),
+            **by(self.events, ""),
+            "context_refused": int(
+                next(s.value for m in self.context_refused.collect() for s in m.samples)
+            ),
+        }
 
     def observe_batch(self, size: int, reason: str) -> None:
         self.batch_size.observe(size)

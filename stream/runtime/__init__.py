@@ -1,17 +1,29 @@
 """The Kafka runtime: the faust processor app and the parts it is built from.
 
 Modules (imported where used, so that importing one does not start faust):
-`processor` (the app and its pipeline), `intake` (records to instances), `windowing`,
-`offsets` (commit in offset order), `publish`, `topics`, `security`, `context` (the
-compacted override topic).
+`app` (the faust app: agents, timers, rebalances), `processor` (the pipeline, assembled
+from: `batcher` (offer, window, launch, in-flight order), `records` (a solved batch to
+its records, pure), `delivery` (publish, dead-letter, retry, fatal, offsets) and
+`coordinator` (workflows: results, approvals, turns, expiry)), `budget` (what a window
+may hold), `intake` (records to instances), `windowing`, `offsets` (commit in offset
+order), `publish`, `clients` (every Kafka client), `topics`, `security`, `overrides` (the
+compacted context topic), `probe` (named moments, for the fault campaign).
 """
 
 __all__ = [
-    "context",
+    "app",
+    "batcher",
+    "budget",
+    "clients",
+    "coordinator",
+    "delivery",
     "intake",
     "offsets",
+    "overrides",
+    "probe",
     "processor",
     "publish",
+    "records",
     "security",
     "topics",
     "windowing",

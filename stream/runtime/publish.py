@@ -17,8 +17,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream.errors import StreamError
-from stream.runtime.security import options_for
-from stream.testing.faults import armed, crash_point
+from stream.runtime import clients
+from stream.runtime.probe import NO_PROBE, Probe
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
@@ -39,21 +39,21 @@ class PublishError(StreamError):
 
 
 class Publisher:
-    def __init__(self, bootstrap: str, *, client_id: str = "stream-publisher") -> None:
+    def __init__(
+        self, bootstrap: str, *, client_id: str = "stream-publisher", probe: Probe = NO_PROBE
+    ) -> None:
         self._bootstrap = bootstrap
         self._client_id = client_id
+        self._probe = probe
         self._producer: AIOKafkaProducer | None = None
         self.sent = 0
         self.retries = 0
 
     async def start(self) -> None:
         # Created here, not in __init__: aiokafka binds to the loop that is running.
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap,
-            **options_for(self._bootstrap),
+        self._producer = clients.producer(
+            self._bootstrap,
             client_id=self._client_id,
-            acks="all",
-            enable_idempotence=True,
             linger_ms=5,
             max_batch_size=1024 * 1024,
             max_request_size=8 * 1024 * 1024,
@@ -82,11 +82,11 @@ class Publisher:
                     )
                 except KafkaError as exc:
                     futures.append(_failed(exc))
-                if len(futures) == 1 < len(todo) and armed("mid_publish"):
-                    # Tests only: the first record acknowledged, the rest not yet sent.
+                if len(futures) == 1 < len(todo) and self._probe.watches("mid_publish"):
+                    # The first record acknowledged, the rest not yet sent.
                     if asyncio.isfuture(futures[0]):  # a failed send is awaited below
                         await asyncio.wait([futures[0]])
-                    crash_point("mid_publish")
+                    self._probe.at("mid_publish")
             for result in await asyncio.gather(*futures, return_exceptions=True):
                 outcomes.append(result if isinstance(result, BaseException) else None)
             first = next((i for i, err in enumerate(outcomes) if err is not None), None)

@@ -10,13 +10,14 @@ point for one process:
   batch body, as the code around the point sees it); `raise:solved:2+`: raise on the
   2nd time and every time after.
 
-The points: `solved` (stream/solve.py, every model answer of a batch in hand, inside
-the processor's retry), `after_llm` (the batch's outcome records built, before its
-publish), `mid_publish` (stream/publish.py, the first record of a publish acknowledged,
-the rest not yet sent), `after_publish` (every record acknowledged, offsets not yet
-finished).
+The points: `solved` (stream/runtime/batcher.py, every model answer of a batch in hand,
+no record built yet, inside the processor's retry), `after_llm` (stream/runtime/delivery.py:
+the batch's outcome records built, before its publish), `mid_publish`
+(stream/runtime/publish.py, the first record of a publish acknowledged, the rest not yet
+sent), `after_publish` (delivery.py: every record acknowledged, offsets not yet finished).
 
-Unset (production), `crash_point` is one comparison and returns.
+The pipeline never calls this module: its pieces take a `stream.runtime.probe.Probe`,
+and `stream process` passes a `FaultProbe` only when STREAM_CRASH_AT is set.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from dataclasses import dataclass
 
 from stream.errors import StreamError
 
-__all__ = ["POINTS", "InjectedFault", "arm", "armed", "crash_point", "parse"]
+__all__ = ["POINTS", "FaultProbe", "InjectedFault", "arm", "armed", "crash_point", "parse"]
 
 log = logging.getLogger("stream.faults")
 
-# Where the processor calls `crash_point`: an unknown name in STREAM_CRASH_AT would
+# The points the pipeline's probe passes: an unknown name in STREAM_CRASH_AT would
 # silently never fire, so `parse` refuses it.
 POINTS = frozenset({"solved", "after_llm", "mid_publish", "after_publish"})
 
@@ -103,3 +104,14 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     log.warning("fault injection: raising at %s (hit %d)", name, trap.seen)
     raise InjectedFault(f"injected fault at {name} (hit {trap.seen})", point=name)
+
+
+class FaultProbe:
+    """The pipeline's probe (stream.runtime.probe.Probe) for the fault campaign: every
+    point goes through the armed trap."""
+
+    def at(self, point: str) -> None:
+        crash_point(point)
+
+    def watches(self, point: str) -> bool:
+        return armed(point)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import orjson
 
+from stream.core.overrides import apply_overrides
 from stream.core.spec import load_spec
-from stream.runtime.context import apply_context
 from stream.settings import DEFAULT_SPEC
 
 
@@ -50,7 +50,7 @@ def test_context_advisors_and_inputs_merge_and_bad_ones_are_refused_by_name() ->
         "garbage": b"{nope",
         "removed": None,
     }
-    merged, refused = apply_context(spec, messages)
+    merged, refused = apply_overrides(spec, messages)
     ids = [a.id for a in merged.advisors]
     assert "brandGuardian" in ids and "brokenAdvisor" not in ids and "badSchema" not in ids
     assert merged.advisor("safetyOfficer") is not None
@@ -67,5 +67,5 @@ def test_context_advisors_and_inputs_merge_and_bad_ones_are_refused_by_name() ->
 
 def test_no_context_leaves_the_spec_as_it_was() -> None:
     spec = load_spec(DEFAULT_SPEC)
-    merged, refused = apply_context(spec, {})
+    merged, refused = apply_overrides(spec, {})
     assert merged == spec and refused == []

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
 from stream.core.messages import SourcePosition
 from stream.core.spec import AgentSpec, Tool, load_spec
-from stream.llm.client import LLM
+from stream.runtime.delivery import Fatal
 from stream.runtime.processor import Pipeline
-from stream.runtime.publish import Publisher
 from stream.settings import DEFAULT_SPEC, Settings
 from tests.fakes import FakeLLM, FakePublisher
 
 
-def _pipeline(spec: AgentSpec | None = None) -> tuple[Pipeline, FakePublisher]:
+def _pipeline(
+    spec: AgentSpec | None = None, on_fatal: Fatal | None = None
+) -> tuple[Pipeline, FakePublisher]:
     pub = FakePublisher()
     settings = Settings(bootstrap_servers="unused:9092", max_record_bytes=1000)
-    pipe = Pipeline(
-        settings, spec or load_spec(DEFAULT_SPEC), cast(LLM, FakeLLM()), cast(Publisher, pub)
-    )
+    pipe = Pipeline(settings, spec or load_spec(DEFAULT_SPEC), FakeLLM(), pub, on_fatal=on_fatal)
     return pipe, pub
 
 
@@ -32,8 +31,8 @@ async def _feed(pipe: Pipeline, records: list[tuple[int, int, bytes]], acked: li
         src = SourcePosition(topic="items", partition=partition, offset=offset)
         await pipe.offer(value, None, src, functools.partial(acked.append, (partition, offset)))
     await pipe.windower.flush()
-    while pipe._tasks:
-        await asyncio.gather(*list(pipe._tasks))
+    while pipe.tasks:
+        await asyncio.gather(*list(pipe.tasks))
     await pipe.windower.stop()
 
 
@@ -70,7 +69,7 @@ async def test_revoked_partition_publishes_and_acks_nothing() -> None:
         await pipe.offer(_item(i), None, src, functools.partial(acked.append, (i % 2, i // 2)))
     pipe.ledger.drop([("items", 1)])
     await pipe.windower.flush()
-    await asyncio.gather(*list(pipe._tasks))
+    await asyncio.gather(*list(pipe.tasks))
     await pipe.windower.stop()
     assert {p for p, _ in acked} == {0}
     assert {r.origin[1] for r in pub.records if r.origin} == {0}
@@ -109,16 +108,16 @@ async def test_oversized_record_dead_letter_keeps_a_capped_copy() -> None:
 
 
 async def test_a_batch_that_cannot_be_delivered_at_all_crashes_the_worker() -> None:
-    pipe, pub = _pipeline()
     crashed: list[BaseException] = []
 
     async def crash(exc: BaseException) -> None:
         crashed.append(exc)
 
+    pipe, pub = _pipeline(on_fatal=crash)
+
     async def refuse(records: list[Any]) -> None:
         raise RuntimeError("the publisher is broken")
 
-    pipe.on_fatal = crash
     pub.publish = refuse  # type: ignore[method-assign]
     acked: list[Any] = []
     await _feed(pipe, [(0, i, _item(i)) for i in range(3)], acked)

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -16,9 +16,7 @@ from stream.core.spec import Advisor, AgentSpec, load_spec
 from stream.core.state import MemoryStore
 from stream.core.validate import Opinion
 from stream.core.workflow import Workflow
-from stream.llm.client import LLM
 from stream.runtime.processor import Pipeline
-from stream.runtime.publish import Publisher
 from stream.settings import Settings
 from stream.testing.samples import tickets
 from tests.fakes import FakeLLM, FakePublisher
@@ -29,15 +27,15 @@ TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets" / "agent.
 def _pipeline(spec: AgentSpec) -> tuple[Pipeline, FakePublisher, MemoryStore]:
     pub, store = FakePublisher(), MemoryStore()
     settings = Settings(bootstrap_servers="unused:9092")
-    pipe = Pipeline(settings, spec, cast(LLM, FakeLLM()), cast(Publisher, pub))
-    pipe.workflow = Workflow(spec, store, pending_timeout_s=60)
+    workflow = Workflow(spec, store, pending_timeout_s=60)
+    pipe = Pipeline(settings, spec, FakeLLM(), pub, workflow=workflow)
     return pipe, pub, store
 
 
 async def _drain(pipe: Pipeline) -> None:
     await pipe.windower.flush()
-    while pipe._tasks:
-        await asyncio.gather(*list(pipe._tasks))
+    while pipe.tasks:
+        await asyncio.gather(*list(pipe.tasks))
 
 
 def _on(pub: FakePublisher, part: str) -> list[dict[str, Any]]:

@@ -1,0 +1,244 @@
+"""The faust app around the pipeline: agents for the input, results and approvals topics,
+timers, rebalance handlers, and the collaborators assembled once, in order.
+
+The workarounds for faust's known pitfalls live here (DESIGN.md, section 3): streams are
+read with `noack()` and acked by the offset ledger in offset order; every commit faust
+proposes is capped by that ledger (`_cap_commits`); `stream_wait_empty=False`; and a
+crashed agent crashes the worker (`CrashingSupervisor`) so the group redelivers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import faust
+import mode
+import orjson
+
+from stream.core.messages import SourcePosition
+from stream.core.overrides import Messages, apply_overrides
+from stream.core.prompt import PromptBuilder
+from stream.core.spec import AgentSpec
+from stream.core.state import TableStore
+from stream.core.workflow import Workflow
+from stream.llm.factory import build_llm
+from stream.ops.metrics import Metrics
+from stream.ops.web import WebServer
+from stream.runtime.offsets import Entry, OffsetLedger
+from stream.runtime.overrides import OverrideFollower
+from stream.runtime.probe import NO_PROBE, Probe
+from stream.runtime.processor import Pipeline, limiter_for
+from stream.runtime.publish import Publisher
+from stream.runtime.security import faust_credentials
+from stream.settings import Settings
+
+__all__ = ["build_app"]
+
+log = logging.getLogger("stream.processor")
+
+Handler = Callable[[bytes | None, Entry | None], Awaitable[None]]
+
+
+def _faust_app(settings: Settings, bootstrap: str) -> faust.App:
+    return faust.App(
+        settings.topic_prefix + settings.app_id,
+        broker=f"kafka://{bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        store="memory://",
+        datadir=str(settings.data_dir),
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.commit_interval,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.session_timeout_s / 5,
+        # Waiting for in-flight batches on a rebalance would stall the group during an
+        # LLM outage; their items are redone by the new owner instead (same call_ids).
+        stream_wait_empty=False,
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_allow_declare=False,
+        # An agent that crashed cannot be resumed in place: its unfinished records would
+        # never be redelivered. Crash the worker instead; the group redelivers from the
+        # last commit and the process supervisor (Kubernetes, compose) restarts it.
+        agent_supervisor=mode.CrashingSupervisor,
+        broker_credentials=faust_credentials(bootstrap),
+    )
+
+
+def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str]) -> None:
+    """Routes every commit faust computes for the tracked topics through the ledger."""
+    consumer: Any = app.consumer  # faust exposes no public hook for this
+    proposed = consumer._new_offset
+
+    def capped(tp: Any) -> int | None:
+        offset = proposed(tp)
+        if tp.topic not in tracked:
+            return cast(int | None, offset)
+        return ledger.cap((tp.topic, tp.partition), offset)
+
+    consumer._new_offset = capped
+
+
+def build_app(
+    settings: Settings,
+    spec: AgentSpec,
+    bootstrap: str,
+    llm_url: str,
+    overrides: tuple[Messages, dict[int, int]] | None = None,
+    *,
+    probe: Probe = NO_PROBE,
+) -> faust.App:
+    """The processor app. `overrides`: what the context topic held at start, and where
+    each of its partitions ended, so the pipeline follows it from there. `probe`: told
+    of the pipeline's named moments (the fault campaign's injector; else nothing)."""
+    app = _faust_app(settings, bootstrap)
+    metrics = Metrics(spec.model.price_input_per_million, spec.model.price_output_per_million)
+    limiter = limiter_for(spec, metrics)
+    llm = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+    messages, ends = overrides or ({}, {})
+    merged, refused = apply_overrides(spec, messages) if overrides else (spec, [])
+    # Instance state: a changelog-backed table, co-partitioned with the input topic.
+    table = app.Table(
+        "state", default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
+    )
+    workflow = None
+    if PromptBuilder(merged).stateful:
+        # Without a plan or awaited calls there is no state to keep: writing every item
+        # to the changelog would cost a publish per item for nothing.
+        workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
+    pipeline = Pipeline(
+        settings,
+        merged,
+        llm,
+        Publisher(bootstrap, probe=probe),
+        metrics=metrics,
+        limiter=limiter,
+        workflow=workflow,
+        on_fatal=app.crash,
+        probe=probe,
+    )
+    pipeline.refused(refused)
+    web = WebServer(
+        metrics,
+        lambda: pipeline.started and not app.rebalancing,
+        settings.web_host,
+        settings.web_port,
+    )
+    follower = None
+    if overrides is not None:
+        topic = settings.topics.context
+        follower = OverrideFollower(bootstrap, topic, spec, messages, ends, pipeline.reconfigure)
+    _agents(app, settings, pipeline, web, follower)
+    _timers(app, settings, pipeline)
+    _rebalances(app, pipeline)
+    return app
+
+
+def _agents(
+    app: faust.App,
+    settings: Settings,
+    pipeline: Pipeline,
+    web: WebServer,
+    follower: OverrideFollower | None,
+) -> None:
+    topics = settings.topics
+
+    def topic(name: str) -> Any:
+        return app.topic(name, key_type=bytes, value_type=bytes)
+
+    async def follow(stream: Any, handle: Handler) -> None:
+        async for event in stream.noack().events():
+            msg = event.message
+            entry = pipeline.ledger.track((msg.topic, msg.partition), msg.offset, event.ack)
+            await handle(msg.value, entry)
+
+    @app.agent(topic(topics.results), concurrency=1)
+    async def results(stream: Any) -> None:
+        await follow(stream, pipeline.on_result)
+
+    @app.agent(topic(topics.approvals), concurrency=1)
+    async def approvals(stream: Any) -> None:
+        await follow(stream, pipeline.on_approval)
+
+    @app.agent(topic(topics.input), concurrency=1)
+    async def process(stream: Any) -> None:
+        _cap_commits(app, pipeline.ledger, {topics.input, topics.results, topics.approvals})
+        await pipeline.start()
+        await _serve(web)
+        if follower is not None:
+            await follower.start()
+        try:
+            async for event in stream.noack().events():
+                msg = event.message
+                source = SourcePosition(
+                    topic=msg.topic,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                    key=msg.key.decode("utf-8", "replace") if msg.key is not None else None,
+                    timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
+                )
+                await pipeline.offer(msg.value, msg.key, source, event.ack)
+        finally:
+            await web.stop()
+            if follower is not None:
+                await follower.stop()
+            await pipeline.stop()
+
+
+async def _serve(web: WebServer) -> None:
+    try:
+        await web.start()
+    except OSError as exc:
+        # A busy port must not stop the stream: it only costs the page and probes.
+        log.warning("web server not started on port %d: %s", web.port, exc)
+
+
+def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
+    @app.timer(1.0)  # type: ignore[untyped-decorator]
+    async def expire() -> None:
+        await pipeline.expire()
+
+    @app.timer(5.0)  # type: ignore[untyped-decorator]
+    async def lag() -> None:
+        for tp in app.consumer.assignment():
+            if tp.topic == settings.topics.input:
+                high = app.consumer.highwater(tp) or 0
+                done = pipeline.ledger.commit_point((tp.topic, tp.partition))
+                pipeline.metrics.lag.labels(str(tp.partition)).set(
+                    max(0, high - (done if done is not None else high))
+                )
+
+    @app.timer(30.0)  # type: ignore[untyped-decorator]
+    async def report() -> None:
+        # A periodic one-line summary, for logs without a metrics scraper.
+        log.info(
+            "stats %s open=%d in_flight=%d",
+            orjson.dumps(pipeline.metrics.counts()).decode(),
+            pipeline.ledger.open_count(),
+            len(pipeline.tasks),
+        )
+
+
+def _rebalances(app: faust.App, pipeline: Pipeline) -> None:
+    async def on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        revoked = args[0] if args else kwargs.get("revoked", set())
+        dropped = pipeline.ledger.drop((tp.topic, tp.partition) for tp in revoked)
+        if dropped:
+            log.info(
+                "rebalance: %d unfinished records of revoked partitions left to their next owner",
+                dropped,
+            )
+
+    async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        assigned = args[0] if args else kwargs.get("assigned", set())
+        back = pipeline.ledger.rewinds((tp.topic, tp.partition) for tp in assigned)
+        for tp in assigned:
+            offset = back.get((tp.topic, tp.partition))
+            if offset is not None:
+                log.info("rebalance: re-reading %s/%d from %d", tp.topic, tp.partition, offset)
+                await app.consumer.seek(tp, offset)
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]

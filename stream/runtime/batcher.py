@@ -1,0 +1,233 @@
+"""The batcher: records in, windows out, one task per batch, delivered in batch order.
+
+Flow per record: track its offset -> parse (a bad record: dead letter) -> window ->
+batch task (a bounded number in flight) -> solve -> wait for the previous batch's
+delivery -> deliver (stream/runtime/delivery.py). Delivering in batch order keeps each
+instance's outputs in its input order, and the ledger acks each partition's offsets in
+offset order, so commits never pass unfinished work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from stream.core.instance import Instance
+from stream.core.messages import SourcePosition
+from stream.core.model import Model
+from stream.core.prompt import PromptBuilder
+from stream.core.solve import Solver
+from stream.core.spec import AgentSpec
+from stream.core.tokenizer import Tokenizer
+from stream.core.validate import Validator
+from stream.errors import BadRecord
+from stream.llm.limiter import Limiter
+from stream.ops.metrics import Metrics
+from stream.runtime.budget import Budget
+from stream.runtime.coordinator import Coordinator
+from stream.runtime.delivery import BATCH_TRIES, Delivery, retried
+from stream.runtime.intake import parse_item
+from stream.runtime.offsets import Entry, OffsetLedger
+from stream.runtime.probe import Probe
+from stream.runtime.records import Planned, RecordBuilder
+from stream.runtime.windowing import Windower
+from stream.settings import Settings
+
+__all__ = ["Batcher", "Item"]
+
+log = logging.getLogger("stream.processor")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """An instance in a window: a delivered record (with its ledger entry), or a next
+    turn of a workflow (no entry: its input was finished with its first turn)."""
+
+    instance: Instance
+    entry: Entry | None
+    tokens: int
+
+
+def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
+    return Solver(
+        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
+    )
+
+
+class Batcher:
+    def __init__(
+        self,
+        settings: Settings,
+        spec: AgentSpec,
+        llm: Model,
+        *,
+        ledger: OffsetLedger,
+        limiter: Limiter,
+        metrics: Metrics,
+        builder: RecordBuilder,
+        delivery: Delivery,
+        coordinator: Coordinator,
+        probe: Probe,
+        worker: str,
+    ) -> None:
+        self.settings = settings
+        self.llm = llm
+        self.solver = make_solver(llm, spec, settings)
+        self.ledger = ledger
+        self.limiter = limiter
+        self.metrics = metrics
+        self.builder = builder
+        self.delivery = delivery
+        self.coordinator = coordinator
+        self.probe = probe
+        self.worker = worker
+        self.tokenizer = Tokenizer(spec.model.name)
+        self.budget = Budget(spec, self.tokenizer, self.solver.prompt.system)
+        self.windower: Windower[Item] = Windower(
+            max_items=spec.window.max_items,
+            max_wait_s=spec.window.max_wait_ms / 1000,
+            max_tokens=self.budget.item_tokens,
+            on_close=self._launch,
+            tokens_of=lambda item: item.tokens,
+            capacity=self.budget.capacity,
+        )
+        self.batches = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._last_delivery: asyncio.Future[None] | None = None
+        self._queued_turns: set[str] = set()  # instances whose next turn is on its way
+
+    def reconfigure(self, spec: AgentSpec) -> None:
+        """A new spec; batches in flight finish as they were asked."""
+        solver = make_solver(self.llm, spec, self.settings)
+        self.budget.reconfigure(spec, solver.prompt.system)
+        self.solver = solver
+        self.windower.max_tokens = self.budget.item_tokens
+
+    def start(self) -> None:
+        self.windower.start()
+
+    async def stop(self) -> None:
+        await self.windower.stop()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def offer(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        source: SourcePosition,
+        ack: Callable[[], object],
+    ) -> None:
+        """Takes one delivered record. Awaits while all batch slots are busy."""
+        entry = self.ledger.track((source.topic, source.partition), source.offset, ack)
+        self.metrics.items_in.inc()
+        try:
+            instance = parse_item(value, key, source, self.settings.max_record_bytes)
+            assert value is not None  # parse_item refuses a missing value
+            tokens = self.tokenizer.count(value.decode("utf-8", "replace"))
+            if tokens > self.budget.item_tokens:
+                raise BadRecord(
+                    "too_large",
+                    f"record is about {tokens} tokens; a request has room for "
+                    f"{self.budget.item_tokens} (window.max_input_tokens less the "
+                    "instructions, tools and advisors)",
+                )
+        except BadRecord as exc:
+            log.warning(
+                "dead letter %s at %s/%d/%d: %s",
+                exc.code,
+                source.topic,
+                source.partition,
+                source.offset,
+                exc.message,
+                extra={
+                    "code": exc.code,
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                },
+            )
+            await self.delivery.publish(self.builder.bad_record(exc, source, value))
+            self.ledger.finish(entry)
+            return
+        await self.windower.add(Item(self.coordinator.admit(instance), entry, tokens))
+
+    async def enqueue_turn(self, inst: Instance) -> None:
+        """An instance ready for its next turn joins the window like any item."""
+        if inst.id in self._queued_turns:
+            return
+        self._queued_turns.add(inst.id)
+        self.metrics.count({"turns": 1})
+        shown = orjson.dumps([inst.payload, inst.state]).decode()
+        await self.windower.add(Item(inst, None, self.tokenizer.count(shown)))
+
+    async def _launch(self, items: list[Item], reason: str) -> None:
+        await self.limiter.acquire()
+        self.batches += 1
+        batch_id = f"{self.worker}-{self.batches}"
+        previous = self._last_delivery
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_delivery = delivered
+        self.metrics.observe_batch(len(items), reason)
+        self.metrics.batch_started()
+        task = asyncio.create_task(self._run(batch_id, items, previous, delivered), name=batch_id)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(
+        self,
+        batch_id: str,
+        items: list[Item],
+        previous: asyncio.Future[None] | None,
+        delivered: asyncio.Future[None],
+    ) -> None:
+        instances = [item.instance for item in items]
+        try:
+            planned = await self._solved(batch_id, instances)
+            if previous is not None:
+                # Deliver in batch order so each instance's outputs keep its input order.
+                await asyncio.shield(previous)
+            await self.delivery.deliver(
+                batch_id,
+                instances,
+                [item.entry for item in items],
+                planned,
+                self.coordinator.store,
+            )
+            for inst in instances:
+                self._queued_turns.discard(inst.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every fallback failed: never let a batch end unseen
+            await self.delivery.fatal(batch_id, exc)
+        finally:
+            if not delivered.done():
+                delivered.set_result(None)
+            self.limiter.release()
+            self.metrics.batch_ended()
+
+    async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
+        """Solves the batch into its records; an unexpected error retries it, then
+        dead-letters its items with the error, so nothing is acked without an outcome."""
+
+        async def solve() -> Planned:
+            outcome = await self.solver.solve(instances)
+            self.probe.at("solved")  # every answer in hand, no record built yet
+            self.budget.learn(outcome, len(instances))
+            self.metrics.observe_tokens(
+                outcome.prompt_tokens,
+                outcome.completion_tokens,
+                outcome.cached_tokens,
+                len({id(a.instance) for a in outcome.answers}),
+            )
+            return self.builder.batch(batch_id, outcome, self.coordinator.rehearsal())
+
+        planned = await retried(batch_id, "solving", solve)
+        if isinstance(planned, Exception):
+            return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
+        return planned

@@ -1,0 +1,91 @@
+"""The context topic on Kafka: loads the override messages at start, then follows them.
+
+What the messages mean and how they merge into the spec is pure and lives in
+stream.core.overrides; this module only reads the compacted topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import TopicPartition
+
+from stream.core.overrides import Messages, Refused, apply_overrides
+from stream.core.spec import AgentSpec
+from stream.runtime import clients
+from stream.runtime.topics import partitions, read_topic
+
+__all__ = ["OverrideFollower", "load_overrides"]
+
+log = logging.getLogger("stream.context")
+
+
+async def load_overrides(bootstrap: str, topic: str) -> tuple[Messages, dict[int, int]]:
+    """The latest message per key, and where each partition ended (to follow from)."""
+    messages: Messages = {}
+    ends: dict[int, int] = {}
+    async for rec in read_topic(bootstrap, topic):
+        if rec.key is not None:
+            messages[rec.key.decode("utf-8", "replace")] = rec.value
+        ends[rec.partition] = rec.offset + 1
+    return messages, ends
+
+
+class OverrideFollower:
+    """Follows the context topic after the initial load; calls back with each new spec."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        base: AgentSpec,
+        messages: Messages,
+        ends: dict[int, int],
+        on_change: Callable[[AgentSpec, Refused], None],
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.base = base
+        self.messages = dict(messages)
+        self.ends = ends
+        self.on_change = on_change
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="context-follower")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        consumer = clients.consumer(self.bootstrap)
+        await consumer.start()
+        try:
+            tps = [
+                TopicPartition(self.topic, p) for p in await partitions(self.bootstrap, self.topic)
+            ]
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, self.ends.get(tp.partition, 0))
+            while True:
+                batch = await consumer.getmany(timeout_ms=1000)
+                changed = False
+                for records in batch.values():
+                    for rec in records:
+                        if rec.key is not None:
+                            self.messages[rec.key.decode("utf-8", "replace")] = rec.value
+                            changed = True
+                if changed:
+                    spec, refused = apply_overrides(self.base, self.messages)
+                    log.info(
+                        "context changed: %d advisors, %d global inputs",
+                        len(spec.advisors),
+                        len(spec.inputs),
+                    )
+                    self.on_change(spec, refused)
+        finally:
+            await consumer.stop()
