@@ -1,0 +1,87 @@
+"""The package layout keeps its promises: a pure core, an SDK without faust, and modules
+and classes small enough to read."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAM = ROOT / "stream"
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 250
+# Over the limits today, and owned by other work in progress (issue 12): listed so the
+# rule holds everywhere else. An entry that comes under the limits fails the test below,
+# so the list only shrinks.
+PENDING: dict[str, str] = {
+    "stream/ops/cli.py": "the command line, one function per command: to be split",
+    "stream/testing/broker.py": "the broker launcher: to be split",
+    "stream/testing/judge.py": "the simulator's judge: being split",
+}
+
+
+def _loaded_after(code: str, heavy: tuple[str, ...]) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    return done.stdout.split()
+
+
+def test_the_core_imports_no_kafka_http_or_model_client() -> None:
+    code = (
+        "import importlib, pkgutil, stream.core\n"
+        "for m in pkgutil.iter_modules(stream.core.__path__):\n"
+        "    importlib.import_module('stream.core.' + m.name)"
+    )
+    assert _loaded_after(code, ("faust", "aiokafka", "aiohttp", "openai")) == []
+
+
+def test_the_activity_sdk_imports_no_faust() -> None:
+    assert _loaded_after("import stream.activities", ("faust",)) == []
+
+
+def _sizes() -> dict[str, tuple[int, dict[str, int]]]:
+    """Module (relative path) -> (its lines, its classes' lines by name)."""
+    out = {}
+    for path in sorted(STREAM.rglob("*.py")):
+        text = path.read_text()
+        classes = {
+            node.name: (node.end_lineno or node.lineno) - node.lineno + 1
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ClassDef)
+        }
+        out[str(path.relative_to(ROOT))] = (len(text.splitlines()), classes)
+    return out
+
+
+def _over(lines: int, classes: dict[str, int]) -> list[str]:
+    found = [f"{lines} lines"] if lines > MAX_MODULE_LINES else []
+    return found + [f"class {c}: {n} lines" for c, n in classes.items() if n > MAX_CLASS_LINES]
+
+
+def test_no_module_or_class_is_too_long() -> None:
+    too_long = {
+        module: over
+        for module, (lines, classes) in _sizes().items()
+        if (over := _over(lines, classes)) and module not in PENDING
+    }
+    assert not too_long, (MAX_MODULE_LINES, MAX_CLASS_LINES, too_long)
+
+
+@pytest.mark.parametrize("module", sorted(PENDING))
+def test_pending_exceptions_are_still_needed(module: str) -> None:
+    sizes = _sizes()
+    if module not in sizes:
+        pytest.fail(f"{module} is gone: remove it from PENDING")
+    lines, classes = sizes[module]
+    assert _over(lines, classes), f"{module} is within the limits now: remove it from PENDING"
