@@ -8,6 +8,7 @@ from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
 from stream.errors import LLMError
 from stream.llm.client import Completion
+from stream.testing.judge import read_request
 from stream.testing.simulator import SimRequest, Simulator
 
 
@@ -46,7 +47,7 @@ class FakeLLM:
         *,
         items: int = 1,
     ) -> Completion:
-        req = Simulator.read_request(messages)
+        req = read_request(messages)
         self.requests.append(req.items)
         self.asks.append(req)
         self.messages.append(messages)

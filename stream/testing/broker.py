@@ -12,7 +12,6 @@ import atexit
 import base64
 import concurrent.futures
 import contextlib
-import fcntl
 import importlib
 import logging
 import os
@@ -24,13 +23,12 @@ import tempfile
 import threading
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stream.errors import StreamError
+from stream.testing.jars import BrokerError, ensure_jars, kafka_version, require
 
 __all__ = [
     "BrokerError",
@@ -45,60 +43,8 @@ __all__ = [
 
 log = logging.getLogger("stream.broker")
 
-POM = Path(__file__).parent / "kafka" / "pom.xml"
 HOST = "127.0.0.1"
 _T = TypeVar("_T")
-
-
-class BrokerError(StreamError):
-    """The broker could not be provided; `retriable` says whether trying again may help."""
-
-    def __init__(self, message: str, *, retriable: bool = False, **data: Any) -> None:
-        super().__init__(message, **data)
-        self.retriable = retriable
-
-
-def _kafka_version() -> str:
-    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    node = ET.parse(POM).getroot().find("m:properties/m:kafka.version", ns)
-    if node is None or not node.text:
-        raise BrokerError(f"{POM} declares no kafka.version")
-    return node.text.strip()
-
-
-def _require(tool: str, hint: str) -> str:
-    found = shutil.which(tool)
-    if found is None:
-        raise BrokerError(f"`{tool}` not found on PATH; install {hint}")
-    return found
-
-
-def ensure_jars() -> Path:
-    """Download the broker's jars once (into $STREAM_KAFKA_CACHE or ~/.cache) and return
-    the folder holding them."""
-    version = _kafka_version()
-    default = Path.home() / ".cache" / "instanced-stream" / f"kafka-{version}"
-    cache = Path(os.environ.get("STREAM_KAFKA_CACHE") or default)
-    jars, marker = cache / "jars", cache / "complete"
-    cache.mkdir(parents=True, exist_ok=True)
-    # Parallel test workers and a demo may all arrive here at once; one downloads, the
-    # others block on the lock and then find the marker.
-    with (cache / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists() and marker.read_text().strip() == version:
-            return jars
-        mvn = _require("mvn", "Apache Maven (e.g. `apt-get install maven`)")
-        # Jars left by an interrupted run may be truncated; start from nothing.
-        shutil.rmtree(jars, ignore_errors=True)
-        log.info("downloading Kafka %s jars into %s", version, jars)
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
-        cmd += [f"-DoutputDirectory={jars}", "-DincludeScope=runtime"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-            raise BrokerError(f"mvn could not fetch the Kafka jars:\n{tail}", retriable=True)
-        marker.write_text(version + "\n")
-        return jars
 
 
 def free_port() -> int:
@@ -216,7 +162,7 @@ class LocalKafka:
     def start(self, timeout: float = 120) -> str:
         if self.running:
             return self.bootstrap
-        java = _require("java", "a Java 11+ runtime (e.g. `apt-get install openjdk-17-jdk`)")
+        java = require("java", "a Java 11+ runtime (e.g. `apt-get install openjdk-17-jdk`)")
         jars = ensure_jars()
         # Ports are fixed on first start so a restart looks like the same broker to clients.
         if self._port is None:
@@ -428,7 +374,7 @@ def kafka_bootstrap(env_var: str = "STREAM_BOOTSTRAP_SERVERS") -> Iterator[str]:
         with container:
             yield str(container.get_bootstrap_server())
         return
-    log.info("Docker not available; starting a local Kafka %s from jars", _kafka_version())
+    log.info("Docker not available; starting a local Kafka %s from jars", kafka_version())
     with LocalKafka() as broker:
         yield broker.bootstrap
 
@@ -441,7 +387,7 @@ def run_foreground(port: int | None, data_dir: Path | None) -> int:
     try:
         address = broker.start()
         where = f"{address} (data: {broker.data_dir})"
-        print(f"Kafka {_kafka_version()} ready at {where}. Ctrl-C to stop.", flush=True)
+        print(f"Kafka {kafka_version()} ready at {where}. Ctrl-C to stop.", flush=True)
         while not stop.wait(1):
             if not broker.running:
                 print(f"Kafka exited unexpectedly; see {broker.data_dir}/kafka.out", flush=True)

@@ -18,7 +18,7 @@ import orjson
 from stream.core.state import read_path
 from stream.testing.account import SimConfig
 
-__all__ = ["Judge", "SimRequest"]
+__all__ = ["Judge", "SimRequest", "read_request"]
 
 log = logging.getLogger("stream.simulator")
 
@@ -72,6 +72,177 @@ def _is_spam(text: str) -> bool:
     return bool(_SPAM.search(text)) or shouting or re.search(r"(.)\1{7,}", text) is not None
 
 
+def read_request(messages: list[dict[str, str]]) -> SimRequest:
+    """Finds tools and advisors (system message), the instances (the user message that
+    is a JSON array) and which advisors speak (the user message that is an object)."""
+    system = next(m["content"] for m in messages if m["role"] == "system")
+    sections = system.split("\n\n")
+    tools = orjson.loads(sections[sections.index("# Tools") + 1])
+    advisors: list[dict[str, Any]] = []
+    instruction = ""
+    for k, section in enumerate(sections[:-1]):
+        if section.startswith("# Advisors"):
+            advisors = orjson.loads(sections[k + 1])
+        if section == "# Global inputs":
+            for message in orjson.loads(sections[k + 1]):
+                instruction += str(message.get("instruction", ""))
+    items: list[dict[str, Any]] = []
+    control: dict[str, Any] = {}
+    for m in messages:
+        if m["role"] != "user":
+            continue
+        try:
+            data = orjson.loads(m["content"])
+        except orjson.JSONDecodeError:
+            continue  # prose: a re-ask's reasons, which the simulator does not read
+        if isinstance(data, list):
+            items = [d for d in data if isinstance(d, dict) and "_instance" in d]
+        elif isinstance(data, dict):
+            control = data
+    return SimRequest(
+        system,
+        tools,
+        items,
+        advisors,
+        tuple(control.get("activeAdvisors", ())),
+        bool(control.get("mayConsult", False)),
+        instruction,
+    )
+
+
+def fill(schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
+    if "anyOf" in schema:
+        branch: dict[str, Any] = next((s for s in schema["anyOf"] if s.get("type") != "null"), {})
+        return fill(branch, name, flagged, why)
+    if "enum" in schema:
+        options = list(schema["enum"])
+        if {"approve", "reject"} <= set(options):
+            return "reject" if flagged else "approve"
+        return options[0] if flagged else options[-1]
+    kind = schema.get("type")
+    if kind == "string":
+        if name == "message":
+            return f"Your comment was removed: {why}."
+        return why
+    if kind in ("number", "integer"):
+        return 1 if flagged else 0
+    if kind == "boolean":
+        return flagged
+    if kind == "array":
+        return []
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: fill(v, k, flagged, why) for k, v in props.items()}
+    return None
+
+
+def plan_step(
+    token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
+) -> list[dict[str, Any]]:
+    """A stateful turn: fetch what the state still lacks (awaited calls and latent
+    notes); once everything is known, act with the final tools and await nothing."""
+    state = view["state"]
+
+    def known(paths: list[str]) -> bool:
+        return any(read_path(state, p) is not None for p in paths)
+
+    calls: list[dict[str, Any]] = []
+    awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
+    missing = [t for t in awaited if not known(t["paths"])]
+    if missing:
+        for tool in missing:
+            args = fill(tool.get("parameters", {}), "", False, "needed to decide")
+            calls.append(
+                {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": "the state lacks this",
+                    "_outputPath": " || ".join(tool["paths"]),
+                    "_scopes": ["input"],
+                    **(args if isinstance(args, dict) else {}),
+                }
+            )
+        for tool in tools:
+            if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
+                continue
+            args = fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
+            call = {
+                "_tool": tool["name"],
+                "_instance": token,
+                "_reasoningForCall": "thinking it through",
+                **(args if isinstance(args, dict) else {}),
+            }
+            if tool.get("paths"):
+                call["_outputPath"] = tool["paths"][0]
+            calls.append(call)
+        return calls
+    urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
+    for tool in tools:
+        if tool.get("kind") == "latent" and not tool.get("paths"):
+            # a thought before acting: kept in the trace, never published
+            calls.append(
+                {
+                    "_tool": tool["name"],
+                    "_instance": token,
+                    "_reasoningForCall": "weighing the state",
+                    **fill(tool.get("parameters", {}), "", urgent, "weighing"),
+                }
+            )
+            continue
+        if tool.get("paths") or tool.get("kind") == "latent":
+            continue
+        args = fill(tool.get("parameters", {}), "", urgent, "decided from the state")
+        calls.append(
+            {
+                "_tool": tool["name"],
+                "_instance": token,
+                "_reasoningForCall": "everything needed is in the state",
+                "_scopes": ["input", "†state"],
+                **(args if isinstance(args, dict) else {}),
+            }
+        )
+    return calls
+
+
+def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A global instruction about one named instance: only that instance acts."""
+    text = req.instruction
+    quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
+    task = next((a or b for a, b in quoted), text)
+    status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
+    tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+    calls: list[dict[str, Any]] = []
+    for token, view in views.items():
+        name = str(view["state"].get("name") or view["input"].get("name") or "")
+        if name and re.search(rf"\b{re.escape(name)}\b", text):
+            tool = tools[0]
+            strings = [
+                k
+                for k, v in tool.get("parameters", {}).get("properties", {}).items()
+                if v.get("type") == "string"
+            ]
+            args = dict(zip(strings, [task, status], strict=False))
+            call = {
+                "_tool": tool["name"],
+                "_instance": token,
+                "_reasoningForCall": f"the instruction names {name}",
+                **args,
+            }
+            if tool.get("paths"):
+                call["_outputPath"] = tool["paths"][0]
+            calls.append(call)
+        else:
+            calls.append(
+                {
+                    "_tool": "NoAction",
+                    "_instance": token,
+                    "_reasoningForCall": "the instruction is about someone else",
+                    "reason": "not addressed by the instruction",
+                }
+            )
+    return calls
+
+
 class Judge:
     """Answers requests like a model would, deterministically for a seed."""
 
@@ -104,39 +275,12 @@ class Judge:
             self._scores.update(zip(new, (float(p) for p in self._predict(new)), strict=True))
         return [self._scores[t] for t in texts]
 
-    def _fill(self, schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
-        if "anyOf" in schema:
-            branch: dict[str, Any] = next(
-                (s for s in schema["anyOf"] if s.get("type") != "null"), {}
-            )
-            return self._fill(branch, name, flagged, why)
-        if "enum" in schema:
-            options = list(schema["enum"])
-            if {"approve", "reject"} <= set(options):
-                return "reject" if flagged else "approve"
-            return options[0] if flagged else options[-1]
-        kind = schema.get("type")
-        if kind == "string":
-            if name == "message":
-                return f"Your comment was removed: {why}."
-            return why
-        if kind in ("number", "integer"):
-            return 1 if flagged else 0
-        if kind == "boolean":
-            return flagged
-        if kind == "array":
-            return []
-        if kind == "object":
-            props = schema.get("properties", {})
-            return {k: self._fill(v, k, flagged, why) for k, v in props.items()}
-        return None
-
     def solve(self, req: SimRequest) -> dict[str, Any]:
         """The solution: advisors' opinions first (when any are active), then calls."""
         faults = self.config.faults
         views = _views(req.items)
         if req.instruction:
-            return {"calls": self._route_instruction(req, views)}
+            return {"calls": route_instruction(req, views)}
         texts = [
             " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
             for item in (view["input"] for view in views.values())
@@ -188,12 +332,12 @@ class Judge:
                 else ("within the community rules")
             )
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
-                calls += self._plan_step(token, view, real, text)
+                calls += plan_step(token, view, real, text)
                 continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
                     continue  # follow-up tools act on flagged items only
-                args = self._fill(tool.get("parameters", {}), "", flagged, why)
+                args = fill(tool.get("parameters", {}), "", flagged, why)
                 call = {
                     "_tool": tool["name"],
                     "_instance": token,
@@ -265,7 +409,7 @@ class Judge:
                     self.stats["fault_bad_votes"] += 1
                     votes_text = "{" + f"{options[0]}: ten, {options[1]}: lots"
                 view = f"{advisor['id']} reads a risk of {reject:.2f}"
-                fields = self._fill(advisor.get("schema", {}), "", reject > 0.5, view)
+                fields = fill(advisor.get("schema", {}), "", reject > 0.5, view)
                 opinion = {
                     "id": advisor["id"],
                     **(fields if isinstance(fields, dict) else {}),
@@ -276,151 +420,6 @@ class Judge:
                 out.append(opinion)
         self.stats["opinions"] += len(out)
         return out
-
-    def _plan_step(
-        self, token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
-    ) -> list[dict[str, Any]]:
-        """A stateful turn: fetch what the state still lacks (awaited calls and latent
-        notes); once everything is known, act with the final tools and await nothing."""
-        state = view["state"]
-
-        def known(paths: list[str]) -> bool:
-            return any(read_path(state, p) is not None for p in paths)
-
-        calls: list[dict[str, Any]] = []
-        awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
-        missing = [t for t in awaited if not known(t["paths"])]
-        if missing:
-            for tool in missing:
-                args = self._fill(tool.get("parameters", {}), "", False, "needed to decide")
-                calls.append(
-                    {
-                        "_tool": tool["name"],
-                        "_instance": token,
-                        "_reasoningForCall": "the state lacks this",
-                        "_outputPath": " || ".join(tool["paths"]),
-                        "_scopes": ["input"],
-                        **(args if isinstance(args, dict) else {}),
-                    }
-                )
-            for tool in tools:
-                if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
-                    continue
-                args = self._fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
-                call = {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "thinking it through",
-                    **(args if isinstance(args, dict) else {}),
-                }
-                if tool.get("paths"):
-                    call["_outputPath"] = tool["paths"][0]
-                calls.append(call)
-            return calls
-        urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
-        for tool in tools:
-            if tool.get("kind") == "latent" and not tool.get("paths"):
-                # a thought before acting: kept in the trace, never published
-                calls.append(
-                    {
-                        "_tool": tool["name"],
-                        "_instance": token,
-                        "_reasoningForCall": "weighing the state",
-                        **self._fill(tool.get("parameters", {}), "", urgent, "weighing"),
-                    }
-                )
-                continue
-            if tool.get("paths") or tool.get("kind") == "latent":
-                continue
-            args = self._fill(tool.get("parameters", {}), "", urgent, "decided from the state")
-            calls.append(
-                {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "everything needed is in the state",
-                    "_scopes": ["input", "†state"],
-                    **(args if isinstance(args, dict) else {}),
-                }
-            )
-        return calls
-
-    def _route_instruction(
-        self, req: SimRequest, views: dict[str, dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """A global instruction about one named instance: only that instance acts."""
-        text = req.instruction
-        quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
-        task = next((a or b for a, b in quoted), text)
-        status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
-        tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-        calls: list[dict[str, Any]] = []
-        for token, view in views.items():
-            name = str(view["state"].get("name") or view["input"].get("name") or "")
-            if name and re.search(rf"\b{re.escape(name)}\b", text):
-                tool = tools[0]
-                strings = [
-                    k
-                    for k, v in tool.get("parameters", {}).get("properties", {}).items()
-                    if v.get("type") == "string"
-                ]
-                args = dict(zip(strings, [task, status], strict=False))
-                call = {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": f"the instruction names {name}",
-                    **args,
-                }
-                if tool.get("paths"):
-                    call["_outputPath"] = tool["paths"][0]
-                calls.append(call)
-            else:
-                calls.append(
-                    {
-                        "_tool": "NoAction",
-                        "_instance": token,
-                        "_reasoningForCall": "the instruction is about someone else",
-                        "reason": "not addressed by the instruction",
-                    }
-                )
-        return calls
-
-    @staticmethod
-    def read_request(messages: list[dict[str, str]]) -> SimRequest:
-        """Finds tools and advisors (system message), the instances (the user message that
-        is a JSON array) and which advisors speak (the user message that is an object)."""
-        system = next(m["content"] for m in messages if m["role"] == "system")
-        sections = system.split("\n\n")
-        tools = orjson.loads(sections[sections.index("# Tools") + 1])
-        advisors: list[dict[str, Any]] = []
-        instruction = ""
-        for k, section in enumerate(sections[:-1]):
-            if section.startswith("# Advisors"):
-                advisors = orjson.loads(sections[k + 1])
-            if section == "# Global inputs":
-                for message in orjson.loads(sections[k + 1]):
-                    instruction += str(message.get("instruction", ""))
-        items: list[dict[str, Any]] = []
-        control: dict[str, Any] = {}
-        for m in messages:
-            if m["role"] != "user":
-                continue
-            try:
-                data = orjson.loads(m["content"])
-            except orjson.JSONDecodeError:
-                continue  # prose: a re-ask's reasons, which the simulator does not read
-            if isinstance(data, list):
-                items = [d for d in data if isinstance(d, dict) and "_instance" in d]
-            elif isinstance(data, dict):
-                control = data
-        return SimRequest(
-            system,
-            tools,
-            items,
-            advisors,
-            tuple(control.get("activeAdvisors", ())),
-            bool(control.get("mayConsult", False)),
-            instruction,
-        )
 
     def answer(self, req: SimRequest) -> str:
         """The answer text; an item marked poison spoils the whole answer, as a model

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from stream.core.tokenizer import estimate_tokens
 from stream.testing.account import MODEL_NAME, Faults, SimConfig
-from stream.testing.judge import Judge, SimRequest
+from stream.testing.judge import Judge, SimRequest, read_request
 
 __all__ = [
     "MODEL_NAME",
@@ -126,7 +126,7 @@ class Simulator(Judge):
         try:
             body = orjson.loads(await request.read())
             messages = body["messages"]
-            req = self.read_request(messages)
+            req = read_request(messages)
         except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
             self.stats["bad_requests"] += 1
             return web.json_response(

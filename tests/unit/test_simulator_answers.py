@@ -8,6 +8,7 @@ from stream.core.prompt import PromptBuilder
 from stream.core.spec import load_spec
 from stream.core.validate import Validator
 from stream.settings import DEFAULT_SPEC
+from stream.testing.judge import read_request
 from stream.testing.simulator import Simulator
 from tests.fakes import make_batch
 
@@ -21,7 +22,7 @@ def test_simulator_answer_fits_the_strict_schema_and_judges_with_the_classifier(
     builder = PromptBuilder(spec)
     texts = ["Thanks, very helpful!", "You are a fucking idiot.", "BUY NOW www.spam.test"]
     messages = builder.messages(_batch(texts))
-    answer = Simulator().answer(Simulator.read_request(messages))
+    answer = Simulator().answer(read_request(messages))
     schema = builder.response_format(3)["json_schema"]["schema"]
     assert list(Draft202012Validator(schema).iter_errors(orjson.loads(answer))) == []
     verdict = Validator(spec).check(answer, ["①", "②", "③"])
@@ -40,7 +41,7 @@ def test_json_object_mode_uses_the_same_validation() -> None:
     )
     builder = PromptBuilder(spec)
     assert builder.response_format(2) == {"type": "json_object"}
-    req = Simulator.read_request(builder.messages(_batch(["ok", "fine"])))
+    req = read_request(builder.messages(_batch(["ok", "fine"])))
     verdict = Validator(spec).check(Simulator().answer(req), ["①", "②"])
     assert set(verdict.calls) == {"①", "②"}
     assert not verdict.refusals
