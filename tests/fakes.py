@@ -46,6 +46,7 @@ class FakeLLM:
         response_format: dict[str, Any],
         *,
         items: int = 1,
+        max_tokens: int | None = None,
     ) -> Completion:
         req = read_request(messages)
         self.requests.append(req.items)

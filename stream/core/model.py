@@ -35,4 +35,5 @@ class Model(Protocol):
         response_format: dict[str, Any],
         *,
         items: int = 1,
+        max_tokens: int | None = None,
     ) -> Completion: ...

@@ -216,6 +216,14 @@ class PromptBuilder:
             )
         return messages
 
+    def output_cap(self, n: int) -> int:
+        """Answer tokens a request of n instances may use: three times the expected size.
+        A model that loops (a weak one repeats calls until its context is full) stops
+        there; what it completed before is kept (see Validator) and the rest re-asked."""
+        cap = n * 3 * self.spec.window.output_tokens_per_item + 200
+        limit = self.spec.model.max_output_tokens
+        return cap if limit is None else min(cap, limit)
+
     def response_format(self, n: int, ask: Ask | None = None) -> dict[str, Any]:
         if self.spec.model.structured_output == "json_object":
             return {"type": "json_object"}

@@ -141,6 +141,7 @@ class Solver:
             self.prompt.messages(pending, ask, notes),
             self.prompt.response_format(len(pending), ask),
             items=len(pending),
+            max_tokens=self.prompt.output_cap(len(pending)),
         )
         out.requests += 1
         out.prompt_tokens += done.prompt_tokens

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jiter
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -53,10 +54,24 @@ class Verdict:
     consults: dict[str, list[str]] = field(default_factory=dict)
     stray_opinions: int = 0
     duplicates: int = 0  # exact repeats of an accepted call, dropped
+    cut_short: bool = False  # the answer broke off: only its complete calls were read
     malformed: str | None = None
 
     def missing(self, tokens: Sequence[str]) -> list[str]:
         return [t for t in tokens if t not in self.calls]
+
+
+def _salvage(text: str) -> Any:
+    """The complete calls of an answer that broke off (the output limit, a dropped
+    connection): what the model finished deciding is kept, only the rest is asked again.
+    The last call of the array may be cut in the middle of a value, so it is dropped."""
+    try:
+        answer = jiter.from_json(text.encode(), partial_mode=True)
+    except ValueError:
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("calls"), list):
+        return None
+    return {**answer, "calls": answer["calls"][:-1]}
 
 
 class Validator:
@@ -73,8 +88,11 @@ class Validator:
         try:
             answer = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
-            verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
-            return verdict
+            answer = _salvage(text)
+            if answer is None:
+                verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
+                return verdict
+            verdict.cut_short = True
         calls = answer.get("calls") if isinstance(answer, dict) else None
         if not isinstance(calls, list):
             verdict.malformed = 'answer has no "calls" array'

@@ -123,7 +123,10 @@ class LLM:
         await self.client.close()
 
     async def complete_once(
-        self, messages: list[dict[str, str]], response_format: dict[str, Any]
+        self,
+        messages: list[dict[str, str]],
+        response_format: dict[str, Any],
+        max_tokens: int | None = None,
     ) -> Completion:
         started = time.perf_counter()
         # Built as a plain dict: the SDK's typed overloads cannot express a schema we
@@ -134,8 +137,9 @@ class LLM:
             "response_format": response_format,
             "temperature": self.temperature,
         }
-        if self.max_output_tokens is not None:
-            request["max_tokens"] = self.max_output_tokens
+        caps = [c for c in (self.max_output_tokens, max_tokens) if c is not None]
+        if caps:
+            request["max_tokens"] = min(caps)
         try:
             resp = await self.client.chat.completions.create(**request)
         except Exception as exc:  # every failure is classified, none escapes raw
@@ -160,6 +164,7 @@ class LLM:
         response_format: dict[str, Any],
         *,
         items: int = 1,
+        max_tokens: int | None = None,
     ) -> Completion:
         """Completes a request of `items` instances, retrying retriable failures without
         limit. Raises the others, and timeouts the caller can act on (see the module)."""
@@ -167,7 +172,7 @@ class LLM:
         sent = time.monotonic()
         while True:
             try:
-                done = await self.complete_once(messages, response_format)
+                done = await self.complete_once(messages, response_format, max_tokens)
             except LLMError as exc:
                 if not exc.retriable:
                     raise

@@ -153,3 +153,21 @@ def test_an_instance_called_twice_keeps_the_first_call_and_refuses_the_contradic
     assert [r.code for r in verdict.refusals] == ["duplicate_call"]
     assert verdict.refusals[0].call == reject
     assert verdict.duplicates == 1  # the word-for-word repeat is dropped, not refused
+
+
+def test_an_answer_cut_off_keeps_its_complete_calls_and_drops_the_last() -> None:
+    v = Validator(load_spec(DEFAULT_SPEC))
+    whole = _answer(
+        {"_tool": "moderateComment", "_instance": "①", "decision": "approve", "reason": "a"},
+        {"_tool": "moderateComment", "_instance": "②", "decision": "reject", "reason": "b"},
+        {"_tool": "moderateComment", "_instance": "③", "decision": "approve", "reason": "c"},
+    )
+    cut = whole[: whole.index('"③"') + 30]  # inside the third call's arguments
+    verdict = v.check(cut, ["①", "②", "③"])
+    assert verdict.cut_short and verdict.malformed is None
+    assert set(verdict.calls) == {"①", "②"}  # ③ was cut short: dropped, asked again
+    assert verdict.missing(["①", "②", "③"]) == ["③"]
+    # Cut inside a string value: the partial call is not taken, even if it would parse.
+    mid_reason = whole[: whole.index('"reason":"b"') + 10]
+    assert set(v.check(mid_reason, ["①", "②", "③"]).calls) == {"①"}
+    assert v.check("not json at all", ["①"]).malformed is not None
