@@ -71,7 +71,8 @@ def _salvage(text: str) -> Any:
         return None
     if not isinstance(answer, dict) or not isinstance(answer.get("calls"), list):
         return None
-    return {**answer, "calls": answer["calls"][:-1]}
+    complete = answer["calls"][:-1]
+    return {**answer, "calls": complete} if complete else None
 
 
 class Validator:

@@ -121,6 +121,20 @@ def _llm_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _llm_local(args: argparse.Namespace) -> int:
+    from stream.llm.local import DEFAULT_CTX, DEFAULT_PARALLEL, run_foreground
+
+    return run_foreground(
+        args.model,
+        args.host,
+        args.port,
+        args.parallel or DEFAULT_PARALLEL,
+        args.ctx or DEFAULT_CTX,
+        args.threads,
+        verbose=args.verbose,
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     from stream.settings import EXAMPLES, Settings
     from stream.tools.demo import run_demo
@@ -417,6 +431,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrency", type=int, default=0, help="429 beyond (0: no limit)")
     s.add_argument("--tpm", type=int, default=0, help="tokens per minute, 429 beyond (0: none)")
     s.set_defaults(fn=_llm_sim)
+    lo = sub.add_parser("llm-local", help="serve a real local model (llama.cpp, extra `local`)")
+    lo.add_argument("--host", default="127.0.0.1")
+    lo.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
+    lo.add_argument("--model", default="smollm2", help="smollm2 (bundled) or a .gguf file")
+    lo.add_argument("--parallel", type=int, default=None, help="requests at once (default 2)")
+    lo.add_argument("--ctx", type=int, default=None, help="tokens, split among slots (16384)")
+    lo.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
+    lo.set_defaults(fn=_llm_local)
     bn = sub.add_parser("bench", help="measure windows against the per-item baseline, one run")
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
     bn.add_argument("--partitions", type=int, default=4, help="input partitions (default 4)")

@@ -78,10 +78,12 @@ class Pipeline:
         self.llm = llm
         self.publisher = publisher
         self.workflow = workflow
-        self.metrics = metrics or Metrics(
-            spec.model.price_input_per_million, spec.model.price_output_per_million
-        )
-        self.limiter = limiter or limiter_for(spec, self.metrics)
+        if metrics is None:
+            metrics = Metrics(
+                spec.model.price_input_per_million, spec.model.price_output_per_million
+            )
+        self.metrics = metrics
+        self.limiter = limiter if limiter is not None else limiter_for(spec, metrics)
         self.ledger = OffsetLedger()
         self.worker = secrets.token_hex(3)
         self.builder = RecordBuilder(spec, settings.topics, llm.model)

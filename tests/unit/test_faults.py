@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from stream.testing import faults
 from stream.settings import Settings
+from stream.testing import faults
 from stream.testing.faults import InjectedFault, arm, crash_point, parse
 
 

