@@ -142,6 +142,16 @@ class ModelEndpoint(_Strict):
     structured_output: Literal["json_schema", "json_object"] = Field(
         "json_schema", description="json_schema is strict; json_object for endpoints without it"
     )
+    bounded_answer: bool = Field(
+        True,
+        description="Bound the answer's arrays (maxItems) so a model cannot repeat calls "
+        "without end; turn off for endpoints whose strict mode refuses maxItems",
+    )
+    reasoning: Literal["full", "brief", "off"] = Field(
+        "full",
+        description="Each call's _reasoningForCall: full (the seeds' default), brief (ten "
+        "words at most), off (not asked: the cheapest answer)",
+    )
     temperature: float = 0.0
     timeout_s: float = Field(60.0, gt=0)
     max_output_tokens: int | None = None
