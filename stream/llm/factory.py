@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 from stream.core.spec import AgentSpec
-from stream.errors import SpecError, StreamError
+from stream.errors import LLMError, SpecError, StreamError
 from stream.llm.client import LLM, Listener
 from stream.llm.limiter import Limiter
 from stream.settings import Settings
 
-__all__ = ["build_llm", "endpoint", "resolve_api_key"]
+__all__ = ["build_llm", "check_llm", "endpoint", "resolve_api_key"]
 
 
 def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
@@ -22,11 +22,30 @@ def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
     key = os.environ.get(spec.model.api_key_env)
     if key:
         return key
-    if spec.model.base_url is None:
-        return "simulator"  # the bundled simulator takes any key
+    hosted = (settings.llm_base_url or "").startswith("https://")
+    if spec.model.base_url is None and not hosted:
+        # The bundled simulator, or a plain-http server of one's own (llama.cpp, Ollama,
+        # vLLM) that may want no key; if it does, the start-up check says so (check_llm).
+        return "none"
     raise SpecError(
         f"no API key: set {spec.model.api_key_env}, STREAM_LLM_API_KEY or model.api_key_file"
     )
+
+
+async def check_llm(settings: Settings, spec: AgentSpec) -> None:
+    """Before consuming anything: an endpoint that refuses the key (401/403) or does not
+    know the model (404) stops the processor with one line, instead of a stream that
+    waits for ever. Unreachable is left to the stream (an outage it waits out)."""
+    llm = build_llm(settings, spec)
+    try:
+        await llm.check()
+    except LLMError as exc:
+        raise StreamError(
+            f"the model endpoint {llm.base_url} refuses us ({exc.message}): check the API "
+            f"key, the model name ({llm.model!r}) and the URL"
+        ) from exc
+    finally:
+        await llm.close()
 
 
 def endpoint(settings: Settings, spec: AgentSpec) -> str:

@@ -51,7 +51,7 @@ def _process(_: argparse.Namespace) -> int:
     import faust
 
     from stream.core.overrides import Messages
-    from stream.llm.factory import endpoint, resolve_api_key
+    from stream.llm.factory import check_llm, endpoint, resolve_api_key
     from stream.ops.logs import json_handler
     from stream.runtime.app import build_app
     from stream.runtime.overrides import load_overrides
@@ -69,6 +69,7 @@ def _process(_: argparse.Namespace) -> int:
         probe = FaultProbe()
 
     async def prepare() -> tuple[Messages, dict[int, int]]:
+        await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         return await load_overrides(bootstrap, settings.topics.context)
 

@@ -86,7 +86,7 @@ class Batcher:
         self.probe = probe
         self.worker = worker
         self.tokenizer = Tokenizer(spec.model.name)
-        self.budget = Budget(spec, self.tokenizer, self.solver.prompt.system)
+        self.budget = Budget(spec, self.tokenizer, self.solver.prompt.system, limiter)
         self.windower: Windower[Item] = Windower(
             max_items=spec.window.max_items,
             max_wait_s=spec.window.max_wait_ms / 1000,

@@ -1,6 +1,7 @@
 """How much a window may hold: prompt tokens left for instances once the static prefix is
-counted, and instances whose expected answers fit the output budget (learnt as answers
-come back)."""
+counted, instances whose expected answers fit the output budget (learnt as answers come
+back), and no more than the endpoint answered in time (the limiter learns it from
+timeouts)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from stream.core.solve import Outcome
 from stream.core.spec import AgentSpec
 from stream.core.tokenizer import Tokenizer
 from stream.errors import SpecError
+from stream.llm.limiter import Limiter
 
 __all__ = ["Budget"]
 
@@ -18,8 +20,11 @@ _LEARN = 0.2  # weight of the latest batch in the moving average of output per i
 
 
 class Budget:
-    def __init__(self, spec: AgentSpec, tokenizer: Tokenizer, system_prompt: str) -> None:
+    def __init__(
+        self, spec: AgentSpec, tokenizer: Tokenizer, system_prompt: str, limiter: Limiter
+    ) -> None:
         self.tokenizer = tokenizer
+        self.limiter = limiter
         self.output_per_item = float(spec.window.output_tokens_per_item)
         self.spec = spec
         self.item_tokens = self._room(spec, system_prompt)
@@ -41,12 +46,14 @@ class Budget:
         return room
 
     def capacity(self) -> int:
-        """Instances whose expected answers fit the output budget (measured as we go)."""
+        """Instances whose expected answers fit the output budget (measured as we go) and
+        that the endpoint answers within the timeout."""
         window = self.spec.window
+        in_time = self.limiter.max_items or window.max_items
         budget = window.max_output_tokens or self.spec.model.max_output_tokens
         if budget is None:
-            return window.max_items
-        return max(1, int(budget / (self.output_per_item * _OUTPUT_MARGIN)))
+            return min(window.max_items, in_time)
+        return max(1, min(in_time, int(budget / (self.output_per_item * _OUTPUT_MARGIN))))
 
     def learn(self, outcome: Outcome, instances: int) -> None:
         if outcome.requests and instances:

@@ -121,24 +121,26 @@ class Simulator(Judge):
             draw -= rate
         return None
 
+    def _unreadable(self, exc: Exception) -> web.Response:
+        self.stats["bad_requests"] += 1
+        return web.json_response(
+            {
+                "error": {
+                    "message": f"simulator cannot read this request: {exc!r}",
+                    "type": "invalid_request_error",
+                }
+            },
+            status=400,
+        )
+
     async def chat(self, request: web.Request) -> web.Response:
         self.stats["requests"] += 1
         try:
             body = orjson.loads(await request.read())
-            messages = body["messages"]
-            req = read_request(messages)
-        except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
-            self.stats["bad_requests"] += 1
-            return web.json_response(
-                {
-                    "error": {
-                        "message": f"simulator cannot read this request: {exc!r}",
-                        "type": "invalid_request_error",
-                    }
-                },
-                status=400,
-            )
-        fault = self._request_fault() or self._account_fault(request, body)
+        except orjson.JSONDecodeError as exc:
+            return self._unreadable(exc)
+        # A real account checks the key and the model before it reads the request.
+        fault = self._account_fault(request, body) or self._request_fault()
         if fault:
             self.stats[f"fault_{fault}"] += 1
         if fault in _REFUSALS:
@@ -146,6 +148,11 @@ class Simulator(Judge):
                 {"error": {"message": _REFUSALS[fault], "type": "invalid_request_error"}},
                 status=int(fault),
             )
+        try:
+            req = read_request(body["messages"])
+        except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
+            return self._unreadable(exc)
+        messages = body["messages"]
         if fault == "429":
             return web.json_response(
                 {"error": {"message": "rate limited (simulated)", "type": "rate_limit"}},

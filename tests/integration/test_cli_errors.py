@@ -50,3 +50,28 @@ def test_missing_api_key_is_named(tmp_path: Path) -> None:
     done = _stream("--spec", str(spec), "--bootstrap-servers", "127.0.0.1:1", "process")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "no API key: set OPENAI_API_KEY" in done.stderr
+
+
+def test_an_endpoint_that_refuses_the_key_or_the_model_stops_the_processor_at_start() -> None:
+    from stream.testing.simulator import SimConfig, running_simulator
+
+    with running_simulator(SimConfig(api_key="sk-right")) as (_, url):
+        common = {"STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1", "STREAM_LLM_BASE_URL": url}
+        wrong = _stream("process", STREAM_LLM_API_KEY="sk-wrong", **common)
+        assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-800:]
+        assert "refuses us" in wrong.stderr and "401" in wrong.stderr
+        assert "sk-wrong" not in wrong.stderr + wrong.stdout  # the key is never printed
+        unknown = _stream(
+            "process", STREAM_LLM_API_KEY="sk-right", STREAM_LLM_MODEL="no-such-model", **common
+        )
+        assert unknown.returncode == 2 and "404" in unknown.stderr, unknown.stderr[-800:]
+        assert "'no-such-model'" in unknown.stderr
+
+
+def test_a_hosted_endpoint_from_the_environment_needs_a_key() -> None:
+    done = _stream(
+        "process",
+        STREAM_BOOTSTRAP_SERVERS="127.0.0.1:1",
+        STREAM_LLM_BASE_URL="https://llm.example.invalid/v1",
+    )
+    assert done.returncode == 2 and "no API key: set OPENAI_API_KEY" in done.stderr

@@ -91,3 +91,45 @@ async def test_bad_request_is_not_retried(simulator: tuple[Simulator, str]) -> N
         )
     assert err.value.status == 400 and not err.value.retriable
     await llm.close()
+
+
+class _Seen:
+    """A listener that keeps what the client reported."""
+
+    def __init__(self) -> None:
+        self.refused: list[int | None] = []
+
+    def observe_latency(self, seconds: float) -> None:
+        pass
+
+    def on_retry(self) -> None:
+        pass
+
+    def on_circuit(self, is_open: bool) -> None:
+        pass
+
+    def on_refused(self, status: int | None) -> None:
+        self.refused.append(status)
+
+
+async def test_a_refused_key_mid_run_pauses_loudly_then_resumes(
+    simulator: tuple[Simulator, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    sim, url = simulator
+    sim.config = sim.config.model_copy(update={"faults": Faults(next=["401", "401", "401"])})
+    seen = _Seen()
+    llm = LLM(
+        base_url=url,
+        api_key="sk-test",
+        model="stream-sim-1",
+        timeout_s=10,
+        retry=RetryPolicy(base_s=0.05, cap_s=0.2),
+        listener=seen,
+    )
+    with caplog.at_level("WARNING", logger="stream.llm"):
+        done = await llm.complete(*_messages(2))
+    await llm.close()
+    assert '"calls"' in done.text and llm.retries == 3
+    assert seen.refused == [401, None]  # once when it started, once when it ended
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "consumption is paused" in errors[0].getMessage()

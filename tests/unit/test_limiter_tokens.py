@@ -136,3 +136,16 @@ def test_timeouts_halve_the_window_and_answers_in_time_grow_it_back() -> None:
     assert limiter.max_items == 11
     limiter.on_success(1.0, 100, items=5, share_of_timeout=0.1)  # smaller than the cap
     assert limiter.max_items == 11
+
+
+def test_windows_shrink_to_what_the_endpoint_answered_in_time() -> None:
+    from stream.core.spec import load_spec
+    from stream.runtime.budget import Budget
+    from stream.settings import DEFAULT_SPEC
+
+    spec = load_spec(DEFAULT_SPEC)
+    limiter = Limiter(4)
+    budget = Budget(spec, Tokenizer(spec.model.name), "instructions", limiter)
+    assert budget.capacity() == spec.window.max_items == 25
+    limiter.on_timeout(25)
+    assert budget.capacity() == 12
