@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from aiokafka.errors import KafkaConnectionError
@@ -21,7 +21,6 @@ from stream.errors import KafkaUnreachable, StreamError
 if TYPE_CHECKING:
     from stream.core.spec import AgentSpec
     from stream.settings import Settings
-    from stream.tools.bench import Endpoint
 
 __all__ = ["main"]
 
@@ -48,43 +47,10 @@ def _secure(settings: Settings) -> None:
 
 
 def _process(_: argparse.Namespace) -> int:
-    import faust
-
-    from stream.core.overrides import Messages
-    from stream.llm.factory import check_llm, endpoint, resolve_api_key
-    from stream.ops.logs import json_handler
-    from stream.runtime.app import build_app
-    from stream.runtime.overrides import load_overrides
-    from stream.runtime.probe import NO_PROBE, Probe
-    from stream.runtime.topics import ensure_product_topics
+    from stream.runtime.app import run_processor
 
     settings, spec, bootstrap = _configured()
-    llm_url = endpoint(settings, spec)
-    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
-    probe: Probe = NO_PROBE
-    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
-        from stream.testing.faults import FaultProbe, arm
-
-        arm(settings.crash_at)
-        probe = FaultProbe()
-
-    async def prepare() -> tuple[Messages, dict[int, int]]:
-        await check_llm(settings, spec)
-        await ensure_product_topics(bootstrap, settings, spec)
-        return await load_overrides(bootstrap, settings.topics.context)
-
-    overrides = asyncio.run(prepare())
-    # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    app = build_app(settings, spec, bootstrap, llm_url, overrides, probe=probe)
-    if settings.log_format == "json":
-        app.conf.loghandlers = [json_handler()]
-    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
-    # Faust's terminal spinner sets the root logger to DEBUG at WARNING and above, so
-    # every library's debug record gets built: a service has no terminal to spin on.
-    worker.spinner = None
-    worker.execute_from_commandline()
-    return 0
+    return run_processor(settings, spec, bootstrap)
 
 
 def _activities(args: argparse.Namespace) -> int:
@@ -104,22 +70,16 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _llm_sim(args: argparse.Namespace) -> int:
-    from aiohttp import web
+    from stream.testing.simulator import SimConfig, serve_forever
 
-    from stream.testing.simulator import SimConfig, Simulator
-
-    sim = Simulator(
-        SimConfig(
-            latency_ms=args.latency_ms,
-            per_output_token_ms=args.ms_per_token,
-            jitter=args.jitter,
-            max_concurrency=args.max_concurrency,
-            tokens_per_minute=args.tpm,
-        )
+    config = SimConfig(
+        latency_ms=args.latency_ms,
+        per_output_token_ms=args.ms_per_token,
+        jitter=args.jitter,
+        max_concurrency=args.max_concurrency,
+        tokens_per_minute=args.tpm,
     )
-    print(f"LLM SIMULATOR (not a model) on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(sim.app(), host=args.host, port=args.port, print=None, handler_cancellation=True)
-    return 0
+    return serve_forever(config, args.host, args.port)
 
 
 def _llm_local(args: argparse.Namespace) -> int:
@@ -155,122 +115,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from stream.testing.broker import kafka_bootstrap
-    from stream.tools.bench import Endpoint, bench_spec, results_json, run_bench
-    from stream.tools.report import markdown, plots
+    from stream.tools.commands import bench
 
-    endpoint = Endpoint(
-        latency_ms=args.latency_ms,
-        per_output_token_ms=args.ms_per_token,
-        concurrency=args.concurrency,
-        tokens_per_minute=args.tpm,
-    )
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    if args.soak:
-        return _soak(args, endpoint)
-    windows = tuple(int(w) for w in args.windows.split(","))
-    spec = bench_spec(Path(os.environ["STREAM_SPEC"])) if "STREAM_SPEC" in os.environ else None
-    out = Path(args.out)
-    with kafka_bootstrap() as bootstrap:
-        results = asyncio.run(
-            run_bench(
-                bootstrap,
-                items=args.items,
-                partitions=args.partitions,
-                windows=windows,
-                endpoint=endpoint,
-                cap_s=args.cap_s,
-                scaling=args.scaling,
-                spec=spec,
-                llm=args.endpoint or args.llm,
-            )
-        )
-    command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
-    llm = args.endpoint or args.llm
-    table = markdown(results, endpoint, command.strip(), None if llm == "simulator" else llm)
-    (out / "bench.md").write_text(table)
-    (out / "bench.json").write_bytes(results_json(results))
-    for path in plots(results, out):
-        print(f"plot: {path}", file=sys.stderr)
-    print(table)
-    return 0
-
-
-def _soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
-    from stream.testing.broker import kafka_bootstrap
-    from stream.tools.soak import markdown, plot, run_soak
-
-    out = Path(args.out)
-    with kafka_bootstrap() as bootstrap:
-        result = asyncio.run(run_soak(bootstrap, args.soak, endpoint, args.rate))
-    table = markdown(result, "stream bench " + " ".join(sys.argv[2:]))
-    (out / "soak.md").write_text(table)
-    print(f"plot: {plot(result, out / 'soak.png')}", file=sys.stderr)
-    print(table)
-    return 0
+    return bench(args)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from stream.core.spec import load_spec
-    from stream.llm.client import LLM
-    from stream.runtime.processor import resolve_api_key
-    from stream.settings import Settings
-    from stream.tools.eval import evaluate, load_items, markdown
-    from stream.tools.target import llm_target
+    from stream.tools.commands import evaluate
 
-    settings = Settings()
-    spec = load_spec(settings.spec)
-    try:
-        items = load_items(Path(args.file))
-    except (OSError, ValueError) as exc:
-        raise StreamError(str(exc)) from exc
-    if args.limit:
-        items = items[: args.limit]
-    windows = [int(w) for w in args.windows.split(",")]
-    choice = args.llm or settings.llm_base_url or spec.model.base_url or "simulator"
-    if choice == "simulator" and not args.llm:
-        print(
-            "no model endpoint set: using the bundled LLM SIMULATOR (not a model)", file=sys.stderr
-        )
-    with llm_target(choice, model=settings.llm_model or spec.model.name) as target:
-        key = resolve_api_key(settings, spec) if target.kind == "endpoint" else "none"
-
-        async def run() -> list[Any]:
-            llm = LLM(
-                base_url=target.url,
-                api_key=key,
-                model=target.model,
-                timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
-                temperature=spec.model.temperature,
-                max_output_tokens=spec.model.max_output_tokens,
-            )
-            try:
-                return await evaluate(spec, llm, items, windows, args.concurrency)
-            finally:
-                await llm.close()
-
-        reports = asyncio.run(run())
-    if args.json:
-        rows = [
-            {
-                "window": r.window,
-                "items": r.items,
-                "requests_per_item": r.per_item(r.requests),
-                "prompt_tokens_per_item": r.per_item(r.prompt_tokens),
-                "completion_tokens_per_item": r.per_item(r.completion_tokens),
-                "cost_per_item_usd": r.per_item(r.cost_usd),
-                "agreement": r.agreement,
-                "accuracy": r.accuracy,
-                "unanswered": r.unanswered,
-                "latency_p50_s": r.latency(0.5),
-                "latency_p99_s": r.latency(0.99),
-            }
-            for r in reports
-        ]
-        print(orjson.dumps(rows).decode())
-    else:
-        print(markdown(reports, args.file, target.model))
-    return 0
+    return evaluate(args)
 
 
 def _schemas(args: argparse.Namespace) -> int:
@@ -313,43 +166,11 @@ def _advice(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
-    from stream.core.messages import ApprovalRecord
-    from stream.runtime.publish import OutRecord, Publisher
-    from stream.runtime.topics import read_json
+    from stream.ops.approvals import approve
 
     settings, _, bootstrap = _configured()
-    proposals = asyncio.run(read_json(bootstrap, settings.topics.proposals))
-    chosen = {
-        p["instance"]: p
-        for p in proposals
-        if p["instance"] in (args.instance or []) or p["batch"]["id"] == args.batch
-    }
-    if not chosen:
-        raise StreamError("no proposal matches: check the instance ids or the batch id")
-    records = [
-        OutRecord(
-            settings.topics.approvals,
-            instance.encode(),
-            ApprovalRecord(instance=instance, approve=args.reject is None, reason=args.reject)
-            .model_dump_json(exclude_none=True)
-            .encode(),
-            # the partition of the instance's input: where its state lives
-            partition=(p.get("source") or {}).get("partition"),
-        )
-        for instance, p in chosen.items()
-    ]
-
-    async def send() -> None:
-        publisher = Publisher(bootstrap, client_id="stream-approve")
-        await publisher.start()
-        try:
-            await publisher.publish(records)
-        finally:
-            await publisher.stop()
-
-    asyncio.run(send())
-    verb = "rejected" if args.reject is not None else "approved"
-    print(f"{verb}: {', '.join(sorted(chosen))}")
+    done = approve(settings, bootstrap, args.instance, args.batch, args.reject)
+    print(f"{'rejected' if args.reject is not None else 'approved'}: {', '.join(done)}")
     return 0
 
 
@@ -400,7 +221,12 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run everything on embedded defaults and report")
     d.add_argument("--items", type=int, default=300, help="items to publish (default 300)")
     d.add_argument("--json", action="store_true", help="print one JSON object as last line")
-    d.add_argument("--timeout", type=float, default=180, help="seconds to wait for outcomes")
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for outcomes (default 180; 900 with a real model)",
+    )
     d.add_argument("--latency-ms", type=float, default=50, help="simulated LLM latency")
     d.add_argument(
         "--llm",

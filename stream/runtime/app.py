@@ -9,6 +9,7 @@ crashed agent crashes the worker (`CrashingSupervisor`) so the group redelivers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -34,7 +35,7 @@ from stream.runtime.publish import Publisher
 from stream.runtime.security import faust_credentials
 from stream.settings import Settings
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "run_processor"]
 
 log = logging.getLogger("stream.processor")
 
@@ -242,3 +243,39 @@ def _rebalances(app: faust.App, pipeline: Pipeline) -> None:
 
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
+
+
+def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
+    """`stream process`: checks the endpoint, creates the topics, reads the context
+    topic, then runs the faust worker until it is stopped."""
+    from stream.llm.factory import check_llm, endpoint, resolve_api_key
+    from stream.ops.logs import json_handler
+    from stream.runtime.overrides import load_overrides
+    from stream.runtime.topics import ensure_product_topics
+
+    llm_url = endpoint(settings, spec)
+    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    probe: Probe = NO_PROBE
+    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
+        from stream.testing.faults import FaultProbe, arm
+
+        arm(settings.crash_at)
+        probe = FaultProbe()
+
+    async def prepare() -> tuple[Messages, dict[int, int]]:
+        await check_llm(settings, spec)
+        await ensure_product_topics(bootstrap, settings, spec)
+        return await load_overrides(bootstrap, settings.topics.context)
+
+    overrides = asyncio.run(prepare())
+    # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    app = build_app(settings, spec, bootstrap, llm_url, overrides, probe=probe)
+    if settings.log_format == "json":
+        app.conf.loghandlers = [json_handler()]
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+    # Faust's terminal spinner sets the root logger to DEBUG at WARNING and above, so
+    # every library's debug record gets built: a service has no terminal to spin on.
+    worker.spinner = None
+    worker.execute_from_commandline()
+    return 0

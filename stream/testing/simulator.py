@@ -44,6 +44,7 @@ __all__ = [
     "Simulator",
     "running_simulator",
     "serve",
+    "serve_forever",
 ]
 
 log = logging.getLogger("stream.simulator")
@@ -308,3 +309,11 @@ def running_simulator(
         asyncio.run_coroutine_threadsafe(ready["runner"].cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def serve_forever(config: SimConfig, host: str, port: int) -> int:
+    """`stream llm-sim`: the simulator in the foreground until Ctrl-C or SIGTERM."""
+    print(f"LLM SIMULATOR (not a model) on http://{host}:{port}/v1", flush=True)
+    sim = Simulator(config)
+    web.run_app(sim.app(), host=host, port=port, print=None, handler_cancellation=True)
+    return 0

@@ -191,6 +191,9 @@ async def _demo(
         spec_path=EXAMPLES / example / "agent.yaml",
         STREAM_LLM_MODEL=target.model,
         STREAM_WEB_PORT=str(web_port),
+        # A 135M model on two CPU cores writes ~30 tokens/s: a window of the example takes
+        # minutes, not the seconds its spec allows a hosted model.
+        **({"STREAM_LLM_TIMEOUT_S": "300"} if target.kind == "local" else {}),
     )
     prefix = settings.topic_prefix
     activities: Activities = load_activities(str(EXAMPLES / example / "activities.py"))
@@ -274,7 +277,7 @@ async def _demo(
 def run_demo(
     items: int,
     as_json: bool,
-    timeout: float = 180.0,
+    timeout: float | None = None,
     latency_ms: float = 50.0,
     example: str = "moderation",
     llm: str = "simulator",
@@ -287,7 +290,8 @@ def run_demo(
         llm_target(llm, SimConfig(latency_ms=latency_ms), Settings().llm_model) as target,
     ):
         say(f"broker {bootstrap}; {target.describe()}")
-        result = asyncio.run(_demo(bootstrap, target, items, timeout, say, example))
+        wait_s = timeout or (180.0 if target.kind == "simulator" else 900.0)
+        result = asyncio.run(_demo(bootstrap, target, items, wait_s, say, example))
     if not as_json:
         calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
         print(
