@@ -6,7 +6,7 @@ spec) into schemas/*.json, and a test fails when the two drift apart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -191,8 +191,8 @@ class NoActionRecord(_Record):
     batch: BatchRef
 
 
-DeadLetterCode = Literal[
-    # the item itself ends here
+# the item itself ends here
+ItemCode = Literal[
     "not_json",
     "not_object",
     "no_instance",
@@ -201,6 +201,9 @@ DeadLetterCode = Literal[
     "llm_rejected",
     "llm_timeout",
     "internal_error",
+]
+DeadLetterCode = Literal[
+    ItemCode,
     # one call of the model's answer was refused; its item is asked again
     "unknown_tool",
     "unknown_instance",
@@ -211,18 +214,7 @@ DeadLetterCode = Literal[
     "activity_failed",
 ]
 
-ITEM_CODES: frozenset[str] = frozenset(
-    {
-        "not_json",
-        "not_object",
-        "no_instance",
-        "too_large",
-        "unanswered",
-        "llm_rejected",
-        "llm_timeout",
-        "internal_error",
-    }
-)
+ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))
 
 
 class DeadLetter(_Record):
