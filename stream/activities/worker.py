@@ -35,6 +35,7 @@ from stream.core.spec import AgentSpec, Tool
 from stream.errors import SpecError
 from stream.ops.metrics import WorkerMetrics
 from stream.ops.web import WebServer
+from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.publish import OutRecord, Publisher
 from stream.settings import Settings
@@ -42,6 +43,8 @@ from stream.settings import Settings
 __all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
 
 log = logging.getLogger("stream.activities")
+
+_BACKOFF = RetryPolicy(base_s=0.2, cap_s=5.0)  # a handler that raised
 
 Handler = Callable[[Call, Tool, list[dict[str, Any]]], Awaitable[Any]]
 
@@ -113,7 +116,7 @@ class Activities:
                     attempt,
                     exc_info=True,
                 )
-                await asyncio.sleep(0.2 * attempt)
+                await asyncio.sleep(_BACKOFF.delay(attempt))
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def run(

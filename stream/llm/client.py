@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import openai
@@ -26,6 +24,7 @@ import openai
 from stream.core.model import Completion
 from stream.errors import LLMError
 from stream.llm.limiter import Limiter
+from stream.retry import RetryPolicy
 
 __all__ = ["LLM", "Completion", "Listener", "RetryPolicy"]
 
@@ -44,19 +43,6 @@ class Listener(Protocol):
 # A wrong key (401), a key without access (403), an unknown model or URL (404): retrying
 # cannot fix these, an operator must. The stream pauses until then, and says so.
 REFUSED = (401, 403, 404)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    base_s: float = 0.25
-    cap_s: float = 30.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        # Full jitter keeps many workers from hammering a recovering endpoint in step.
-        backoff = random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
-        if retry_after is not None:
-            return min(self.cap_s, max(retry_after, 0.0)) + backoff * 0.1
-        return backoff
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:

@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 
 from stream.core.instance import Instance
 from stream.ops.metrics import Metrics
+from stream.retry import RetryPolicy
 from stream.runtime.offsets import Entry, OffsetLedger
 from stream.runtime.probe import Probe
 from stream.runtime.publish import OutRecord, PublishError
@@ -24,6 +25,8 @@ from stream.runtime.records import Planned, RecordBuilder, TurnChange, position
 __all__ = ["BATCH_TRIES", "Delivery", "Fatal", "Sink", "retried"]
 
 log = logging.getLogger("stream.processor")
+
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's delivery that raised
 
 _T = TypeVar("_T")
 
@@ -59,7 +62,7 @@ async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -
                 extra={"batch_id": batch_id},
             )
             error = exc
-            await asyncio.sleep(0.5 * attempt)
+            await asyncio.sleep(_BACKOFF.delay(attempt))
     return error
 
 

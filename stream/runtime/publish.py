@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,12 +16,15 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream.errors import StreamError
+from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.probe import NO_PROBE, Probe
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
 log = logging.getLogger("stream.publish")
+
+_BACKOFF = RetryPolicy(base_s=0.2, cap_s=10.0)  # unacknowledged publishes
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ class Publisher:
             todo = todo[first:]
             attempt += 1
             self.retries += len(todo)
-            delay = min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0)
+            delay = _BACKOFF.delay(attempt)
             log.warning(
                 "%d publishes not acknowledged (%r); retrying in %.1fs", len(todo), error, delay
             )
