@@ -1,0 +1,235 @@
+"""The product against a real language model served by a real server nobody here wrote:
+SmolLM2-135M-Instruct behind llama.cpp's OpenAI-compatible HTTP API (xllamacpp).
+
+The model is weak on purpose: it skips instances, calls one twice, answers slowly on two
+cores. What must hold anyway: nothing is lost, every published call is valid, re-asks and
+splits settle what the first answer did not, prefix caching is reported.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+import yaml
+from jsonschema import Draft202012Validator
+
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Instance, PromptBuilder
+from stream.core.solve import Outcome, Solver
+from stream.core.spec import AgentSpec, load_spec
+from stream.core.validate import Validator
+from stream.llm.client import LLM
+from stream.llm.limiter import Limiter
+from stream.llm.local import running_local_llm
+from stream.runtime.topics import activity_topics, read_json
+from stream.settings import DEFAULT_SPEC
+from stream.testing.samples import comments
+from stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
+
+pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def local_model() -> Iterator[tuple[str, str]]:
+    with running_local_llm() as served:
+        yield served
+
+
+def _spec_file(tmp: Path, window: int, *, advisors: bool = False, **model: Any) -> Path:
+    """The moderation example at a window size; without its advisors and reasoning unless
+    asked, so the suite fits CI's time on two cores (about 30 generated tokens/s here)."""
+    spec: dict[str, Any] = yaml.safe_load(DEFAULT_SPEC.read_bytes())
+    if not advisors:
+        spec.pop("advisors", None)
+        spec.pop("advice", None)
+    # About 40 answer tokens per item: a request may write three times that (output_cap),
+    # so a model that loops or writes an endless string stops within a minute or so.
+    spec["window"] = {
+        **spec.get("window", {}),
+        "max_items": window,
+        "max_wait_ms": 300,
+        "output_tokens_per_item": 40 if not advisors else 120,
+    }
+    brief = {} if advisors else {"reasoning": "off"}
+    spec["model"] = {**spec["model"], "timeout_s": 120, **brief, **model}
+    path = tmp / f"agent-{window}-{secrets.token_hex(2)}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _instances(n: int, tag: str) -> list[Instance]:
+    return [
+        Instance(
+            f"{tag}-{k}",
+            {"comment": c["comment"]},
+            SourcePosition(topic="t", partition=0, offset=k),
+            len(c["comment"]),
+        )
+        for k, c in enumerate(comments(n, seed=len(tag)))
+    ]
+
+
+def _llm(served: tuple[str, str], spec: AgentSpec, **kw: Any) -> LLM:
+    url, model = served
+    return LLM(
+        base_url=url,
+        api_key="none",
+        model=model,
+        timeout_s=kw.pop("timeout_s", 120),
+        max_output_tokens=kw.pop("max_output_tokens", None),
+        **kw,
+    )
+
+
+async def _solve(llm: LLM, spec: AgentSpec, batch: list[Instance], attempts: int = 3) -> Outcome:
+    solver = Solver(llm, PromptBuilder(spec), Validator(spec), attempts)
+    try:
+        return await solver.solve(batch)
+    finally:
+        await llm.close()
+
+
+def _settled(outcome: Outcome, batch: list[Instance]) -> None:
+    """Every instance ended exactly one way: answered, or unanswered with a reason."""
+    answered = [a.instance.id for a in outcome.answers]
+    missed = [u.instance.id for u in outcome.unanswered]
+    assert sorted(answered + missed) == sorted(i.id for i in batch)
+    assert all(u.reason for u in outcome.unanswered)
+
+
+@pytest_asyncio.fixture
+async def real_deploy(
+    bootstrap: str, local_model: tuple[str, str], tmp_path: Path
+) -> AsyncIterator[Any]:
+    procs: list[ProcessorProcess] = []
+
+    async def make(spec_path: Path) -> tuple[Any, AgentSpec, ProcessorProcess]:
+        url, model = local_model
+        settings, spec, proc = await launch_processor(
+            bootstrap,
+            url,
+            f"real{secrets.token_hex(3)}.",
+            "stream-real-",
+            spec_path,
+            STREAM_LLM_MODEL=model,
+            STREAM_COMMIT_INTERVAL="0.5",
+            STREAM_WEB_PORT="0",
+        )
+        procs.append(proc)
+        return settings, spec, proc
+
+    yield make
+    for proc in procs:
+        proc.stop()
+        print(f"--- processor log (tail) ---\n{proc.tail(20)}")
+
+
+@pytest.mark.parametrize("window", [10, 25])
+async def test_nothing_is_lost_and_every_published_call_is_valid(
+    bootstrap: str, real_deploy: Any, tmp_path: Path, window: int
+) -> None:
+    settings, spec, proc = await real_deploy(_spec_file(tmp_path, window))
+    items = comments(60, seed=window)
+    await produce(
+        bootstrap,
+        settings.topics.input,
+        [(c["_instance"].encode(), orjson.dumps(c)) for c in items],
+    )
+    report = await wait_accounted(bootstrap, settings, spec, 60, 420, proc)
+    assert report.inputs == 60
+    assert report.unaccounted == 0, report.missing[:5]
+    checks = {t.name: Draft202012Validator(t.parameters) for t in spec.tools}
+    published = 0
+    for topic in activity_topics(settings, spec):
+        for record in await read_json(bootstrap, topic):
+            call = record["call"]
+            args = {k: v for k, v in call.items() if not k.startswith("_")}
+            assert not list(checks[record["tool"]].iter_errors(args)), record
+            assert record["instance"] in {c["_instance"] for c in items}
+            published += 1
+    assert published > 0  # a model that answered nothing at all would fail here
+    letters = await read_json(bootstrap, settings.topics.dead_letter)
+    # Whatever the model did wrong is on record with a reason, never silently dropped.
+    assert all(d["reason"] for d in letters)
+
+
+async def test_skipped_and_truncated_instances_are_re_asked_and_split(
+    local_model: tuple[str, str], tmp_path: Path
+) -> None:
+    spec = load_spec(_spec_file(tmp_path, 8))
+    batch = _instances(8, "trunc")
+    # 120 output tokens hold one or two calls, never eight: the first answers break off.
+    outcome = await _solve(_llm(local_model, spec, max_output_tokens=120), spec, batch)
+    _settled(outcome, batch)
+    assert outcome.requests >= 3  # asked again, then split
+    assert len(outcome.answers) >= 4  # smaller requests fit the limit and get answered
+    assert any(a.attempt > 1 for a in outcome.answers)
+
+
+async def test_a_window_the_endpoint_cannot_answer_in_time_is_split_not_retried_forever(
+    local_model: tuple[str, str], tmp_path: Path
+) -> None:
+    spec = load_spec(_spec_file(tmp_path, 20))
+    batch = _instances(20, "slow")
+    limiter = Limiter(2)
+    # Twenty instances take this model well over 4 s on two cores; two or three do not.
+    llm = _llm(local_model, spec, timeout_s=4.0, limiter=limiter)
+    outcome = await _solve(llm, spec, batch)
+    _settled(outcome, batch)
+    assert limiter.max_items is not None and limiter.max_items < 20
+    assert len(outcome.answers) >= 10
+    assert outcome.requests > 1
+
+
+async def test_a_repeated_request_reports_cached_prompt_tokens(
+    local_model: tuple[str, str], tmp_path: Path
+) -> None:
+    spec = load_spec(_spec_file(tmp_path, 5))
+    llm = _llm(local_model, spec)
+    builder = PromptBuilder(spec)
+    batch = _instances(3, "cache")
+    try:
+        first = await llm.complete(builder.messages(batch), builder.response_format(3), items=3)
+        second = await llm.complete(builder.messages(batch), builder.response_format(3), items=3)
+    finally:
+        await llm.close()
+    assert first.prompt_tokens > 0 and first.completion_tokens > 0
+    assert second.cached_tokens > 0
+
+
+async def test_json_object_mode_still_validates_and_re_asks(
+    local_model: tuple[str, str], tmp_path: Path
+) -> None:
+    # No schema enforced by the server: the answer may name anything; the validator
+    # refuses what does not fit and the solver asks again.
+    spec = load_spec(_spec_file(tmp_path, 6, structured_output="json_object"))
+    assert PromptBuilder(spec).response_format(6) == {"type": "json_object"}
+    batch = _instances(6, "jsonobj")
+    outcome = await _solve(_llm(local_model, spec), spec, batch)
+    _settled(outcome, batch)
+    tools = {t.name for t in spec.tools} | {"NoAction"}
+    for answer in outcome.answers:
+        assert all(c.tool in tools for c in answer.calls)
+
+
+async def test_the_advisors_example_runs_on_the_real_model(
+    bootstrap: str, real_deploy: Any, tmp_path: Path
+) -> None:
+    settings, spec, proc = await real_deploy(_spec_file(tmp_path, 6, advisors=True))
+    items = comments(12, seed=3)
+    await produce(
+        bootstrap,
+        settings.topics.input,
+        [(c["_instance"].encode(), orjson.dumps(c)) for c in items],
+    )
+    report = await wait_accounted(bootstrap, settings, spec, 12, 420, proc)
+    assert report.unaccounted == 0, report.missing[:5]
+    advice = await read_json(bootstrap, settings.topics.advice)
+    answered = report.inputs - report.item_dead_letters
+    assert answered == 0 or advice  # answered items carry their council's record
