@@ -44,6 +44,10 @@ def token_for(index: int) -> str:
     return _CIRCLED[index] if index < len(_CIRCLED) else f"#{index + 1}"
 
 
+_NO_ACTION_TERSE = Tool(
+    name=NO_ACTION,
+    description="Use when an instance needs no action at all.",
+)
 NO_ACTION_TOOL = Tool(
     name=NO_ACTION,
     description="Use when an instance needs no action at all. Say why in 'reason'.",
@@ -142,7 +146,9 @@ def consult_tool(spec: AgentSpec) -> Tool:
 def meta_tools(spec: AgentSpec) -> list[Tool]:
     """The tools the product adds to the spec's: NoAction, and ConsultAdvisor when any
     advisor speaks only on demand."""
-    return [NO_ACTION_TOOL, *([consult_tool(spec)] if spec.on_demand else [])]
+    # With reasoning off the product asks for no free text at all: NoAction gives no reason.
+    no_action = _NO_ACTION_TERSE if spec.model.reasoning == "off" else NO_ACTION_TOOL
+    return [no_action, *([consult_tool(spec)] if spec.on_demand else [])]
 
 
 class PromptBuilder:
