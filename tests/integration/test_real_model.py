@@ -41,23 +41,43 @@ def local_model() -> Iterator[tuple[str, str]]:
         yield served
 
 
+# The seeds' own moderation example: one tool, one enum decision per comment.
+_SEED_TOOL = {
+    "name": "moderateComment",
+    "description": "Record the moderation decision for one comment.",
+    "parameters": {
+        "type": "object",
+        "properties": {"decision": {"type": "string", "enum": ["approve", "reject"]}},
+        "required": ["decision"],
+        "additionalProperties": False,
+    },
+}
+
+
 def _spec_file(tmp: Path, window: int, *, advisors: bool = False, **model: Any) -> Path:
-    """The moderation example at a window size; without its advisors and reasoning unless
-    asked, so the suite fits CI's time on two cores (about 30 generated tokens/s here)."""
+    """Without advisors: the seeds' moderation example as they write it (one decision per
+    comment, no reasoning), which a 135M model on two cores answers in seconds (about 30
+    generated tokens/s here). With advisors: the full example, council and all."""
     spec: dict[str, Any] = yaml.safe_load(DEFAULT_SPEC.read_bytes())
     if not advisors:
         spec.pop("advisors", None)
         spec.pop("advice", None)
-    # About 40 answer tokens per item: a request may write three times that (output_cap),
-    # so a model that loops or writes an endless string stops within a minute or so.
+        spec["tools"] = [_SEED_TOOL]
+        spec["instructions"] = (
+            "You moderate user comments for a community site. For every instance decide "
+            "whether its comment follows the community rules: no insults, harassment or "
+            "profanity aimed at people, no spam. Call moderateComment once per instance."
+        )
+        model = {"reasoning": "off", **model}
+    # A decision is ~20 answer tokens: a request may write three times the expected 30 per
+    # item, so an answer that runs on (json_object mode has no grammar) stops in seconds.
     spec["window"] = {
         **spec.get("window", {}),
         "max_items": window,
         "max_wait_ms": 300,
-        "output_tokens_per_item": 40 if not advisors else 120,
+        **({} if advisors else {"output_tokens_per_item": 30}),
     }
-    brief = {} if advisors else {"reasoning": "off"}
-    spec["model"] = {**spec["model"], "timeout_s": 120, **brief, **model}
+    spec["model"] = {**spec["model"], "timeout_s": 120, **model}
     path = tmp / f"agent-{window}-{secrets.token_hex(2)}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -164,8 +184,8 @@ async def test_skipped_and_truncated_instances_are_re_asked_and_split(
 ) -> None:
     spec = load_spec(_spec_file(tmp_path, 8))
     batch = _instances(8, "trunc")
-    # 120 output tokens hold one or two calls, never eight: the first answers break off.
-    outcome = await _solve(_llm(local_model, spec, max_output_tokens=120), spec, batch)
+    # 50 output tokens hold one or two calls, never eight: the first answers break off.
+    outcome = await _solve(_llm(local_model, spec, max_output_tokens=50), spec, batch)
     _settled(outcome, batch)
     assert outcome.requests >= 3  # asked again, then split
     assert len(outcome.answers) >= 4  # smaller requests fit the limit and get answered
@@ -208,10 +228,11 @@ async def test_json_object_mode_still_validates_and_re_asks(
 ) -> None:
     # No schema enforced by the server: the answer may name anything; the validator
     # refuses what does not fit and the solver asks again.
-    spec = load_spec(_spec_file(tmp_path, 6, structured_output="json_object"))
-    assert PromptBuilder(spec).response_format(6) == {"type": "json_object"}
-    batch = _instances(6, "jsonobj")
-    outcome = await _solve(_llm(local_model, spec), spec, batch)
+    spec = load_spec(_spec_file(tmp_path, 2, structured_output="json_object"))
+    assert PromptBuilder(spec).response_format(2) == {"type": "json_object"}
+    batch = _instances(2, "jsonobj")
+    # Two asks per group: this model often writes some other JSON without a schema.
+    outcome = await _solve(_llm(local_model, spec), spec, batch, attempts=2)
     _settled(outcome, batch)
     tools = {t.name for t in spec.tools} | {"NoAction"}
     for answer in outcome.answers:
