@@ -79,8 +79,8 @@ def evaluate(args: argparse.Namespace) -> int:
     from stream.llm.client import LLM
     from stream.runtime.processor import resolve_api_key
     from stream.settings import Settings
+    from stream.tools.eval import disagreements, load_items, markdown
     from stream.tools.eval import evaluate as run_eval
-    from stream.tools.eval import load_items, markdown
     from stream.tools.target import llm_target
 
     settings = Settings()
@@ -135,4 +135,5 @@ def evaluate(args: argparse.Namespace) -> int:
         print(orjson.dumps(rows).decode())
     else:
         print(markdown(reports, args.file, target.model))
+        print(disagreements(reports, items))
     return 0

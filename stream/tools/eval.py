@@ -33,7 +33,15 @@ from stream.core.spec import AgentSpec, Tool
 from stream.core.validate import Validator
 from stream.llm.client import LLM
 
-__all__ = ["EvalItem", "SizeReport", "decision_of", "evaluate", "load_items", "markdown"]
+__all__ = [
+    "EvalItem",
+    "SizeReport",
+    "decision_of",
+    "disagreements",
+    "evaluate",
+    "load_items",
+    "markdown",
+]
 
 _DECIDING = {"boolean", "integer", "number"}
 
@@ -201,3 +209,24 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
             f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def disagreements(reports: list[SizeReport], items: list[EvalItem], most: int = 3) -> str:
+    """Examples of items decided differently at a larger window than at window 1."""
+
+    def shown(decision: Decision | None) -> str:
+        if decision is None:
+            return "(unanswered)"
+        return ", ".join(sorted(f"{t}.{k}={v}" if k else t for t, k, v in decision)) or "-"
+
+    base = reports[0].decisions if reports else {}
+    lines: list[str] = []
+    for report in reports[1:]:
+        differ = [i for i in items if report.decisions.get(i.id) != base.get(i.id)][:most]
+        lines += [
+            f"- window {report.window}, `{i.id}` {orjson.dumps(i.payload).decode()[:70]}: "
+            f"window 1 {shown(base.get(i.id))}, window {report.window} "
+            f"{shown(report.decisions.get(i.id))}"
+            for i in differ
+        ]
+    return ("Decided differently than at window 1:\n" + "\n".join(lines) + "\n") if lines else ""

@@ -49,3 +49,18 @@ def test_load_items_strips_underscore_fields_and_names_a_bad_line(tmp_path: Path
     bad.write_text('{"comment": "ok"}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object"):
         load_items(bad)
+
+
+def test_disagreements_show_items_decided_differently_than_at_window_1() -> None:
+    from stream.tools.eval import EvalItem, SizeReport, disagreements
+
+    spec = load_spec(DEFAULT_SPEC)
+    items = [EvalItem("a", {"comment": "fine"}, None), EvalItem("b", {"comment": "rude"}, None)]
+    approve = decision_of([_call("moderateComment", decision="approve", reason="x")], spec)
+    reject = decision_of([_call("moderateComment", decision="reject", reason="y")], spec)
+    one = SizeReport(1, 2, decisions={"a": approve, "b": reject})
+    ten = SizeReport(10, 2, decisions={"a": approve, "b": approve})
+    text = disagreements([one, ten], items)
+    assert "`b`" in text and "`a`" not in text
+    assert 'moderateComment.decision="reject"' in text and "window 10" in text
+    assert disagreements([one, SizeReport(10, 2, decisions=dict(one.decisions))], items) == ""
