@@ -61,10 +61,10 @@ def llm_target(
         with running_simulator(sim_config) as (sim, url):
             yield Target("simulator", url, MODEL_NAME, sim)
     elif choice == "local":
-        from stream.llm.local import running_local_llm
+        from stream.llm.local import DEFAULT_PARALLEL, running_local_llm
 
         with running_local_llm() as (url, served):
-            yield Target("local", url, served)
+            yield Target("local", url, served, slots=DEFAULT_PARALLEL)
     elif choice.startswith(("http://", "https://")):
         if not model:
             raise StreamError("--llm URL needs a model name: set STREAM_LLM_MODEL")
