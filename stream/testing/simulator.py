@@ -140,8 +140,15 @@ class Simulator(Judge):
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
             return self._unreadable(exc)
-        # A real account checks the key and the model before it reads the request.
-        fault = self._account_fault(request, body) or self._request_fault()
+        # A real account checks the key and the model before it reads the request; the
+        # injected faults apply to requests it could read (a start-up check is not one).
+        fault = self._account_fault(request, body)
+        if fault is None:
+            try:
+                req = read_request(body["messages"])
+            except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
+                return self._unreadable(exc)
+            fault = self._request_fault()
         if fault:
             self.stats[f"fault_{fault}"] += 1
         if fault in _REFUSALS:
@@ -149,10 +156,6 @@ class Simulator(Judge):
                 {"error": {"message": _REFUSALS[fault], "type": "invalid_request_error"}},
                 status=int(fault),
             )
-        try:
-            req = read_request(body["messages"])
-        except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
-            return self._unreadable(exc)
         messages = body["messages"]
         if fault == "429":
             return web.json_response(
