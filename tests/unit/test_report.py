@@ -84,3 +84,14 @@ def test_soak_growth_compares_the_last_third_with_the_first_after_warm_up(tmp_pa
     rows = [line for line in text.splitlines() if line.startswith("| ") and "at s" not in line]
     assert rows[-1].startswith("| 180 | 1,800 |")  # the last sample is always shown
     assert soak_plot(result, tmp_path / "soak.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_drain_that_lands_in_one_wave_is_timed_from_the_produce() -> None:
+    from stream.tools.load import Tally
+
+    tally = Tally("127.0.0.1:1", [])
+    tally.restart()
+    tally.restarted_at -= 10.0  # the items were produced ten seconds ago
+    now = tally.restarted_at + 10.0
+    tally.progress = [(now - 0.01, 25), (now, 50)]  # both waves within milliseconds
+    assert 4.9 < tally.rate() < 5.1  # 50 items in 10 s, not 2,500 items/s
