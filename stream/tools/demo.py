@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from prometheus_client.parser import text_string_to_metric_families
 
 from stream.activities.worker import Activities, load_activities
 from stream.core.spec import AgentSpec, load_spec
@@ -33,7 +32,7 @@ from stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
 from stream.testing.broker import free_port, kafka_bootstrap
 from stream.testing.samples import comments, malformed_records, tickets
 from stream.testing.simulator import SimConfig
-from stream.tools.target import Target, llm_target
+from stream.tools.target import Target, llm_target, processor_usage
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
 
@@ -158,22 +157,6 @@ async def _wait_done(bootstrap: str, settings: Settings, expected: int, wait_s: 
         await asyncio.sleep(1.0)
 
 
-def _llm_usage(port: int) -> dict[str, int]:
-    """What the processor itself counted of its model use (any endpoint), from /metrics."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-        text = page.read().decode()
-    got: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "stream_tokens_total":
-                got[f"{sample.labels['kind']}_tokens"] = int(sample.value)
-            elif sample.name in ("stream_llm_latency_seconds_count", "stream_llm_retries_total"):
-                got["requests"] = got.get("requests", 0) + int(sample.value)
-    return got
-
-
 async def _demo(
     bootstrap: str,
     target: Target,
@@ -221,7 +204,11 @@ async def _demo(
                 break
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
-        usage = dict(target.sim.stats) if target.sim is not None else _llm_usage(web_port)
+        usage = (
+            {k: float(v) for k, v in target.sim.stats.items()}
+            if target.sim is not None
+            else await processor_usage([web_port])
+        )
     finally:
         stop.set()
         proc.stop()
@@ -238,7 +225,7 @@ async def _demo(
         )
     return {
         "items": n,
-        "llm_requests": usage.get("requests", 0),
+        "llm_requests": int(usage.get("requests", 0)),
         "llm_requests_per_item": round(usage.get("requests", 0) / max(n, 1), 4),
         "calls": report.calls_by_tool,
         "fire_and_forget": report.fire_and_forget,
@@ -263,9 +250,9 @@ async def _demo(
         "turns": sum(d["turns"] for d in done),
         "awaited_calls": awaited,
         "results_answered": activities.answered,
-        "prompt_tokens": usage.get("prompt_tokens", 0),
-        "completion_tokens": usage.get("completion_tokens", 0),
-        "cached_tokens": usage.get("cached_tokens", 0),
+        "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+        "completion_tokens": int(usage.get("completion_tokens", 0)),
+        "cached_tokens": int(usage.get("cached_tokens", 0)),
         "window_max_items": spec.window.max_items,
         "elapsed_s": round(elapsed, 2),
         "audit": report.summary(),
