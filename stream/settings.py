@@ -78,6 +78,18 @@ class Settings(BaseSettings):
     pending_timeout_s: float = Field(
         300.0, gt=0, description="An awaited call unanswered this long is recorded as failed"
     )
+    state_retention_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="A finished workflow's state is kept this long (a late result or a "
+        "redelivered input still finds it), then deleted from the table and its changelog",
+    )
+    drain_s: float = Field(
+        25.0,
+        ge=0,
+        description="On SIGTERM, batches in flight get this long to finish and be committed "
+        "before the worker stops (keep it below the pod's terminationGracePeriodSeconds)",
+    )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     log_level: str = Field("INFO", description="Log level of the processor")
     log_format: Literal["text", "json"] = Field(

@@ -17,8 +17,10 @@ from pydantic import BaseModel, Field
 from stream.core.messages import SourcePosition, TraceEntry
 
 __all__ = [
+    "Ended",
     "InstanceState",
     "MemoryStore",
+    "Outgoing",
     "Pending",
     "StagedStore",
     "StateStore",
@@ -38,6 +40,23 @@ class Pending(BaseModel):
     turn: int
 
 
+class Outgoing(BaseModel):
+    """A record a state change owes the world, kept with the change until the broker
+    acknowledged it (an outbox): a crash in between republishes it, byte for byte."""
+
+    topic: str
+    value: str
+    partition: int | None = None
+
+
+class Ended(BaseModel):
+    """How a workflow ended: done, stopped, turn_limit, rejected, or dead_lettered."""
+
+    status: str
+    reason: str
+    at: float
+
+
 class InstanceState(BaseModel):
     instance: str
     partition: int
@@ -52,6 +71,10 @@ class InstanceState(BaseModel):
     applied: list[str] = Field(
         default_factory=list, description="Recent triggers already applied (idempotence)"
     )
+    outbox: list[Outgoing] = Field(
+        default_factory=list, description="Records owed by the last change, until acked"
+    )
+    ended: Ended | None = None
 
     def mark(self, trigger: str) -> bool:
         """Records a trigger; False when it was applied before (a redo)."""
@@ -102,6 +125,11 @@ class StateStore(Protocol):
 
     def items(self) -> Iterator[InstanceState]: ...
 
+    def delete(self, instance: str, partition: int) -> None: ...
+
+    async def flush(self) -> None:
+        """Returns once every write so far is durable (a no-op where writes are)."""
+
 
 class MemoryStore:
     """The same contract in a dict, for unit tests."""
@@ -118,6 +146,12 @@ class MemoryStore:
 
     def items(self) -> Iterator[InstanceState]:
         return iter([v.model_copy(deep=True) for v in self.data.values()])
+
+    def delete(self, instance: str, partition: int) -> None:
+        self.data.pop(instance, None)
+
+    async def flush(self) -> None:
+        return None
 
 
 class StagedStore:
@@ -143,24 +177,61 @@ class StagedStore:
         for name in [n for n in self.staged if n not in seen]:
             yield self.staged[name].model_copy(deep=True)
 
+    def delete(self, instance: str, partition: int) -> None:
+        self.staged.pop(instance, None)
+
+    async def flush(self) -> None:
+        return None
+
 
 class TableStore:
     """A faust table of JSON bytes; each write also goes to the changelog partition of the
-    instance's input, which faust's own partitioner could not know."""
+    instance's input, which faust's own partitioner could not know.
+
+    Changelog writes are queued by faust; `flush` awaits their acknowledgement, so that an
+    offset committed after it never points past state that a crash could still lose.
+    Parsed states are cached by their bytes: the expiry scan reads every state each
+    second, and parsing them all each time would cost more than the stream itself."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
+        self._unacked: list[Any] = []
+        self._parsed: dict[bytes, tuple[bytes, InstanceState]] = {}
 
     def get(self, instance: str) -> InstanceState | None:
-        raw = self.table.data.get(instance.encode())
-        return InstanceState.model_validate_json(raw) if raw else None
+        key = instance.encode()
+        found = self._parse(key, self.table.data.get(key))
+        return found.model_copy(deep=True) if found else None
+
+    def _parse(self, key: bytes, raw: bytes | None) -> InstanceState | None:
+        if not raw:
+            self._parsed.pop(key, None)
+            return None
+        cached = self._parsed.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        value = InstanceState.model_validate_json(raw)
+        self._parsed[key] = (raw, value)
+        return value
 
     def put(self, value: InstanceState) -> None:
         key, raw = value.instance.encode(), value.model_dump_json().encode()
         self.table.data[key] = raw
-        self.table.send_changelog(value.partition, key, raw)
+        self._unacked.append(self.table.send_changelog(value.partition, key, raw))
+
+    def delete(self, instance: str, partition: int) -> None:
+        key = instance.encode()
+        self.table.data.pop(key, None)
+        self._parsed.pop(key, None)
+        self._unacked.append(self.table.send_changelog(partition, key, None))
 
     def items(self) -> Iterator[InstanceState]:
-        for raw in list(self.table.data.values()):
-            if raw:
-                yield InstanceState.model_validate_json(raw)
+        for key, raw in list(self.table.data.items()):
+            found = self._parse(key, raw)
+            if found is not None:
+                yield found.model_copy(deep=True)
+
+    async def flush(self) -> None:
+        unacked, self._unacked = self._unacked, []
+        for fut in unacked:
+            await fut

@@ -16,6 +16,7 @@ a `rehearsal()` first: the same workflow over a store that keeps its writes to i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,9 @@ from stream.core.messages import (
 )
 from stream.core.spec import AgentSpec
 from stream.core.state import (
+    Ended,
     InstanceState,
+    Outgoing,
     Pending,
     StagedStore,
     StateStore,
@@ -56,10 +59,17 @@ class TurnEffects:
 
 
 class Workflow:
-    def __init__(self, spec: AgentSpec, store: StateStore, pending_timeout_s: float) -> None:
+    def __init__(
+        self,
+        spec: AgentSpec,
+        store: StateStore,
+        pending_timeout_s: float,
+        retention_s: float = 86_400.0,
+    ) -> None:
         self.spec = spec
         self.store = store
         self.timeout = pending_timeout_s
+        self.retention_s = retention_s
         self.results_ignored = 0
         self.expired = 0
 
@@ -70,20 +80,24 @@ class Workflow:
     def rehearsal(self) -> Workflow:
         """This workflow over a staged copy of its store: what a change would do (its
         records, its next turn), with nothing stored and no counter moved."""
-        return Workflow(self.spec, StagedStore(self.store), self.timeout)
+        return Workflow(self.spec, StagedStore(self.store), self.timeout, self.retention_s)
 
-    def admit(self, inst: Instance) -> Instance:
+    def admit(self, inst: Instance) -> Instance | None:
         """An input or state record arrives: it starts (or restarts) its instance's
-        workflow, and the model sees the instance's state with it."""
-        st = self.store.get(inst.id) or InstanceState(
-            instance=inst.id, partition=inst.source.partition
-        )
+        workflow, and the model sees the instance's state with it. None: this very record
+        started the workflow before (redelivered after a crash) and its first turn was
+        applied; what that turn owed is in the outbox (`recover`), so nothing is redone."""
+        st = self.store.get(inst.id)
+        if st is not None and st.source == inst.source and st.status != "new":
+            return None
+        st = st or InstanceState(instance=inst.id, partition=inst.source.partition)
         if inst.payload.get("type") == "state":
             st.state.update({k: v for k, v in inst.payload.items() if k != "type"})
         else:
             st.input = dict(inst.payload)
         st.partition, st.source = inst.source.partition, inst.source
         st.turn, st.status, st.pending, st.proposal = 0, "new", {}, []
+        st.ended = None
         self.store.put(st)
         return Instance(inst.id, inst.payload, inst.source, inst.size, dict(st.state) or None, 1)
 
@@ -93,9 +107,11 @@ class Workflow:
         calls: list[tuple[str, Call]],
         batch: BatchRef,
         opinions: list[Opinion],
+        owed: list[Outgoing] | None = None,
     ) -> TurnEffects:
         """Applies a turn's answer to the instance's state (once, however often the batch
-        is redone) and says which calls run now."""
+        is redone) and says which calls run now. `owed`: the records this turn publishes,
+        kept in the outbox until `paid`."""
         st = self.store.get(inst.id)
         out = TurnEffects()
         if st is None:
@@ -130,34 +146,46 @@ class Workflow:
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
         out.trace = list(st.trace)
-        if self.iterative and self._finish_says_stop(opinions):
+        if self.iterative and _finish_says_stop(self.spec, opinions):
             # The loop decides to stop: whatever is still awaited no longer matters.
             st.pending = {}
-            out.done = self._finish(st, "stopped", "a finish advisor voted stop")
+            out.done = _finish(st, "stopped", "a finish advisor voted stop")
         elif lazy and calls:
-            out.proposal = self._propose(st, inst, calls, batch)
+            out.proposal = _propose(self.spec, st, inst, calls, batch)
         elif st.pending:
             st.status = "pending"
         else:
             out.done = self._maybe_done(st, awaited, opinions)
+        if owed is not None:
+            st.outbox = owed
         self.store.put(st)
         return out
 
-    def _propose(
-        self, st: InstanceState, inst: Instance, calls: list[tuple[str, Call]], batch: BatchRef
-    ) -> ProposalRecord:
-        """A lazy plan's turn: its calls wait for approval."""
-        st.status = "awaiting_approval"
-        st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
-        return ProposalRecord(
-            instance=inst.id,
-            turn=inst.turn,
-            batch=batch,
-            calls=[call.wire() for _, call in calls],
-            call_ids=[cid for cid, _ in calls],
-            plan=self.spec.plan.steps if self.spec.plan else [],
-            source=inst.source,
-        )
+    def fail(self, inst: Instance, code: str, reason: str) -> None:
+        """A turn ended in a dead letter (unanswered, refused, an internal error): the
+        workflow ends with it, instead of waiting for a turn that will never come."""
+        st = self.store.get(inst.id)
+        if st is None or st.status == "done" or st.source != inst.source:
+            return
+        st.status, st.pending, st.proposal = "done", {}, []
+        st.ended = Ended(status="dead_lettered", reason=f"{code}: {reason}"[:500], at=time.time())
+        self.store.put(st)
+
+    def paid(self, instance: str) -> None:
+        """The outbox's records were acknowledged by the broker."""
+        st = self.store.get(instance)
+        if st is not None and st.outbox:
+            st.outbox = []
+            self.store.put(st)
+
+    def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
+        """States of owned partitions that owe records, or wait for a turn nobody will
+        offer (after a restart or a rebalance)."""
+        return [
+            st
+            for st in self.store.items()
+            if owns(st.partition) and (st.outbox or st.status == "ready")
+        ]
 
     def _maybe_done(
         self, st: InstanceState, awaited: bool, opinions: list[Opinion]
@@ -174,28 +202,7 @@ class Workflow:
         if reason is None:
             st.status = "ready"
             return None
-        return self._finish(st, *reason)
-
-    def _finish(self, st: InstanceState, status: str, reason: str) -> DoneRecord:
-        st.status = "done"
-        return DoneRecord(
-            instance=st.instance,
-            status=status,
-            reason=reason,
-            turns=st.turn,
-            state=st.state,
-            trace=st.trace,
-            source=st.source,
-        )
-
-    def _finish_says_stop(self, opinions: list[Opinion]) -> bool:
-        votes = []
-        for op in opinions:
-            advisor = self.spec.advisor(op.advisor)
-            shares, _ = parse_votes(op.votes_raw)
-            if advisor and advisor.on == "finish" and shares:
-                votes.append(_Vote(op.advisor, advisor.weight, shares))
-        return bool(votes) and aggregate(votes).option == "stop"
+        return _finish(st, *reason)
 
     def next_turn(self, st: InstanceState) -> Instance | None:
         """The instance's next turn, when its workflow is ready for one."""
@@ -229,18 +236,28 @@ class Workflow:
         if not st.pending and st.status == "pending":
             if not self.iterative:
                 st.status = "done"
+                st.ended = Ended(
+                    status="done", reason="every awaited call answered", at=time.time()
+                )
             elif st.turn >= (self.spec.plan.max_turns if self.spec.plan else 1):
-                done = self._finish(st, "turn_limit", "turn limit reached")
+                done = _finish(st, "turn_limit", "turn limit reached")
             else:
                 st.status = "ready"
         self.store.put(st)
         return self.next_turn(st), done
 
-    def expire(self, now: float) -> list[tuple[Instance | None, DoneRecord | None]]:
-        """Fails awaited calls past their deadline, and re-offers instances that are ready
-        (after a restart nobody else would)."""
+    def expire(
+        self, now: float, owns: Callable[[int], bool] = lambda _: True
+    ) -> list[tuple[Instance | None, DoneRecord | None]]:
+        """Fails awaited calls past their deadline (of owned partitions only: a moved
+        workflow is its new owner's), and forgets workflows ended `retention_s` ago."""
         out = []
         for st in self.store.items():
+            if not owns(st.partition):
+                continue
+            if st.ended is not None and not st.outbox and st.ended.at < now - self.retention_s:
+                self.store.delete(st.instance, st.partition)
+                continue
             late = [cid for cid, p in st.pending.items() if p.deadline < now]
             for cid in late:
                 st.pending.pop(cid)
@@ -248,18 +265,20 @@ class Workflow:
                 self.expired += 1
             if late:
                 out.append(self._settle(st))
-            elif st.status == "ready":
-                out.append((self.next_turn(st), None))
         return out
 
-    def on_approval(self, rec: ApprovalRecord) -> tuple[list[dict[str, Any]], DoneRecord | None]:
+    def on_approval(
+        self, rec: ApprovalRecord, owed: list[Outgoing] | None = None
+    ) -> tuple[list[dict[str, Any]], DoneRecord | None]:
         """A proposal's answer: its calls to run now, or the end of the workflow."""
         st = self.store.get(rec.instance)
         if st is None or st.status != "awaiting_approval":
             self.results_ignored += 1
             return [], None
+        if owed is not None:
+            st.outbox = owed
         if not rec.approve:
-            done = self._finish(st, "rejected", rec.reason or "proposal rejected")
+            done = _finish(st, "rejected", rec.reason or "proposal rejected")
             self.store.put(st)
             return [], done
         proposal, st.proposal = st.proposal, []
@@ -274,6 +293,51 @@ class Workflow:
         st.status = "pending" if st.pending else "ready"
         finished: DoneRecord | None = None
         if not st.pending:
-            finished = self._finish(st, "done", "approved proposal ran; nothing awaited")
+            finished = _finish(st, "done", "approved proposal ran; nothing awaited")
         self.store.put(st)
         return proposal, finished
+
+
+def _propose(
+    spec: AgentSpec,
+    st: InstanceState,
+    inst: Instance,
+    calls: list[tuple[str, Call]],
+    batch: BatchRef,
+) -> ProposalRecord:
+    """A lazy plan's turn: its calls wait for approval."""
+    st.status = "awaiting_approval"
+    st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
+    return ProposalRecord(
+        instance=inst.id,
+        turn=inst.turn,
+        batch=batch,
+        calls=[call.wire() for _, call in calls],
+        call_ids=[cid for cid, _ in calls],
+        plan=spec.plan.steps if spec.plan else [],
+        source=inst.source,
+    )
+
+
+def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
+    votes = []
+    for op in opinions:
+        advisor = spec.advisor(op.advisor)
+        shares, _ = parse_votes(op.votes_raw)
+        if advisor and advisor.on == "finish" and shares:
+            votes.append(_Vote(op.advisor, advisor.weight, shares))
+    return bool(votes) and aggregate(votes).option == "stop"
+
+
+def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
+    st.status = "done"
+    st.ended = Ended(status=status, reason=reason, at=time.time())
+    return DoneRecord(
+        instance=st.instance,
+        status=status,
+        reason=reason,
+        turns=st.turn,
+        state=st.state,
+        trace=st.trace,
+        source=st.source,
+    )

@@ -108,7 +108,9 @@ def build_app(
     if PromptBuilder(merged).stateful:
         # Without a plan or awaited calls there is no state to keep: writing every item
         # to the changelog would cost a publish per item for nothing.
-        workflow = Workflow(spec, TableStore(table), settings.pending_timeout_s)
+        workflow = Workflow(
+            spec, TableStore(table), settings.pending_timeout_s, settings.state_retention_s
+        )
     pipeline = Pipeline(
         settings,
         merged,
@@ -197,9 +199,23 @@ async def _serve(web: WebServer) -> None:
 
 
 def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
+    recovered: set[int] = set()  # input partitions whose workflows were recovered
+
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def expire() -> None:
-        await pipeline.expire()
+        # Only once the tables are recovered, and only for partitions owned now: a
+        # workflow that moved in a rebalance is driven by its new owner alone.
+        if app.rebalancing or getattr(app, "in_recovery", False) or not pipeline.started:
+            return
+        owned = {
+            tp.partition for tp in app.consumer.assignment() if tp.topic == settings.topics.input
+        }
+        new = owned - recovered
+        recovered.intersection_update(owned)
+        if new:
+            await pipeline.recover(new.__contains__)
+            recovered.update(new)
+        await pipeline.expire(owned.__contains__)
 
     @app.timer(5.0)  # type: ignore[untyped-decorator]
     async def lag() -> None:

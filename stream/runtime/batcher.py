@@ -155,7 +155,13 @@ class Batcher:
             await self.delivery.publish(self.builder.bad_record(exc, source, value))
             self.ledger.finish(entry)
             return
-        await self.windower.add(Item(self.coordinator.admit(instance), entry, tokens))
+        admitted = self.coordinator.admit(instance)
+        if admitted is None:  # redelivered; its turn was applied and its records kept
+            self.metrics.count({"redelivered_skipped": 1})
+            await self.coordinator.flush()
+            self.ledger.finish(entry)
+            return
+        await self.windower.add(Item(admitted, entry, tokens))
 
     async def enqueue_turn(self, inst: Instance) -> None:
         """An instance ready for its next turn joins the window like any item."""
@@ -197,7 +203,7 @@ class Batcher:
                 instances,
                 [item.entry for item in items],
                 planned,
-                self.coordinator.store,
+                self.coordinator,
             )
             for inst in instances:
                 self._queued_turns.discard(inst.id)

@@ -4,32 +4,37 @@ Each trigger (a turn's answer, a result record, an approval record, a deadline) 
 instance's state and has effects: records to publish, a next turn to batch. The order:
 
 1. What the world answers is recorded before it is asked: a turn's and an approved
-   proposal's awaited calls are stored as pending before they are published, because a
-   result can come back before the publish of the whole batch completes.
-2. Everything else goes out before the state that follows from it: the done record of a
-   result or an expiry is published, then the workflow is stored as ended, so a crash in
-   between repeats the record on redelivery instead of losing it. The record is found by
-   a rehearsal (`Workflow.rehearsal`: the same change, nothing stored).
-3. The trigger's offset is finished last (by the pipeline), and a next turn is batched
-   only once its state is stored.
+   proposal's records are stored with the state change, in its outbox, before they are
+   published (a result can come back before the publish of the whole batch completes);
+   once the broker acknowledged them the outbox is emptied (`paid`). A crash in between
+   leaves the outbox full, and `recover` publishes it again, byte for byte, when the
+   partition is next assigned; a redelivered input whose turn was applied is not redone
+   (`Workflow.admit`).
+2. The done record of a result or an expiry is published before the workflow is stored as
+   ended, so a crash in between repeats the record on redelivery instead of losing it. The
+   record is found by a rehearsal (`Workflow.rehearsal`: the same change, nothing stored).
+3. State is flushed (the changelog acknowledged) before the trigger's offset is finished,
+   and a next turn is batched only once its state is stored.
 
-Each change itself is one synchronous get-and-put, so nothing else runs in between. What
-rule 1 leaves open (a crash after the state, before the publish) is in docs/architecture.md.
+Each change itself is one synchronous get-and-put, so nothing else runs in between.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from stream.core.instance import Instance
 from stream.core.messages import ApprovalRecord, ResultRecord
+from stream.core.state import Outgoing
 from stream.core.workflow import Workflow
 from stream.ops.metrics import Metrics
 from stream.runtime.delivery import Delivery
-from stream.runtime.records import Planned, RecordBuilder, TurnChange
+from stream.runtime.publish import OutRecord
+from stream.runtime.records import Planned, RecordBuilder, TurnChange, position
 
 __all__ = ["Coordinator"]
 
@@ -54,20 +59,63 @@ class Coordinator:
         self.metrics = metrics
         self.worker = worker
 
-    def admit(self, inst: Instance) -> Instance:
-        """An input or state record (re)starts its instance's workflow."""
+    def admit(self, inst: Instance) -> Instance | None:
+        """An input or state record (re)starts its instance's workflow; None: a redelivered
+        record whose turn was applied (nothing to redo)."""
         return inst if self.workflow is None else self.workflow.admit(inst)
 
     def rehearsal(self) -> Workflow | None:
         """Where a batch's turns are staged while its records are built."""
         return None if self.workflow is None else self.workflow.rehearsal()
 
-    def store(self, turns: list[TurnChange]) -> None:
-        """A batch's turns, into state before its calls are published (idempotent per
-        trigger: a redone batch finds its turns applied)."""
+    def store(self, turns: list[TurnChange], records: list[OutRecord]) -> None:
+        """A batch's turns, into state with the records they owe, before those are
+        published (idempotent per trigger: a redone batch finds its turns applied)."""
+        if self.workflow is None:
+            return
+        for t in turns:
+            if t.failed is not None:
+                self.workflow.fail(t.instance, *t.failed)
+                continue
+            key, origin = t.instance.id.encode(), position(t.instance.source)
+            owed = [_owed(r) for r in records if r.key == key and r.origin == origin]
+            self.workflow.turn(t.instance, t.calls, t.batch, t.opinions, owed)
+
+    def paid(self, turns: list[TurnChange]) -> None:
+        """The batch's records were acknowledged: its turns owe nothing any more."""
         if self.workflow is not None:
             for t in turns:
-                self.workflow.turn(t.instance, t.calls, t.batch, t.opinions)
+                self.workflow.paid(t.instance.id)
+
+    async def flush(self) -> None:
+        """Returns once every state change so far is durable."""
+        if self.workflow is not None:
+            await self.workflow.store.flush()
+
+    async def recover(self, owns: Callable[[int], bool]) -> list[Instance]:
+        """After an assignment: publishes what owned workflows still owe (a crash came
+        between their change and its publish), and returns those waiting for a turn."""
+        if self.workflow is None:
+            return []
+        ready: list[Instance] = []
+        for st in self.workflow.owing(owns):
+            if st.outbox:
+                key = st.instance.encode()
+                origin = position(st.source) if st.source else None
+                records = [
+                    OutRecord(o.topic, key, o.value.encode(), origin, o.partition)
+                    for o in st.outbox
+                ]
+                await self.delivery.sink.publish(records)
+                self.workflow.paid(st.instance)
+                self.metrics.count({"outbox_republished": len(records)})
+            nxt = self.workflow.next_turn(st)
+            if nxt is not None:
+                ready.append(nxt)
+        await self.flush()
+        if ready:
+            log.info("recovery: %d workflows resume their next turn", len(ready))
+        return ready
 
     async def on_result(self, value: bytes | None) -> list[Instance]:
         """An activity's result for an awaited call; returns the next turn, if any."""
@@ -82,7 +130,9 @@ class Coordinator:
         _, done = self.workflow.rehearsal().on_result(rec)
         if done is not None:
             await self.delivery.publish(self.builder.done(done))
+            self.delivery.probe.at("after_done")  # done record out, workflow not yet ended
         nxt, _ = self.workflow.on_result(rec)
+        await self.flush()
         self.metrics.count({"results": 1})
         return [nxt] if nxt is not None else []
 
@@ -96,25 +146,31 @@ class Coordinator:
             return []
         if self.workflow is None:
             return []
-        # Stored first: the approved calls' results may come back before their publish
-        # completes (rule 1 of the module's docstring).
-        proposal, done = self.workflow.on_approval(rec)
+        # Rehearsed to build the records, then stored with them in its outbox: the
+        # approved calls' results may come back before their publish completes (rule 1).
+        proposal, done = self.workflow.rehearsal().on_approval(rec)
         st = self.workflow.store.get(rec.instance)
         planned = Planned()
         if st is not None:
             planned.add(self.builder.approved(st, proposal, self.worker))
         if done is not None:
             planned.add(self.builder.done(done))
+        self.workflow.on_approval(rec, [_owed(r) for r in planned.records])
+        await self.flush()
+        self.delivery.probe.at("after_approval")  # approval stored, its calls not yet out
         await self.delivery.publish(planned)
+        self.workflow.paid(rec.instance)
         return []
 
-    async def expire(self, now: float | None = None) -> list[Instance]:
-        """Fails awaited calls past their deadline; returns the instances ready for a
-        next turn (after a restart nobody else would offer them)."""
+    async def expire(
+        self, now: float | None = None, owns: Callable[[int], bool] = lambda _: True
+    ) -> list[Instance]:
+        """Fails awaited calls past their deadline; returns the instances it made ready
+        for their next turn."""
         if self.workflow is None:
             return []
         now = time.time() if now is None else now
-        rehearsed = self.workflow.rehearsal().expire(now)
+        rehearsed = self.workflow.rehearsal().expire(now, owns)
         if not rehearsed:
             return []
         planned = Planned()
@@ -123,4 +179,10 @@ class Coordinator:
                 planned.add(self.builder.done(done))
         if planned.records:
             await self.delivery.publish(planned)
-        return [nxt for nxt, _ in self.workflow.expire(now) if nxt is not None]
+        ready = [nxt for nxt, _ in self.workflow.expire(now, owns) if nxt is not None]
+        await self.flush()
+        return ready
+
+
+def _owed(record: OutRecord) -> Outgoing:
+    return Outgoing(topic=record.topic, value=record.value.decode(), partition=record.partition)

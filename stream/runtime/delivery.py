@@ -22,7 +22,7 @@ from stream.runtime.probe import Probe
 from stream.runtime.publish import OutRecord, PublishError
 from stream.runtime.records import Planned, RecordBuilder, TurnChange, position
 
-__all__ = ["BATCH_TRIES", "Delivery", "Fatal", "Sink", "retried"]
+__all__ = ["BATCH_TRIES", "Delivery", "Fatal", "Keeper", "Sink", "retried"]
 
 log = logging.getLogger("stream.processor")
 
@@ -33,6 +33,16 @@ _T = TypeVar("_T")
 BATCH_TRIES = 3
 
 Fatal = Callable[[BaseException], Awaitable[None]]
+
+
+class Keeper(Protocol):
+    """Where a batch's turns are kept (the workflow coordinator)."""
+
+    def store(self, turns: list[TurnChange], records: list[OutRecord]) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    def paid(self, turns: list[TurnChange]) -> None: ...
 
 
 class Sink(Protocol):
@@ -99,27 +109,32 @@ class Delivery:
         instances: list[Instance],
         entries: Sequence[Entry | None],
         planned: Planned,
-        store: Callable[[list[TurnChange]], None],
+        keeper: Keeper,
     ) -> None:
-        """`store`s a batch's turns, publishes its records, then finishes its offsets.
-        Turns first: a result can come back before the whole batch is published, and must
-        find its call pending (stream/runtime/coordinator.py)."""
+        """Stores a batch's turns (with the records they owe), publishes its records, then
+        finishes its offsets. Turns first: a result can come back before the whole batch
+        is published, and must find its call pending (stream/runtime/coordinator.py)."""
         self.count(planned)
 
         async def publish() -> None:
             self.probe.at("after_llm")
             # Items of partitions revoked meanwhile are being redone by their new owner.
             gone = {(e.tp[0], e.tp[1], e.offset) for e in entries if e and e.dropped}
-            store([t for t in planned.turns if position(t.instance.source) not in gone])
+            turns = [t for t in planned.turns if position(t.instance.source) not in gone]
             records = [r for r in planned.records if r.origin not in gone]
+            keeper.store(turns, records)
+            await keeper.flush()
+            self.probe.at("after_state")  # state durable, its records not yet published
             await self._publish_or_dead_letter(batch_id, instances, records)
+            keeper.paid(turns)
             self.probe.at("after_publish")  # published, offsets not yet finished
 
         error = await retried(batch_id, "delivering", publish)
         if isinstance(error, Exception):
-            await self.publish(
-                self.builder.internal_errors(batch_id, instances, error, BATCH_TRIES)
-            )
+            failed = self.builder.internal_errors(batch_id, instances, error, BATCH_TRIES)
+            keeper.store(failed.turns, [])
+            await self.publish(failed)
+        await keeper.flush()
         for entry in entries:
             if entry is not None:
                 self.ledger.finish(entry)

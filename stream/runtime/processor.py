@@ -167,8 +167,14 @@ class Pipeline:
         if entry is not None:
             self.ledger.finish(entry)
 
-    async def expire(self) -> None:
-        await self._next_turns(await self.coordinator.expire(time.time()))
+    async def expire(self, owns: Callable[[int], bool] = lambda _: True) -> None:
+        """Awaited calls past their deadline, of the partitions this worker owns."""
+        await self._next_turns(await self.coordinator.expire(time.time(), owns))
+
+    async def recover(self, owns: Callable[[int], bool]) -> None:
+        """Newly owned partitions: what their workflows owe goes out, their ready
+        instances take their next turn."""
+        await self._next_turns(await self.coordinator.recover(owns))
 
     async def _next_turns(self, instances: list[Instance]) -> None:
         for inst in instances:

@@ -74,6 +74,7 @@ class TurnChange:
     calls: list[tuple[str, Call]]
     batch: BatchRef
     opinions: list[Opinion]
+    failed: tuple[str, str] | None = None  # (code, reason): the turn ended in a dead letter
 
 
 @dataclass(slots=True)
@@ -136,7 +137,11 @@ class RecordBuilder:
         self, batch_id: str, instances: list[Instance], error: Exception, attempts: int
     ) -> Planned:
         out = Planned()
+        ref = BatchRef(id=batch_id, size=len(instances), token="", attempt=attempts)
         for inst in instances:
+            out.turns.append(
+                TurnChange(inst, [], ref, [], failed=("internal_error", repr(error)[:200]))
+            )
             out.add(
                 self.letter(
                     DeadLetter(
@@ -184,6 +189,10 @@ class RecordBuilder:
             )
             out.events[f"refused.{refusal.code}"] += 1
         for miss in outcome.unanswered:
+            ref = BatchRef(id=batch_id, size=0, token="", attempt=miss.attempts)
+            out.turns.append(
+                TurnChange(miss.instance, [], ref, [], failed=(miss.code, miss.reason))
+            )
             out.add(
                 self.letter(
                     DeadLetter(

@@ -15,6 +15,10 @@ no record built yet, inside the processor's retry), `after_llm` (stream/runtime/
 the batch's outcome records built, before its publish), `mid_publish`
 (stream/runtime/publish.py, the first record of a publish acknowledged, the rest not yet
 sent), `after_publish` (delivery.py: every record acknowledged, offsets not yet finished).
+Stateful workflows add `after_state` (delivery.py: a batch's turns stored and durable,
+their records not yet published), `after_done` (stream/runtime/coordinator.py: a result's
+done record published, the workflow not yet stored as ended) and `after_approval`
+(coordinator.py: an approval stored with its calls in the outbox, not yet published).
 
 The pipeline never calls this module: its pieces take a `stream.runtime.probe.Probe`,
 and `stream process` passes a `FaultProbe` only when STREAM_CRASH_AT is set.
@@ -35,7 +39,17 @@ log = logging.getLogger("stream.faults")
 
 # The points the pipeline's probe passes: an unknown name in STREAM_CRASH_AT would
 # silently never fire, so `parse` refuses it.
-POINTS = frozenset({"solved", "after_llm", "mid_publish", "after_publish"})
+POINTS = frozenset(
+    {
+        "solved",
+        "after_llm",
+        "after_state",
+        "mid_publish",
+        "after_publish",
+        "after_done",
+        "after_approval",
+    }
+)
 
 
 class InjectedFault(StreamError):
