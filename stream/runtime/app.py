@@ -213,6 +213,7 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
         new = owned - recovered
         recovered.intersection_update(owned)
         if new:
+            log.info("recovering the workflows of partitions %s", sorted(new))
             await pipeline.recover(new.__contains__)
             recovered.update(new)
         await pipeline.expire(owned.__contains__)

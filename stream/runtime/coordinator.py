@@ -108,6 +108,7 @@ class Coordinator:
                 ]
                 await self.delivery.sink.publish(records)
                 self.workflow.paid(st.instance)
+                log.info("recovery: %s owed %d records; published", st.instance, len(records))
                 self.metrics.count({"outbox_republished": len(records)})
             nxt = self.workflow.next_turn(st)
             if nxt is not None:
@@ -130,9 +131,9 @@ class Coordinator:
         _, done = self.workflow.rehearsal().on_result(rec)
         if done is not None:
             await self.delivery.publish(self.builder.done(done))
-            self.delivery.probe.at("after_done")  # done record out, workflow not yet ended
         nxt, _ = self.workflow.on_result(rec)
         await self.flush()
+        self.delivery.probe.at("after_result")  # stored; its offset and next turn to come
         self.metrics.count({"results": 1})
         return [nxt] if nxt is not None else []
 
@@ -150,6 +151,11 @@ class Coordinator:
         # approved calls' results may come back before their publish completes (rule 1).
         proposal, done = self.workflow.rehearsal().on_approval(rec)
         st = self.workflow.store.get(rec.instance)
+        if st is None or st.status != "awaiting_approval":
+            # A repeat (redelivered after a crash): what the first one owes is still in
+            # the outbox, and `recover` publishes it; emptying it here would lose it.
+            self.workflow.results_ignored += 1
+            return []
         planned = Planned()
         if st is not None:
             planned.add(self.builder.approved(st, proposal, self.worker))

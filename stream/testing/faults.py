@@ -16,8 +16,8 @@ the batch's outcome records built, before its publish), `mid_publish`
 (stream/runtime/publish.py, the first record of a publish acknowledged, the rest not yet
 sent), `after_publish` (delivery.py: every record acknowledged, offsets not yet finished).
 Stateful workflows add `after_state` (delivery.py: a batch's turns stored and durable,
-their records not yet published), `after_done` (stream/runtime/coordinator.py: a result's
-done record published, the workflow not yet stored as ended) and `after_approval`
+their records not yet published), `after_result` (stream/runtime/coordinator.py: a result
+stored, its offset not finished, the next turn not yet batched) and `after_approval`
 (coordinator.py: an approval stored with its calls in the outbox, not yet published).
 
 The pipeline never calls this module: its pieces take a `stream.runtime.probe.Probe`,
@@ -46,7 +46,7 @@ POINTS = frozenset(
         "after_state",
         "mid_publish",
         "after_publish",
-        "after_done",
+        "after_result",
         "after_approval",
     }
 )
