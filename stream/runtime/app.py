@@ -42,8 +42,24 @@ log = logging.getLogger("stream.processor")
 Handler = Callable[[bytes | None, Entry | None], Awaitable[None]]
 
 
-def _faust_app(settings: Settings, bootstrap: str) -> faust.App:
-    return faust.App(
+class _App(faust.App):
+    """faust's app, with a drain before it stops: faust stops its consumer first, and
+    offsets finished after that could no longer be committed."""
+
+    drain: Callable[[], Awaitable[None]] | None = None
+
+    async def on_stop(self) -> None:
+        if self.drain is not None:
+            try:
+                await self.drain()
+                await self.consumer.commit()
+            except Exception:  # a failed drain costs a redo, never the shutdown
+                log.exception("drain failed; unfinished batches are redone by the next owner")
+        await super().on_stop()
+
+
+def _faust_app(settings: Settings, bootstrap: str) -> _App:
+    return _App(
         settings.topic_prefix + settings.app_id,
         broker=f"kafka://{bootstrap}",
         key_serializer="raw",
@@ -123,6 +139,7 @@ def build_app(
         probe=probe,
     )
     pipeline.refused(refused)
+    app.drain = lambda: pipeline.drain(settings.drain_s)
     web = WebServer(
         metrics,
         lambda: pipeline.started and not app.rebalancing,

@@ -99,6 +99,7 @@ class Batcher:
         self.tasks: set[asyncio.Task[None]] = set()
         self._last_delivery: asyncio.Future[None] | None = None
         self._queued_turns: set[str] = set()  # instances whose next turn is on its way
+        self._draining = asyncio.Event()  # set on shutdown: take no more records
 
     def reconfigure(self, spec: AgentSpec) -> None:
         """A new spec; batches in flight finish as they were asked."""
@@ -109,6 +110,22 @@ class Batcher:
 
     def start(self) -> None:
         self.windower.start()
+
+    async def drain(self, deadline_s: float) -> int:
+        """Stops taking records, launches the open window, and gives the batches in
+        flight `deadline_s` to be delivered; returns how many did not make it."""
+        self._draining.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        try:  # launching the open window waits for a free slot
+            await asyncio.wait_for(self.windower.flush("drain"), deadline_s)
+        except TimeoutError:
+            pass
+        pending = set(self.tasks)
+        if pending:
+            log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, end - loop.time()))
+        return len(pending)
 
     async def stop(self) -> None:
         await self.windower.stop()
@@ -124,6 +141,8 @@ class Batcher:
         ack: Callable[[], object],
     ) -> None:
         """Takes one delivered record. Awaits while all batch slots are busy."""
+        if self._draining.is_set():
+            await asyncio.Event().wait()  # shutting down: left to the next owner
         entry = self.ledger.track((source.topic, source.partition), source.offset, ack)
         self.metrics.items_in.inc()
         try:

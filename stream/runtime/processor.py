@@ -139,6 +139,15 @@ class Pipeline:
         self.batcher.start()
         self.started = True
 
+    async def drain(self, deadline_s: float) -> None:
+        """Shutdown (SIGTERM): lets the batches in flight finish, so a rolling update
+        does not ask the model again for what it already answered."""
+        left = await self.batcher.drain(deadline_s)
+        if left:
+            log.warning("drain: %d batches still in flight at the deadline; redone later", left)
+        else:
+            log.info("drain: every batch in flight was delivered")
+
     async def stop(self) -> None:
         self.started = False
         await self.batcher.stop()

@@ -1,0 +1,62 @@
+"""Shutdown on the real broker: SIGTERM drains the batches in flight and commits them, so
+a rolling update asks the model nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from stream.settings import Settings
+from tests.conftest import Deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+Deploy = Callable[..., Awaitable[Deployment]]
+
+
+async def _committed(bootstrap: str, settings: Settings) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.app_id)
+    finally:
+        await admin.close()
+    return sum(
+        meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == settings.topics.input and meta.offset >= 0
+    )
+
+
+async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy) -> None:
+    dep = await deploy(STREAM_DRAIN_S="20")
+    await dep.produce_items([{"_instance": "warm", "comment": "hello"}])
+    await dep.settle(1)
+    dep.sim.config.latency_ms = 3000  # every answer takes 3 s: SIGTERM comes mid-request
+    asked, seen = dep.sim.stats["completions"], dep.sim.stats["requests"]
+    items = [{"_instance": f"d-{i:03d}", "comment": f"a fine remark {i}"} for i in range(30)]
+    await dep.produce_items(items)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if dep.sim.stats["requests"] > seen:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
+    assert dep.proc.proc is not None
+    assert dep.sim.stats["completions"] == asked, "answered before SIGTERM: nothing to drain"
+    await asyncio.to_thread(dep.proc.stop, 40)  # SIGTERM, then wait for the exit
+    assert dep.proc.proc.returncode == 0, dep.proc.tail()
+    assert "drain: every batch in flight was delivered" in dep.proc.tail(200)
+    answered = dep.sim.stats["completions"]
+    assert answered > asked
+    assert await _committed(dep.bootstrap, dep.settings) == 31  # all of it, drained
+    dep.sim.config.latency_ms = 0
+    dep.proc.start()
+    report = await dep.settle(31)
+    assert report.unaccounted == 0
+    assert report.duplicate_calls == 0  # nothing was published twice
+    assert dep.sim.stats["completions"] == answered  # and nothing asked twice
