@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     pending_timeout_s: float = Field(
         300.0, gt=0, description="An awaited call unanswered this long is recorded as failed"
     )
+    max_output_bytes: int = Field(
+        1_000_000,
+        gt=1024,
+        description="An output record larger than this is dead-lettered instead of sent "
+        "(keep it below the broker's message.max.bytes, 1048588 by default)",
+    )
     state_retention_s: float = Field(
         86_400.0,
         gt=0,

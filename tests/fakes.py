@@ -80,7 +80,11 @@ class FakePublisher:
     async def publish(self, records: list[Any]) -> None:
         from stream.runtime.publish import PublishError
 
-        if self.refuse_next:
+        if self.refuse_next and records:
+            # As the broker does: the first record is refused for good, the rest land.
             self.refuse_next -= 1
-            raise PublishError("broker refused a record (fake): MessageSizeTooLargeError")
+            self.records.extend(records[1:])
+            raise PublishError(
+                "broker refused a record (fake): MessageSizeTooLargeError", [records[0]]
+            )
         self.records.extend(records)

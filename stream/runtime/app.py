@@ -196,7 +196,7 @@ def _agents(
                     topic=msg.topic,
                     partition=msg.partition,
                     offset=msg.offset,
-                    key=msg.key.decode("utf-8", "replace") if msg.key is not None else None,
+                    key=_shown_key(msg.key),
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
                 )
                 await pipeline.offer(msg.value, msg.key, source, event.ack)
@@ -205,6 +205,18 @@ def _agents(
             if follower is not None:
                 await follower.stop()
             await pipeline.stop()
+
+
+_KEY_KEEP = 256  # characters of a record key copied into every output's `source`
+
+
+def _shown_key(key: bytes | None) -> str | None:
+    """The key as outputs show it: a huge key would be copied into every output record
+    and make them too large for the broker, so it is cut (the id rule refuses it anyway)."""
+    if key is None:
+        return None
+    text = key[: _KEY_KEEP * 4].decode("utf-8", "replace")
+    return text if len(key) <= _KEY_KEEP else f"{text[:_KEY_KEEP]}... ({len(key)} bytes)"
 
 
 async def _serve(web: WebServer) -> None:

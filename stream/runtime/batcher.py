@@ -10,6 +10,7 @@ offset order, so commits never pass unfinished work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from stream.runtime.delivery import BATCH_TRIES, Delivery, retried
 from stream.runtime.intake import parse_item
 from stream.runtime.offsets import Entry, OffsetLedger
 from stream.runtime.probe import Probe
-from stream.runtime.records import Planned, RecordBuilder
+from stream.runtime.records import Planned, RecordBuilder, bad_record
 from stream.runtime.windowing import Windower
 from stream.settings import Settings
 
@@ -117,10 +118,8 @@ class Batcher:
         self._draining.set()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
-        try:  # launching the open window waits for a free slot
+        with contextlib.suppress(TimeoutError):  # launching the window waits for a slot
             await asyncio.wait_for(self.windower.flush("drain"), deadline_s)
-        except TimeoutError:
-            pass
         pending = set(self.tasks)
         if pending:
             log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
@@ -171,7 +170,7 @@ class Batcher:
                     "offset": source.offset,
                 },
             )
-            await self.delivery.publish(self.builder.bad_record(exc, source, value))
+            await self.delivery.publish(self.builder.letter(bad_record(exc, source, value)))
             self.ledger.finish(entry)
             return
         admitted = self.coordinator.admit(instance)

@@ -20,7 +20,7 @@ from stream.retry import RetryPolicy
 from stream.runtime.offsets import Entry, OffsetLedger
 from stream.runtime.probe import Probe
 from stream.runtime.publish import OutRecord, PublishError
-from stream.runtime.records import Planned, RecordBuilder, TurnChange, position
+from stream.runtime.records import Planned, RecordBuilder, TurnChange, oversized, position
 
 __all__ = ["BATCH_TRIES", "Delivery", "Fatal", "Keeper", "Sink", "retried"]
 
@@ -85,12 +85,14 @@ class Delivery:
         ledger: OffsetLedger,
         probe: Probe,
         on_fatal: Fatal | None = None,
+        max_output_bytes: int = 1_000_000,
     ) -> None:
         self.sink = sink
         self.builder = builder
         self.metrics = metrics
         self.ledger = ledger
         self.probe = probe
+        self.max_output_bytes = max_output_bytes
         # Stops the worker so the group redelivers; None: the error is raised instead.
         self.on_fatal = on_fatal
 
@@ -142,16 +144,24 @@ class Delivery:
     async def _publish_or_dead_letter(
         self, batch_id: str, instances: list[Instance], records: list[OutRecord]
     ) -> None:
+        """Publishes; a record too large for the broker (checked before it is sent) or
+        refused by it is replaced by a dead letter for its item, and its batch-mates go on."""
+        fits = [r for r in records if _size(r) <= self.max_output_bytes]
+        refused = [r for r in records if _size(r) > self.max_output_bytes]
         try:
-            await self.sink.publish(records)
-        except PublishError as exc:  # the broker refuses them for good (e.g. too large)
-            log.error(
-                "batch %s: %s; dead-lettering its items",
-                batch_id,
-                exc.message,
-                extra={"batch_id": batch_id},
-            )
-            await self.publish(self.builder.internal_errors(batch_id, instances, exc, 1))
+            await self.sink.publish(fits)
+        except PublishError as exc:
+            log.error("batch %s: %s", batch_id, exc.message, extra={"batch_id": batch_id})
+            refused += exc.refused
+        if refused:
+            by_origin = {position(i.source): i for i in instances}
+            letters = Planned()
+            for rec in refused:
+                owner = by_origin.get(rec.origin) if rec.origin else None
+                letters.add(
+                    self.builder.letter(oversized(rec, owner, self.max_output_bytes, batch_id))
+                )
+            await self.publish(letters)
 
     async def fatal(self, batch_id: str, exc: Exception) -> None:
         """Every fallback failed: stop the worker; the group redoes the batch from the
@@ -165,3 +175,7 @@ class Delivery:
         if self.on_fatal is None:
             raise exc
         await self.on_fatal(exc)
+
+
+def _size(record: OutRecord) -> int:
+    return len(record.value) + len(record.key or b"")

@@ -88,7 +88,13 @@ class Pipeline:
         self.worker = secrets.token_hex(3)
         self.builder = RecordBuilder(spec, settings.topics, llm.model)
         self.delivery = Delivery(
-            publisher, self.builder, self.metrics, self.ledger, probe, on_fatal
+            publisher,
+            self.builder,
+            self.metrics,
+            self.ledger,
+            probe,
+            on_fatal,
+            settings.max_output_bytes,
         )
         self.coordinator = Coordinator(
             workflow, self.builder, self.delivery, self.metrics, self.worker

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+)
 
 from stream.errors import StreamError
 from stream.retry import RetryPolicy
@@ -36,8 +42,24 @@ class OutRecord:
     partition: int | None = None  # None: the key decides
 
 
+# Errors about one record itself: retrying that record cannot help. Every other error
+# (a broker down longer than the request timeout, a revoked ACL, an unknown topic) is about
+# the cluster, and is retried until it heals: a batch waits, it is never dead-lettered.
+_REFUSALS = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    InvalidTopicError,
+    CorruptRecordException,
+)
+
+
 class PublishError(StreamError):
-    """The broker refused a record for good (e.g. too large); retrying cannot help."""
+    """The broker refused records for good (e.g. too large); every other record of the
+    publish was acknowledged."""
+
+    def __init__(self, message: str, refused: list[OutRecord]) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class Publisher:
@@ -71,6 +93,7 @@ class Publisher:
         """Sends all records and returns once the broker acknowledged each of them."""
         assert self._producer is not None, "Publisher.start() was not awaited"
         todo = list(records)
+        refused: list[tuple[OutRecord, BaseException]] = []
         attempt = 0
         while todo:
             outcomes: list[BaseException | None] = []
@@ -94,10 +117,14 @@ class Publisher:
             first = next((i for i, err in enumerate(outcomes) if err is not None), None)
             if first is None:
                 self.sent += len(todo)
-                return
+                break
             error = outcomes[first]
-            if isinstance(error, KafkaError) and not error.retriable:
-                raise PublishError(f"broker refused a record for {todo[first].topic}: {error!r}")
+            if isinstance(error, _REFUSALS):
+                # That record is set aside; the rest go on, in order.
+                refused.append((todo[first], error))
+                self.sent += first
+                todo = todo[first + 1 :]
+                continue
             # Resend from the first failure on, so an instance's records keep their order.
             self.sent += first
             todo = todo[first:]
@@ -108,6 +135,12 @@ class Publisher:
                 "%d publishes not acknowledged (%r); retrying in %.1fs", len(todo), error, delay
             )
             await asyncio.sleep(delay)
+        if refused:
+            rec, error = refused[0]
+            raise PublishError(
+                f"broker refused {len(refused)} records (first for {rec.topic}: {error!r})",
+                [r for r, _ in refused],
+            )
 
 
 async def _failed(exc: BaseException) -> None:

@@ -41,7 +41,15 @@ from stream.errors import BadRecord
 from stream.runtime.publish import OutRecord
 from stream.settings import Topics
 
-__all__ = ["Planned", "RecordBuilder", "TurnChange", "call_id", "position"]
+__all__ = [
+    "Planned",
+    "RecordBuilder",
+    "TurnChange",
+    "bad_record",
+    "call_id",
+    "oversized",
+    "position",
+]
 
 _RAW_KEEP = 64 * 1024  # bytes of a bad record kept in its dead letter
 
@@ -119,19 +127,6 @@ class RecordBuilder:
         origin = position(letter.source) if letter.source else None
         record = OutRecord(self.topics.dead_letter, key, _dumps(letter), origin)
         return Planned([record], Counter({f"dead_letter.{letter.code}": 1}))
-
-    def bad_record(self, exc: BadRecord, source: SourcePosition, value: bytes | None) -> Planned:
-        return self.letter(
-            DeadLetter(
-                code=exc.code,
-                reason=exc.message,
-                scope="item",
-                source=source,
-                # Capped: a dead letter must never be too large for the broker itself.
-                raw_b64=base64.b64encode(value[:_RAW_KEEP]).decode() if value else None,
-                raw_size=len(value) if value is not None else None,
-            )
-        )
 
     def internal_errors(
         self, batch_id: str, instances: list[Instance], error: Exception, attempts: int
@@ -416,3 +411,31 @@ def imported(
                     }
                 )
     return context
+
+
+def bad_record(exc: BadRecord, source: SourcePosition, value: bytes | None) -> DeadLetter:
+    return DeadLetter(
+        code=exc.code,
+        reason=exc.message,
+        scope="item",
+        source=source,
+        # Capped: a dead letter must never be too large for the broker itself.
+        raw_b64=base64.b64encode(value[:_RAW_KEEP]).decode() if value else None,
+        raw_size=len(value) if value is not None else None,
+    )
+
+
+def oversized(record: OutRecord, owner: Instance | None, limit: int, batch_id: str) -> DeadLetter:
+    """A dead letter in place of an output too large for the broker, with a capped copy
+    of it (so the letter itself always fits)."""
+    return DeadLetter(
+        code="too_large",
+        reason=f"an output for {record.topic} is {len(record.value)} bytes; the broker "
+        f"takes at most {limit} (settings.max_output_bytes)",
+        scope="item",
+        instance=owner.id if owner else None,
+        source=owner.source if owner else None,
+        batch_id=batch_id,
+        raw_b64=base64.b64encode(record.value[:_RAW_KEEP]).decode(),
+        raw_size=len(record.value),
+    )

@@ -75,15 +75,32 @@ async def test_revoked_partition_publishes_and_acks_nothing() -> None:
     assert {r.origin[1] for r in pub.records if r.origin} == {0}
 
 
-async def test_refused_publish_dead_letters_the_batch_instead_of_stalling() -> None:
+async def test_a_refused_record_dead_letters_its_item_only_and_nothing_stalls() -> None:
     pipe, pub = _pipeline()
     pub.refuse_next = 1
     acked: list[Any] = []
     await _feed(pipe, [(0, i, _item(i)) for i in range(5)], acked)
     letters = _decoded(pub, "deadletter")
-    assert [d["code"] for d in letters] == ["internal_error"] * 5
-    assert "MessageSizeTooLarge" in letters[0]["reason"]
+    assert [d["code"] for d in letters] == ["too_large"]  # the refused record's item alone
+    calls = _decoded(pub, "activity.moderateComment")
+    assert letters[0]["instance"] not in {c["instance"] for c in calls}
+    assert len(calls) == 4  # its batch-mates were published, not dead-lettered
     assert len(acked) == 5
+
+
+async def test_an_output_over_the_broker_limit_is_dead_lettered_before_it_is_sent() -> None:
+    pipe, pub = _pipeline()
+    pipe.delivery.max_output_bytes = 1200
+    big = "b" * 500  # an id is copied into each of its records: those outgrow the limit
+    acked: list[Any] = []
+    huge = orjson.dumps({"_instance": big, "comment": "a fine remark"})
+    await _feed(pipe, [(0, 0, huge), (0, 1, _item(1))], acked)
+    letters = _decoded(pub, "deadletter")
+    assert letters and {(d["code"], d["instance"]) for d in letters} == {("too_large", big)}
+    assert letters[0]["raw_size"] > 1200 and "max_output_bytes" in letters[0]["reason"]
+    sent = [orjson.loads(r.value) for r in pub.records if "deadletter" not in r.topic]
+    assert {s["instance"] for s in sent} == {"p-1"}  # its batch-mate went out as usual
+    assert len(acked) == 2
 
 
 async def test_latent_calls_are_never_published() -> None:
