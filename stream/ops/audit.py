@@ -32,7 +32,7 @@ class AuditReport(BaseModel):
     proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
     no_action: int
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
-    item_dead_letters: int
+    item_dead_letters: int = Field(description="Items that ended in a dead letter")
     instances_in_calls: list[str] = Field(default_factory=list, exclude=True)
 
     @property
@@ -62,6 +62,7 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
     seen_ids: set[str] = set()
     duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
     instances: list[str] = []
+    lettered: set[tuple[object, object, object]] = set()
 
     def mark(source: dict[str, object] | None) -> None:
         nonlocal unexpected
@@ -100,7 +101,12 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
         rec = orjson.loads(raw.value or b"{}")
         letters[rec.get("code", "?")] += 1
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
-            item_letters += 1
+            # Items, not records: a batch redone after a crash repeats its dead letters.
+            src = rec.get("source") or {}
+            where = (src.get("topic"), src.get("partition"), src.get("offset"))
+            if not src or where not in lettered:
+                item_letters += 1
+                lettered.add(where)
             mark(rec.get("source"))
     return AuditReport(
         inputs=len(inputs),

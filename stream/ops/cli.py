@@ -113,6 +113,7 @@ def _demo(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         example=example,
         llm=args.llm,
+        chaos=args.chaos,
     )
 
 
@@ -137,17 +138,27 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from stream.core.prompt import PromptBuilder
     from stream.ops.audit import audit
+    from stream.ops.workflow_audit import audit_workflows
     from stream.runtime.topics import activity_topics
 
     settings, spec, bootstrap = _configured()
     report = asyncio.run(audit(bootstrap, settings.topics, activity_topics(settings, spec)))
+    flows = None
+    if PromptBuilder(spec).stateful:  # workflows: done, dead-lettered, or pending and why
+        flows = asyncio.run(audit_workflows(bootstrap, settings))
     if args.json:
-        print(orjson.dumps(report.model_dump(), option=orjson.OPT_INDENT_2).decode())
+        out = report.model_dump() | ({"workflows": flows.model_dump()} if flows else {})
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
     else:
         print(report.summary())
         for topic, partition, offset in report.missing[:20]:
             print(f"missing: {topic}/{partition}/{offset}")
+        if flows is not None:
+            print("workflows:", orjson.dumps(flows.summary()).decode())
+            for p in flows.pending[:20]:
+                print(f"pending: {p.instance} {p.status} for {p.age_s}s: {p.reason}")
     return 0 if not report.missing and not report.unexpected else 1
 
 
@@ -240,6 +251,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="which example under examples/: moderation (default; seed_moderation with a "
         "real model), tickets (stateful), seed_moderation (one decision per comment)",
+    )
+    d.add_argument(
+        "--chaos",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SIGKILL the processor N times at random moments (restarting it each time), "
+        "then show the audit",
     )
     d.set_defaults(fn=_demo)
     sub.add_parser("process", help="run a processor (consumer group member)").set_defaults(

@@ -26,12 +26,14 @@ from aiokafka import AIOKafkaProducer
 from stream.activities.worker import Activities, load_activities
 from stream.core.spec import AgentSpec, load_spec
 from stream.ops.audit import AuditReport, audit
+from stream.ops.workflow_audit import audit_workflows
 from stream.runtime.security import options_for
 from stream.runtime.topics import activity_topics, ensure_product_topics, read_json
 from stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
 from stream.testing.broker import free_port, kafka_bootstrap
 from stream.testing.samples import comments, malformed_records, tickets
 from stream.testing.simulator import SimConfig
+from stream.tools.chaos import Chaos
 from stream.tools.target import Target, llm_target, processor_usage
 
 __all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
@@ -164,6 +166,7 @@ async def _demo(
     wait_s: float,
     say: Any,
     example: str,
+    chaos: int = 0,
 ) -> dict[str, Any]:
     web_port = free_port()
     settings, spec, proc = await launch_processor(
@@ -177,6 +180,8 @@ async def _demo(
         # A 135M model on two CPU cores writes ~30 tokens/s: a window of the example takes
         # minutes, not the seconds its spec allows a hosted model.
         **({"STREAM_LLM_TIMEOUT_S": "300"} if target.kind == "local" else {}),
+        # Under chaos the group must notice a killed member soon, not after 15 s.
+        **({"STREAM_SESSION_TIMEOUT_S": "6"} if chaos else {}),
     )
     prefix = settings.topic_prefix
     activities: Activities = load_activities(str(EXAMPLES / example / "activities.py"))
@@ -192,7 +197,11 @@ async def _demo(
         for i, (key, value, _) in enumerate(bad):
             records.insert((i + 1) * len(records) // (len(bad) + 1), (key, value))
         say(f"publishing {n} items ({len(bad)} malformed on purpose) to {settings.topics.input}")
+        monkey = Chaos(proc, chaos, say)
+        monkey_task = asyncio.create_task(monkey.run()) if chaos else None
         await produce(bootstrap, settings.topics.input, records)
+        if monkey_task is not None:
+            await monkey_task  # every kill done before the outcomes are counted
         report = await wait_accounted(bootstrap, settings, spec, n, wait_s, proc)
         if spec.plan is not None:
             await _wait_done(bootstrap, settings, n - len(bad), wait_s)
@@ -258,6 +267,12 @@ async def _demo(
         "audit": report.summary(),
         "topics_prefix": prefix,
         "llm": target.summary(),
+        **({"chaos": monkey.summary()} if chaos else {}),
+        **(
+            {"workflows": (await audit_workflows(bootstrap, settings)).summary()}
+            if spec.plan
+            else {}
+        ),
     }
 
 
@@ -268,6 +283,7 @@ def run_demo(
     latency_ms: float = 50.0,
     example: str = "moderation",
     llm: str = "simulator",
+    chaos: int = 0,
 ) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
@@ -278,7 +294,7 @@ def run_demo(
     ):
         say(f"broker {bootstrap}; {target.describe()}")
         wait_s = timeout or (180.0 if target.kind == "simulator" else 900.0)
-        result = asyncio.run(_demo(bootstrap, target, items, wait_s, say, example))
+        result = asyncio.run(_demo(bootstrap, target, items, wait_s, say, example, chaos))
     if not as_json:
         calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
         print(
@@ -301,6 +317,12 @@ def run_demo(
                 f"workflows done: {result['done']} in {result['turns']} turns, "
                 f"{result['awaited_calls']} awaited calls answered by activities\n"
                 if result["done"]
+                else ""
+            )
+            + (
+                f"chaos: {result['chaos']['kills_done']} SIGKILLs at {result['chaos']['at_s']}s, "
+                "each followed by a restart\n"
+                if "chaos" in result
                 else ""
             )
             + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s\n"

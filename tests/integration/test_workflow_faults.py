@@ -12,11 +12,14 @@ import os
 import random
 import secrets
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -132,3 +135,23 @@ async def test_kill_9_between_approval_and_publish_runs_the_approved_calls(
         await asyncio.sleep(0.5)
     assert [r["instance"] for r in ran] == ["t-000001"]
     assert ran[0]["call_id"] in proposals["t-000001"]["call_ids"]
+
+
+def test_chaos_demo_kills_the_processor_and_every_workflow_still_ends(bootstrap: str) -> None:
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    args = ["demo", "--example", "tickets", "--items", "30", "--chaos", "2", "--json"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "stream", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = orjson.loads(ran.stdout.strip().splitlines()[-1])
+    assert result["chaos"]["kills_done"] == 2
+    assert result["unaccounted"] == 0
+    assert result["done"] + result["dead_letters"] == 30  # 26 workflows, 4 malformed items
+    flows = result["workflows"]
+    assert flows["pending"] == 0 and flows["done"] == 26, flows
