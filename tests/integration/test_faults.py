@@ -37,10 +37,12 @@ async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) ->
     )
     second.start()  # joins the group: partitions move while batches are in flight
     try:
-        for _ in range(60):  # until the second has joined and holds partitions
+        for _ in range(120):  # until the second has joined and holds partitions
             if "Executing _on_partitions_assigned" in second.tail(400):
                 break
             await asyncio.sleep(0.25)
+        else:
+            pytest.fail(f"the second processor never joined the group:\n{second.tail()}")
         await dep.produce_items(_items(150, "rb2"))
         dep.proc.stop()  # the first leaves mid-flow: its partitions move again
         # the first exited on purpose: watch the second
@@ -51,6 +53,41 @@ async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) ->
     assert report.unexpected == 0
     assert report.calls_by_tool["moderateComment"] >= 300  # duplicates allowed, same ids
     assert report.item_dead_letters == 0
+
+
+async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
+    deploy: Deploy, tmp_path: Any
+) -> None:
+    dep = await deploy()
+    dep.sim.config.latency_ms = 300
+    await dep.produce_items(_items(100, "k1"))
+    second = ProcessorProcess(
+        {**dep.proc.env, "STREAM_WEB_PORT": str(_free_port())}, tmp_path / "second.log"
+    )
+    second.start()
+    try:
+        for _ in range(120):
+            if "Executing _on_partitions_assigned" in second.tail(400):
+                break
+            await asyncio.sleep(0.25)
+        else:
+            pytest.fail(f"the second processor never joined the group:\n{second.tail()}")
+        joined = second.tail(2000).count("Executing _on_partitions_assigned")
+        await dep.produce_items(_items(100, "k2"))
+        dep.proc.kill()  # kill -9: no goodbye; the group notices after the session timeout
+        report = await wait_accounted(dep.bootstrap, dep.settings, dep.spec, 200, 150, second)
+        # The second took the dead member's partitions in a later rebalance.
+        assert second.tail(4000).count("Executing _on_partitions_assigned") > joined
+    finally:
+        second.stop()
+    assert report.unaccounted == 0, report.missing[:5]
+    assert report.unexpected == 0 and report.item_dead_letters == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def test_llm_outage_pauses_and_drains_without_dead_letters(deploy: Deploy) -> None:
@@ -94,6 +131,20 @@ async def test_api_key_never_appears_in_logs_or_records(deploy: Deploy) -> None:
     await dep.produce(records)
     report = await dep.settle(21)
     assert report.unaccounted == 0
+    dep.sim.config.api_key = "sk-somebody-else"  # the account now refuses our key: 401
+    try:
+        await dep.produce_items(_items(5, "late"))
+        for _ in range(80):
+            if "refuses our requests" in dep.proc.tail(400):
+                break
+            await asyncio.sleep(0.25)
+        else:
+            pytest.fail(f"a 401 was never reported:\n{dep.proc.tail()}")
+        dep.sim.config.api_key = canary  # the key is accepted again: the stream resumes
+        report = await dep.settle(26)
+    finally:
+        dep.sim.config.api_key = None
+    assert report.unaccounted == 0 and report.item_dead_letters == 1  # only b"{broken"
     seen = dep.proc.tail(5000)
     topics = [
         dep.settings.topics.dead_letter,
@@ -104,5 +155,5 @@ async def test_api_key_never_appears_in_logs_or_records(deploy: Deploy) -> None:
     for topic in topics:
         async for rec in read_topic(dep.bootstrap, topic):
             seen += (rec.value or b"").decode("utf-8", "replace")
-    assert "LLM retriable failure" in seen  # the failures were logged...
+    assert "LLM retriable failure" in seen and "401" in seen  # the failures were logged...
     assert canary not in seen  # ...and the key was not
