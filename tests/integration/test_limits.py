@@ -1,13 +1,20 @@
-"""Records at the broker's limits, on the real broker: a huge key never crash-loops the
-worker, and its dead letter fits."""
+"""Records at the limits, on the real broker: a huge key never crash-loops the worker and
+its dead letter fits; an item over the token budget and an activity that keeps failing
+each end in their own dead letter."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+import yaml
 
+from stream.activities.worker import Activities
+from stream.settings import DEFAULT_SPEC
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,3 +39,55 @@ async def test_a_200_kb_key_is_dead_lettered_small_and_the_stream_goes_on(
     calls = await dep.records(dep.activity_topic("moderateComment"))
     assert [c["instance"] for c in calls] == ["after"]
     assert len(calls[0]["call_id"]) < 200
+
+
+async def test_an_item_over_the_token_budget_is_dead_lettered_too_large(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(DEFAULT_SPEC.read_text())
+    data.setdefault("window", {})["max_input_tokens"] = 3000
+    spec = tmp_path / "agent.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    dep = await deploy(spec_path=spec)
+    words = " ".join(f"word{i}" for i in range(4000))  # thousands of tokens, 40 KB
+    await dep.produce_items(
+        [{"_instance": "long", "comment": words}, {"_instance": "short", "comment": "nice"}]
+    )
+    report = await dep.settle(2)
+    assert report.unaccounted == 0
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    assert [(d["code"], d["source"]["key"]) for d in letters] == [("too_large", "long")]
+    assert "tokens" in letters[0]["reason"]
+    calls = await dep.records(dep.activity_topic("moderateComment"))
+    assert [c["instance"] for c in calls] == ["short"]
+
+
+async def test_an_activity_that_keeps_failing_is_dead_lettered_activity_failed(
+    deploy: Deploy,
+) -> None:
+    dep = await deploy()
+    registry = Activities()
+
+    @registry.activity("moderateComment")
+    async def broken(call: Any, tool: Any, context: Any) -> None:
+        raise RuntimeError("the moderation backend is down")
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    try:
+        await dep.produce_items([{"_instance": f"a-{i}", "comment": "fine"} for i in range(2)])
+        await dep.settle(2)
+        for _ in range(120):
+            letters = await dep.records(dep.settings.topics.dead_letter)
+            if len(letters) >= 2:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await worker
+    assert sorted((d["code"], d["instance"]) for d in letters) == [
+        ("activity_failed", "a-0"),
+        ("activity_failed", "a-1"),
+    ]
+    assert "the moderation backend is down" in letters[0]["reason"]
+    assert registry.failed == 2
