@@ -211,6 +211,7 @@ class Batcher:
         delivered: asyncio.Future[None],
     ) -> None:
         instances = [item.instance for item in items]
+        failed = False
         try:
             planned = await self._solved(batch_id, instances)
             if previous is not None:
@@ -228,9 +229,12 @@ class Batcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every fallback failed: never let a batch end unseen
+            # The ordering gate stays closed: a later batch must not publish before this
+            # one, which the group redoes after the worker stops.
+            failed = True
             await self.delivery.fatal(batch_id, exc)
         finally:
-            if not delivered.done():
+            if not failed and not delivered.done():
                 delivered.set_result(None)
             self.limiter.release()
             self.metrics.batch_ended()

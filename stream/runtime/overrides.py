@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import TopicPartition
 
@@ -61,6 +62,26 @@ class OverrideFollower:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def _apply(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Applies a batch of context messages as one change: all of it, or (should the
+        new spec fail to build or install) none of it."""
+        before = dict(self.messages)
+        for records in batch.values():
+            for rec in records:
+                if rec.key is not None:
+                    self.messages[rec.key.decode("utf-8", "replace")] = rec.value
+        if self.messages == before:
+            return
+        try:
+            spec, refused = apply_overrides(self.base, self.messages)
+            self.on_change(spec, refused)
+        except Exception:
+            self.messages = before  # the running configuration stays as it was
+            raise
+        log.info(
+            "context changed: %d advisors, %d global inputs", len(spec.advisors), len(spec.inputs)
+        )
+
     async def _run(self) -> None:
         consumer = clients.consumer(self.bootstrap)
         await consumer.start()
@@ -72,20 +93,11 @@ class OverrideFollower:
             for tp in tps:
                 consumer.seek(tp, self.ends.get(tp.partition, 0))
             while True:
-                batch = await consumer.getmany(timeout_ms=1000)
-                changed = False
-                for records in batch.values():
-                    for rec in records:
-                        if rec.key is not None:
-                            self.messages[rec.key.decode("utf-8", "replace")] = rec.value
-                            changed = True
-                if changed:
-                    spec, refused = apply_overrides(self.base, self.messages)
-                    log.info(
-                        "context changed: %d advisors, %d global inputs",
-                        len(spec.advisors),
-                        len(spec.inputs),
-                    )
-                    self.on_change(spec, refused)
+                try:
+                    batch = await consumer.getmany(timeout_ms=1000)
+                    self._apply(batch)
+                except Exception:  # the follower must outlive a bad message or a hiccup
+                    log.exception("context follower: this change was not applied")
+                    await asyncio.sleep(1.0)
         finally:
             await consumer.stop()

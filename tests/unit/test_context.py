@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import orjson
+import pytest
+from aiokafka import TopicPartition
 
 from stream.core.overrides import apply_overrides
-from stream.core.spec import load_spec
+from stream.core.spec import AgentSpec, load_spec
+from stream.runtime.overrides import OverrideFollower
 from stream.settings import DEFAULT_SPEC
 
 
@@ -69,3 +74,29 @@ def test_no_context_leaves_the_spec_as_it_was() -> None:
     spec = load_spec(DEFAULT_SPEC)
     merged, refused = apply_overrides(spec, {})
     assert merged == spec and refused == []
+
+
+def test_a_context_change_that_fails_to_install_leaves_the_running_one_as_it_was() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    installed: list[AgentSpec] = []
+
+    base_inputs = len(spec.inputs)
+
+    def install(new: AgentSpec, refused: object) -> None:
+        if len(new.inputs) > base_inputs + 1:
+            raise RuntimeError("cannot install")  # e.g. a budget the new spec cannot meet
+        installed.append(new)
+
+    follower = OverrideFollower("unused:9092", "ctx", spec, {}, {}, install)
+    tp = TopicPartition("ctx", 0)
+
+    def rec(key: str, value: dict[str, object]) -> SimpleNamespace:
+        return SimpleNamespace(key=key.encode(), value=orjson.dumps(value))
+
+    follower._apply({tp: [rec("g1", {"type": "input", "tone": "kind"})]})
+    assert len(installed) == 1 and set(follower.messages) == {"g1"}
+    assert len(installed[0].inputs) == base_inputs + 1
+    with pytest.raises(RuntimeError):
+        follower._apply({tp: [rec("g2", {"type": "input", "tone": "strict"})]})
+    assert set(follower.messages) == {"g1"}  # the failed change left no trace
+    assert len(installed) == 1
