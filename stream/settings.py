@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         description="An output record larger than this is dead-lettered instead of sent "
         "(keep it below the broker's message.max.bytes, 1048588 by default)",
     )
+    publish_timeout_ms: int = Field(
+        30_000,
+        ge=1000,
+        description="A publish unacknowledged this long is sent again (and again, until the "
+        "cluster answers: a batch waits out a broker outage, it is never dead-lettered)",
+    )
     state_retention_s: float = Field(
         86_400.0,
         gt=0,

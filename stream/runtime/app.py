@@ -131,7 +131,7 @@ def build_app(
         settings,
         merged,
         llm,
-        Publisher(bootstrap, probe=probe),
+        Publisher(bootstrap, probe=probe, request_timeout_ms=settings.publish_timeout_ms),
         metrics=metrics,
         limiter=limiter,
         workflow=workflow,

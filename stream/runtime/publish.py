@@ -64,9 +64,15 @@ class PublishError(StreamError):
 
 class Publisher:
     def __init__(
-        self, bootstrap: str, *, client_id: str = "stream-publisher", probe: Probe = NO_PROBE
+        self,
+        bootstrap: str,
+        *,
+        client_id: str = "stream-publisher",
+        probe: Probe = NO_PROBE,
+        request_timeout_ms: int = 30_000,
     ) -> None:
         self._bootstrap = bootstrap
+        self._request_timeout_ms = request_timeout_ms
         self._client_id = client_id
         self._probe = probe
         self._producer: AIOKafkaProducer | None = None
@@ -81,7 +87,7 @@ class Publisher:
             linger_ms=5,
             max_batch_size=1024 * 1024,
             max_request_size=8 * 1024 * 1024,
-            request_timeout_ms=30_000,
+            request_timeout_ms=self._request_timeout_ms,
         )
         await self._producer.start()
 

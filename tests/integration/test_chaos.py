@@ -318,3 +318,44 @@ async def test_broker_restart_clean_and_kill_9_loses_nothing(
             proc.stop()
             print(f"--- processor log (tail) ---\n{proc.tail(30)}")
         await asyncio.to_thread(broker.stop)
+
+
+async def test_broker_down_longer_than_the_publish_timeout_loses_nothing(
+    simulator: tuple[Simulator, str], tmp_path: Path
+) -> None:
+    """Publishes pending while the broker is away for three publish timeouts: they are
+    retried until it is back, never dead-lettered, and no offset passes them."""
+    sim, url = simulator
+    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 1000.0})
+    broker = LocalKafka(data_dir=tmp_path / "kafka")
+    await asyncio.to_thread(broker.start)
+    proc: ProcessorProcess | None = None
+    try:
+        settings, spec, proc = await launch_processor(
+            broker.bootstrap,
+            url,
+            f"l{secrets.token_hex(3)}.",
+            "stream-chaos-",
+            STREAM_COMMIT_INTERVAL="0.5",
+            STREAM_WEB_HOST="127.0.0.1",
+            STREAM_WEB_PORT=str(_free_port()),
+            STREAM_SESSION_TIMEOUT_S="6",
+            STREAM_PUBLISH_TIMEOUT_MS="3000",
+        )
+        dep = Deployment(broker.bootstrap, settings, spec, sim, proc)
+        await dep.produce_items(_items(200, "long"))
+        published = await _published_at_least(dep, 25, 60)
+        assert published < 200, "everything was published before the broker went down"
+        await asyncio.to_thread(broker.kill)
+        await asyncio.sleep(10)  # more than three publish timeouts
+        await asyncio.to_thread(broker.start)
+        report = await dep.settle(200, wait_s=180)
+        _assert_conserved(report)  # no item dead-lettered for the outage
+        letters = await dep.records(settings.topics.dead_letter)
+        assert letters == []
+        assert "Got error produce response" in proc.log_path.read_text(errors="replace")
+    finally:
+        if proc is not None:
+            proc.stop()
+            print(f"--- processor log (tail) ---\n{proc.tail(30)}")
+        await asyncio.to_thread(broker.stop)
