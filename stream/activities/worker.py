@@ -20,6 +20,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import signal
 import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,13 +35,13 @@ from stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
 from stream.core.spec import AgentSpec, Tool
 from stream.errors import SpecError
 from stream.ops.metrics import WorkerMetrics
-from stream.ops.web import WebServer
+from stream.ops.web import WebServer, claim_port
 from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.publish import OutRecord, Publisher
 from stream.settings import Settings
 
-__all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
+__all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of", "serve_forever"]
 
 log = logging.getLogger("stream.activities")
 
@@ -145,19 +146,31 @@ class Activities:
         await publisher.start()
         web = None
         if serve:
-            web = WebServer(self.metrics, lambda: True, settings.web_host, settings.web_port)
-            try:
-                await web.start()
-            except OSError as exc:
-                log.warning("metrics not served on port %d: %s", settings.web_port, exc)
-                web = None
+            # Ready once it consumes; a busy port is an error (see claim_port).
+            web = WebServer(self.metrics, lambda: True, settings.web_host, settings.worker_web_port)
         stop = stop or asyncio.Event()
+        slots = asyncio.Semaphore(settings.worker_concurrency)
+
+        async def one(value: bytes | None, tool: Tool) -> None:
+            async with slots:
+                await self._one(value, tool, settings, publisher)
+
         try:
+            if web is not None:
+                await web.start()
             while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=300)
-                for tp, records in batch.items():
-                    for rec in records:
-                        await self._one(rec.value, topics[tp.topic], settings, publisher)
+                # A fetch is handled whole before its commit: bounded by the concurrency.
+                batch = await consumer.getmany(
+                    timeout_ms=300, max_records=settings.worker_concurrency * 4
+                )
+                # Handled concurrently, committed together: at least once, as before.
+                await asyncio.gather(
+                    *(
+                        one(rec.value, topics[tp.topic])
+                        for tp, recs in batch.items()
+                        for rec in recs
+                    )
+                )
                 if batch:
                     await consumer.commit()
         finally:
@@ -241,6 +254,31 @@ class Activities:
         )
         self.answered += 1
         self.metrics.results.inc()
+
+
+def serve_forever(
+    registry: Activities, settings: Settings, spec: AgentSpec, bootstrap: str, group: str | None
+) -> int:
+    """`stream activities`: runs until SIGTERM or SIGINT, then finishes the handlers in
+    progress, commits and leaves the group (Kubernetes stops pods with SIGTERM)."""
+    claim_port(settings.web_host, settings.worker_web_port, "STREAM_WORKER_WEB_PORT")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info(
+            "activities worker: tools %s, concurrency %d, port %d",
+            sorted(registry.handlers),
+            settings.worker_concurrency,
+            settings.worker_web_port,
+        )
+        await registry.run(settings, spec, bootstrap, stop, group=group, serve=True)
+        log.info("activities worker stopped")
+
+    asyncio.run(main())
+    return 0
 
 
 def load_activities(target: str) -> Activities:
