@@ -75,6 +75,23 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
                 "maxReplicaCount": {"type": "integer", "minimum": 1},
                 "pollingInterval": {"type": "integer", "minimum": 1},
                 "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "scalingModifiers": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["formula", "target"],
+                            "properties": {
+                                "formula": {"type": "string"},
+                                "target": {"type": "string"},
+                                "activationTarget": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value"]},
+                            },
+                        },
+                    },
+                },
                 "triggers": {
                     "type": "array",
                     "minItems": 1,
@@ -85,6 +102,15 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
                         "properties": {
                             "type": {"type": "string"},
                             "name": {"type": "string"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {"type": "string"},
+                                },
+                            },
                             # KEDA's metadata is a map of strings: a YAML number fails.
                             "metadata": {
                                 "type": "object",
@@ -277,14 +303,17 @@ def test_compose_monitoring_profile_and_mounts() -> None:
 # ---------------------------------------------------------------- Prometheus and Grafana
 
 
-def test_prometheus_scrapes_every_processor_replica() -> None:
+@pytest.mark.parametrize(
+    ("service", "field"), [("processor", "web_port"), ("activities", "worker_web_port")]
+)
+def test_prometheus_scrapes_every_replica(service: str, field: str) -> None:
     config = _yaml(DEPLOY / "prometheus" / "prometheus.yml")
-    (job,) = config["scrape_configs"]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == f"stream-{service}"]
     assert job["metrics_path"] == "/metrics"
     (sd,) = job["dns_sd_configs"]
-    assert sd["port"] == METRICS_PORT
-    assert sd["names"] == ["processor"]
-    assert str(METRICS_PORT) in _compose()["services"]["processor"]["expose"]
+    assert sd["port"] == _default(field)
+    assert sd["names"] == [service]
+    assert str(_default(field)) in _compose()["services"][service]["expose"]
 
 
 def test_grafana_datasource_and_dashboard_folder_line_up() -> None:
@@ -521,9 +550,8 @@ def test_keda_scales_the_processor_up_to_the_partition_count() -> None:
         "overlay": int(_overlay_settings()["STREAM_PARTITIONS"]),
     }
     assert set(partitions.values()) == {scaled["maxReplicaCount"]}, partitions
-    (trigger,) = scaled["triggers"]
+    trigger = next(t for t in scaled["triggers"] if t["type"] == "kafka")
     meta = trigger["metadata"]
-    assert trigger["type"] == "kafka"
     assert meta["consumerGroup"] == _default("app_id")
     assert meta["topic"] == _default("input_topic")
     # The broker address KEDA reads is the one the processor gets.
