@@ -39,6 +39,7 @@ from stream.ops.web import WebServer, claim_port
 from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.publish import OutRecord, Publisher
+from stream.runtime.tracing import Headers, traceparent_of
 from stream.settings import Settings
 
 __all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of", "serve_forever"]
@@ -151,9 +152,9 @@ class Activities:
         stop = stop or asyncio.Event()
         slots = asyncio.Semaphore(settings.worker_concurrency)
 
-        async def one(value: bytes | None, tool: Tool) -> None:
+        async def one(rec: Any, tool: Tool) -> None:
             async with slots:
-                await self._one(value, tool, settings, publisher)
+                await self._one(rec.value, tool, settings, publisher, traceparent_of(rec.headers))
 
         try:
             if web is not None:
@@ -165,11 +166,7 @@ class Activities:
                 )
                 # Handled concurrently, committed together: at least once, as before.
                 await asyncio.gather(
-                    *(
-                        one(rec.value, topics[tp.topic])
-                        for tp, recs in batch.items()
-                        for rec in recs
-                    )
+                    *(one(rec, topics[tp.topic]) for tp, recs in batch.items() for rec in recs)
                 )
                 if batch:
                     await consumer.commit()
@@ -180,7 +177,12 @@ class Activities:
                 await web.stop()
 
     async def _one(
-        self, value: bytes | None, tool: Tool, settings: Settings, publisher: Publisher
+        self,
+        value: bytes | None,
+        tool: Tool,
+        settings: Settings,
+        publisher: Publisher,
+        trace: Headers = (),
     ) -> None:
         try:
             record = ActivityRecord.model_validate_json(value or b"")
@@ -196,7 +198,8 @@ class Activities:
             self.metrics.failed.labels(record.tool).inc()
             if record.call.output_path:
                 # The workflow must not wait for ever: it records the failure in state.
-                await self._answer(record, None, f"handler raised {exc!r}", settings, publisher)
+                error = f"handler raised {exc!r}"
+                await self._answer(record, None, error, settings, publisher, trace)
             log.exception("activity %s gave up on %s", record.tool, record.call_id)
             letter = DeadLetter(
                 code="activity_failed",
@@ -213,12 +216,13 @@ class Activities:
                         settings.topics.dead_letter,
                         record.instance.encode(),
                         orjson.dumps(letter.model_dump(mode="json", exclude_none=True)),
+                        headers=trace,
                     )
                 ]
             )
             return
         if record.call.output_path:
-            await self._answer(record, result, None, settings, publisher)
+            await self._answer(record, result, None, settings, publisher, trace)
 
     async def _answer(
         self,
@@ -227,6 +231,7 @@ class Activities:
         error: str | None,
         settings: Settings,
         publisher: Publisher,
+        trace: Headers = (),
     ) -> None:
         """Publishes an awaited call's result, to the partition of the instance's input:
         the processor that owns that partition owns the instance's state."""
@@ -249,6 +254,7 @@ class Activities:
                     record.instance.encode(),
                     answer.model_dump_json(exclude_none=True).encode(),
                     partition=record.source.partition,
+                    headers=trace,
                 )
             ]
         )

@@ -33,6 +33,7 @@ from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import Pipeline, limiter_for
 from stream.runtime.publish import Publisher
 from stream.runtime.security import faust_credentials
+from stream.runtime.tracing import TRACES
 from stream.settings import Settings
 
 __all__ = ["build_app", "run_processor"]
@@ -200,6 +201,7 @@ def _agents(
                     key=_shown_key(msg.key),
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
                 )
+                TRACES.remember((msg.topic, msg.partition, msg.offset), msg.headers)
                 await pipeline.offer(msg.value, msg.key, source, event.ack)
         finally:
             await web.stop()

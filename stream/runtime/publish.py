@@ -25,6 +25,7 @@ from stream.errors import StreamError
 from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.probe import NO_PROBE, Probe
+from stream.runtime.tracing import TRACES, Headers, TraceContext
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
@@ -40,6 +41,7 @@ class OutRecord:
     value: bytes
     origin: tuple[str, int, int] | None = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
+    headers: Headers = ()  # else the origin's traceparent (stream/runtime/tracing.py)
 
 
 # Errors about one record itself: retrying that record cannot help. Every other error
@@ -64,8 +66,14 @@ class PublishError(StreamError):
 
 class Publisher:
     def __init__(
-        self, bootstrap: str, *, client_id: str = "stream-publisher", probe: Probe = NO_PROBE
+        self,
+        bootstrap: str,
+        *,
+        client_id: str = "stream-publisher",
+        probe: Probe = NO_PROBE,
+        traces: TraceContext = TRACES,
     ) -> None:
+        self._traces = traces
         self._bootstrap = bootstrap
         self._client_id = client_id
         self._probe = probe
@@ -102,7 +110,11 @@ class Publisher:
                 try:
                     futures.append(
                         await self._producer.send(
-                            rec.topic, rec.value, key=rec.key, partition=rec.partition
+                            rec.topic,
+                            rec.value,
+                            key=rec.key,
+                            partition=rec.partition,
+                            headers=list(self._traces.headers(rec.origin, rec.headers)) or None,
                         )
                     )
                 except KafkaError as exc:
