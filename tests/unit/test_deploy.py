@@ -370,8 +370,15 @@ METRICS: dict[str, str | None] = {
     "stream_llm_retries_total": None,
     "stream_circuit_open": None,
     "stream_consumer_lag": "partition",
+    "stream_llm_in_flight_limit": None,
+    "stream_llm_requests_total": None,
+    # the activity workers'
+    "stream_activity_handled_total": "tool",
+    "stream_activity_failed_total": "tool",
+    "stream_activity_duplicates_total": None,
+    "stream_activity_results_total": None,
 }
-HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds"}
+HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds", "stream_activity_seconds"}
 
 
 def test_dashboard_plots_every_metric_with_its_labels() -> None:
@@ -390,6 +397,20 @@ def test_dashboard_plots_every_metric_with_its_labels() -> None:
         assert histogram not in used, f"{histogram} is a histogram: read _bucket/_sum/_count"
     known = set(METRICS) | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
     assert set(used) <= known, f"unknown metrics: {sorted(set(used) - known)}"
+
+
+def test_dashboard_queries_follow_the_namespace_and_job_variables() -> None:
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert set(variables) == {"namespace", "job"}
+    assert all(v["includeAll"] and v["allValue"] == ".*" for v in variables.values())
+    for query in _queries():
+
+        def visit(node: promql_parser.Expr, query: str = query) -> None:
+            if isinstance(node, promql_parser.VectorSelector):
+                found = {(m.name, m.value) for m in node.matchers.matchers}
+                assert {("namespace", "$namespace"), ("job", "$job")} <= found, query
+
+        promql_parser.walk(promql_parser.parse(query.replace("$__rate_interval", "1m")), visit)
 
 
 def test_dashboard_panels_are_distinct() -> None:
