@@ -158,3 +158,19 @@ def test_process_metrics_and_endpoint_health() -> None:
     assert not m.endpoint_ok
     m.on_circuit(False)
     assert m.endpoint_ok
+
+
+def test_process_refuses_a_busy_port_before_touching_the_network(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # never contacted
+        monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:1/v1")
+        monkeypatch.setenv("STREAM_WEB_HOST", "127.0.0.1")
+        monkeypatch.setenv("STREAM_WEB_PORT", str(port))
+        assert cli.main(["process"]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is busy" in err and "STREAM_WEB_PORT" in err
