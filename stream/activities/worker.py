@@ -42,7 +42,15 @@ from stream.runtime.publish import OutRecord, Publisher
 from stream.runtime.tracing import Headers, traceparent_of
 from stream.settings import Settings
 
-__all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of", "serve_forever"]
+__all__ = [
+    "Activities",
+    "Branch",
+    "Handler",
+    "load_activities",
+    "paths_of",
+    "serve_forever",
+    "spec_of_handlers",
+]
 
 log = logging.getLogger("stream.activities")
 
@@ -285,6 +293,18 @@ def serve_forever(
 
     asyncio.run(main())
     return 0
+
+
+def spec_of_handlers(registry: Activities) -> AgentSpec:
+    """A stand-in for the agent spec when a team has only its handlers: one tool per
+    handler, known by name only, on its default topic `activity.<name>`."""
+    tools = [
+        Tool(name=name, description="(declared by the handler; no agent spec loaded)")
+        for name in sorted(registry.handlers)
+    ]
+    if not tools:
+        raise SpecError("the Activities registry has no handlers")
+    return AgentSpec(name="activities", instructions="(activities worker)", tools=tools)
 
 
 def load_activities(target: str) -> Activities:

@@ -53,15 +53,23 @@ def _process(_: argparse.Namespace, settings: Settings) -> int:
 
 
 def _activities(args: argparse.Namespace, settings: Settings) -> int:
-    from stream.activities.worker import load_activities, serve_forever
+    from stream.activities.worker import load_activities, serve_forever, spec_of_handlers
 
-    spec, bootstrap = _configured(settings)
     overrides = {"worker_concurrency": args.concurrency, "worker_web_port": args.port}
     chosen = {k: v for k, v in overrides.items() if v is not None}
     if chosen:
         settings = settings.model_copy(update=chosen)
     registry = load_activities(args.module)
-    return serve_forever(registry, settings, spec, bootstrap, args.group)
+    if not args.no_spec:
+        spec, bootstrap = _configured(settings)
+        return serve_forever(registry, settings, spec, bootstrap, args.group)
+    if not args.group:
+        raise StreamError("--no-spec needs --group: name your team's consumer group")
+    if not settings.bootstrap_servers:
+        raise StreamError("no broker: set STREAM_BOOTSTRAP_SERVERS")
+    _secure(settings)
+    spec = spec_of_handlers(registry)
+    return serve_forever(registry, settings, spec, settings.bootstrap_servers, args.group)
 
 
 def _broker(args: argparse.Namespace, settings: Settings) -> int:

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--port", type=int, default=None, help="probes and metrics (STREAM_WORKER_WEB_PORT, 6067)"
     )
+    a.add_argument(
+        "--no-spec",
+        action="store_true",
+        help="without the processor's agent spec: consume activity.<handler name> topics; "
+        "handlers get a tool with only its name (needs --group)",
+    )
     ck = add("check", help="lint the spec and settings; start nothing")
     ck.add_argument(
         "--endpoint",

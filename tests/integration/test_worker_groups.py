@@ -1,5 +1,6 @@
-"""`stream activities` as people run it: two teams' workers (`--group`) each get every
-call; SIGTERM finishes, commits and exits 0."""
+"""`stream activities` as people run it: two teams' workers (`--group`; one of them
+without the processor's spec, `--no-spec`) each get every call; SIGTERM finishes,
+commits and exits 0."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ async def test_two_groups_each_get_every_call_and_sigterm_commits(
         command = [sys.executable, "-m", "stream", "activities", str(EXAMPLE), "--group"]
         command += [f"{settings.topic_prefix}{team}", "--concurrency", "3"]
         command += ["--port", str(_free_port())]
+        if team == "team-b":
+            command.append("--no-spec")  # a team with its handlers and nothing else
         workers[team] = _start(command, env)
     deadline = time.monotonic() + 60
     files = [tmp_path / f"{team}.jsonl" for team in workers]

@@ -174,3 +174,12 @@ def test_process_refuses_a_busy_port_before_touching_the_network(
         assert cli.main(["process"]) == 2
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is busy" in err and "STREAM_WEB_PORT" in err
+
+
+def test_a_worker_without_spec_needs_its_own_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = SPEC.parent / "activities.py"
+    monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # never contacted
+    assert cli.main(["activities", str(example), "--no-spec"]) == 2
+    assert "--no-spec needs --group" in capsys.readouterr().err
