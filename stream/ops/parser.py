@@ -28,6 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", help="agent spec file (STREAM_SPEC)")
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
+    # The setting flags work after the command too (`stream check --spec F`); SUPPRESS
+    # keeps a flag given before the command when it is not repeated after it.
+    for flag, text in (
+        ("--bootstrap-servers", "Kafka address (STREAM_BOOTSTRAP_SERVERS)"),
+        ("--topic-prefix", "prefix of every topic (STREAM_TOPIC_PREFIX)"),
+        ("--spec", "agent spec file (STREAM_SPEC)"),
+    ):
+        common.add_argument(flag, default=argparse.SUPPRESS, help=text)
     common.add_argument(
         "--log-level",
         type=str.upper,

@@ -38,6 +38,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_check_passes_on_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--spec", str(SPEC)]) == 0
     assert cli.main(["--spec", str(SPEC), "check"]) == 0
     out = capsys.readouterr().out
     assert "valid (moderation" in out
@@ -92,6 +93,14 @@ def test_flags_build_one_settings_object_and_leave_the_environment_alone(
     assert settings.spec == DEFAULT_SPEC
     assert os.environ["STREAM_TOPIC_PREFIX"] == "from-env."
     assert "STREAM_BOOTSTRAP_SERVERS" not in os.environ
+
+
+def test_setting_flags_work_before_and_after_the_command() -> None:
+    parse = build_parser().parse_args
+    assert parse(["--topic-prefix", "a.", "check"]).topic_prefix == "a."
+    assert parse(["check", "--topic-prefix", "b."]).topic_prefix == "b."
+    assert parse(["--topic-prefix", "a.", "audit", "--topic-prefix", "b."]).topic_prefix == "b."
+    assert parse(["audit"]).topic_prefix is None
 
 
 def test_log_level_is_per_command() -> None:
