@@ -5,8 +5,10 @@
 # Build stage: turn the source into a wheel, so the runtime image holds no build tree.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY stream ./stream
+# shipped inside the wheel as stream.examples (the default spec, the demo's examples)
+COPY examples ./examples
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -14,9 +14,17 @@ The sub-packages follow the data path (see docs/architecture.md):
 
 from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("instanced-stream")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+
+def _version() -> str:
+    # The product, or the activity workers' thin distribution (packages/activities).
+    for name in ("instanced-stream", "instanced-stream-activities"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "0+unknown"  # a source tree that was never installed
+
+
+__version__ = _version()
 
 __all__ = ["__version__"]

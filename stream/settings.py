@@ -13,10 +13,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.testing.faults import parse
 
-__all__ = ["DEFAULT_SPEC", "Settings", "Topics"]
+__all__ = ["DEFAULT_SPEC", "EXAMPLES", "Settings", "Topics", "examples_dir"]
 
-# The examples ship beside the package in a checkout (see README: install).
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+def examples_dir() -> Path:
+    """The bundled examples: inside the installed package (a wheel maps `examples/` to
+    `stream/examples`, see setup.py), else beside the package in a checkout."""
+    here = Path(__file__).resolve().parent
+    shipped = here / "examples"
+    return shipped if (shipped / "moderation").is_dir() else here.parent / "examples"
+
+
+EXAMPLES = examples_dir()
 DEFAULT_SPEC = EXAMPLES / "moderation" / "agent.yaml"
 
 
@@ -110,6 +118,19 @@ class Settings(BaseSettings):
     web_host: str = Field("0.0.0.0", description="Address of the metrics/health/live page")
     web_port: int = Field(
         6066, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and the page"
+    )
+    # Its own default, so a processor and a worker on one host both keep their probes.
+    worker_web_port: int = Field(
+        6067, ge=0, le=65535, description="Port of the activities worker's probes and metrics"
+    )
+    worker_concurrency: int = Field(
+        8, ge=1, description="Activity handlers an activities worker runs at once"
+    )
+    replication_factor: int | None = Field(
+        None, ge=1, description="Replicas of every topic the product creates; unset: broker default"
+    )
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="min.insync.replicas of created topics; unset: broker default"
     )
 
     # Kafka security: passed to every Kafka client the product creates (stream/security.py).

@@ -35,7 +35,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
     """A real Kafka broker: configured, or started by the project. Never skipped."""
-    with kafka_bootstrap() as address:
+    with kafka_bootstrap(Settings().bootstrap_servers) as address:
         yield address
 
 

@@ -20,6 +20,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import signal
 import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,13 +35,22 @@ from stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
 from stream.core.spec import AgentSpec, Tool
 from stream.errors import SpecError
 from stream.ops.metrics import WorkerMetrics
-from stream.ops.web import WebServer
+from stream.ops.web import WebServer, claim_port
 from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.publish import OutRecord, Publisher
+from stream.runtime.tracing import Headers, traceparent_of
 from stream.settings import Settings
 
-__all__ = ["Activities", "Branch", "Handler", "load_activities", "paths_of"]
+__all__ = [
+    "Activities",
+    "Branch",
+    "Handler",
+    "load_activities",
+    "paths_of",
+    "serve_forever",
+    "spec_of_handlers",
+]
 
 log = logging.getLogger("stream.activities")
 
@@ -145,19 +155,27 @@ class Activities:
         await publisher.start()
         web = None
         if serve:
-            web = WebServer(self.metrics, lambda: True, settings.web_host, settings.web_port)
-            try:
-                await web.start()
-            except OSError as exc:
-                log.warning("metrics not served on port %d: %s", settings.web_port, exc)
-                web = None
+            # Ready once it consumes; a busy port is an error (see claim_port).
+            web = WebServer(self.metrics, lambda: True, settings.web_host, settings.worker_web_port)
         stop = stop or asyncio.Event()
+        slots = asyncio.Semaphore(settings.worker_concurrency)
+
+        async def one(rec: Any, tool: Tool) -> None:
+            async with slots:
+                await self._one(rec.value, tool, settings, publisher, traceparent_of(rec.headers))
+
         try:
+            if web is not None:
+                await web.start()
             while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=300)
-                for tp, records in batch.items():
-                    for rec in records:
-                        await self._one(rec.value, topics[tp.topic], settings, publisher)
+                # A fetch is handled whole before its commit: bounded by the concurrency.
+                batch = await consumer.getmany(
+                    timeout_ms=300, max_records=settings.worker_concurrency * 4
+                )
+                # Handled concurrently, committed together: at least once, as before.
+                await asyncio.gather(
+                    *(one(rec, topics[tp.topic]) for tp, recs in batch.items() for rec in recs)
+                )
                 if batch:
                     await consumer.commit()
         finally:
@@ -167,7 +185,12 @@ class Activities:
                 await web.stop()
 
     async def _one(
-        self, value: bytes | None, tool: Tool, settings: Settings, publisher: Publisher
+        self,
+        value: bytes | None,
+        tool: Tool,
+        settings: Settings,
+        publisher: Publisher,
+        trace: Headers = (),
     ) -> None:
         try:
             record = ActivityRecord.model_validate_json(value or b"")
@@ -183,7 +206,8 @@ class Activities:
             self.metrics.failed.labels(record.tool).inc()
             if record.call.output_path:
                 # The workflow must not wait for ever: it records the failure in state.
-                await self._answer(record, None, f"handler raised {exc!r}", settings, publisher)
+                error = f"handler raised {exc!r}"
+                await self._answer(record, None, error, settings, publisher, trace)
             log.exception("activity %s gave up on %s", record.tool, record.call_id)
             letter = DeadLetter(
                 code="activity_failed",
@@ -200,12 +224,13 @@ class Activities:
                         settings.topics.dead_letter,
                         record.instance.encode(),
                         orjson.dumps(letter.model_dump(mode="json", exclude_none=True)),
+                        headers=trace,
                     )
                 ]
             )
             return
         if record.call.output_path:
-            await self._answer(record, result, None, settings, publisher)
+            await self._answer(record, result, None, settings, publisher, trace)
 
     async def _answer(
         self,
@@ -214,6 +239,7 @@ class Activities:
         error: str | None,
         settings: Settings,
         publisher: Publisher,
+        trace: Headers = (),
     ) -> None:
         """Publishes an awaited call's result, to the partition of the instance's input:
         the processor that owns that partition owns the instance's state."""
@@ -236,11 +262,49 @@ class Activities:
                     record.instance.encode(),
                     answer.model_dump_json(exclude_none=True).encode(),
                     partition=record.source.partition,
+                    headers=trace,
                 )
             ]
         )
         self.answered += 1
         self.metrics.results.inc()
+
+
+def serve_forever(
+    registry: Activities, settings: Settings, spec: AgentSpec, bootstrap: str, group: str | None
+) -> int:
+    """`stream activities`: runs until SIGTERM or SIGINT, then finishes the handlers in
+    progress, commits and leaves the group (Kubernetes stops pods with SIGTERM)."""
+    claim_port(settings.web_host, settings.worker_web_port, "STREAM_WORKER_WEB_PORT")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info(
+            "activities worker: tools %s, concurrency %d, port %d",
+            sorted(registry.handlers),
+            settings.worker_concurrency,
+            settings.worker_web_port,
+        )
+        await registry.run(settings, spec, bootstrap, stop, group=group, serve=True)
+        log.info("activities worker stopped")
+
+    asyncio.run(main())
+    return 0
+
+
+def spec_of_handlers(registry: Activities) -> AgentSpec:
+    """A stand-in for the agent spec when a team has only its handlers: one tool per
+    handler, known by name only, on its default topic `activity.<name>`."""
+    tools = [
+        Tool(name=name, description="(declared by the handler; no agent spec loaded)")
+        for name in sorted(registry.handlers)
+    ]
+    if not tools:
+        raise SpecError("the Activities registry has no handlers")
+    return AgentSpec(name="activities", instructions="(activities worker)", tools=tools)
 
 
 def load_activities(target: str) -> Activities:

@@ -6,6 +6,7 @@ instead of failing on the first batch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stream.core.interpolate import interpolate
 from stream.errors import SpecError
 
 __all__ = [
@@ -271,6 +273,7 @@ def load_spec(path: Path) -> AgentSpec:
         raise SpecError(f"agent spec {path} is not valid YAML/JSON: {exc}") from exc
     if isinstance(data, dict):
         data = _yaml_on_key(data)
+    data = interpolate(data, os.environ, f"agent spec {path}")
     try:
         return AgentSpec.model_validate(data)
     except ValidationError as exc:

@@ -6,18 +6,51 @@ Shipped as `stream audit` so users can run the same check against their own topi
 
 from __future__ import annotations
 
+import re
+import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
 
 from stream.core.messages import ITEM_CODES
+from stream.errors import StreamError
 from stream.runtime.topics import read_topic
 from stream.settings import Topics
 
-__all__ = ["AuditReport", "audit"]
+__all__ = ["AuditReport", "Since", "audit", "parse_since"]
 
 Position = tuple[str, int, int]
+
+# Where an audit starts: an offset on every input partition, or a time (epoch ms).
+Since = tuple[Literal["offset", "time"], int]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Outcomes carry the processor's clock, inputs the producer's: read outcomes from a little
+# earlier so a skewed clock does not hide them (earlier ones are simply ignored).
+_SKEW_MS = 300_000
+
+
+def parse_since(text: str) -> Since:
+    """`1200` (an offset), `30m`/`2h`/`1d` (that long ago) or an ISO time (UTC if bare)."""
+    text = text.strip()
+    if text.isdigit():
+        return ("offset", int(text))
+    ago = re.fullmatch(r"(\d+)([smhd])", text)
+    if ago:
+        return ("time", int((time.time() - int(ago[1]) * _UNITS[ago[2]]) * 1000))
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise StreamError(
+            f"--since {text!r}: give an offset (1200), a duration (30m, 2h, 1d) or an ISO time"
+        ) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return ("time", int(when.timestamp() * 1000))
 
 
 class AuditReport(BaseModel):
@@ -48,13 +81,28 @@ class AuditReport(BaseModel):
         )
 
 
-async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> AuditReport:
+async def audit(
+    bootstrap: str, topics: Topics, activity_topics: list[str], since: Since | None = None
+) -> AuditReport:
     """Reads the input topic and every outcome topic (activity, review, no-action, dead
-    letters) and reports which input items have no outcome."""
+    letters) and reports which input items have no outcome. With `since`, only input
+    records from there on, and outcomes from (a little before) their time."""
     input_topic = topics.input
     inputs: set[Position] = set()
-    async for rec in read_topic(bootstrap, input_topic):
+    first: dict[int, int] = {}  # per input partition, the first offset audited
+    oldest: int | None = None
+    start_ms = since[1] if since and since[0] == "time" else None
+    start_offset = since[1] if since and since[0] == "offset" else None
+    async for rec in read_topic(bootstrap, input_topic, start_ms, start_offset):
         inputs.add((input_topic, rec.partition, rec.offset))
+        first[rec.partition] = min(first.get(rec.partition, rec.offset), rec.offset)
+        oldest = rec.timestamp if oldest is None else min(oldest, rec.timestamp)
+    outcomes_ms = None if since is None else (oldest or int(time.time() * 1000)) - _SKEW_MS
+
+    async def outcomes(topic: str) -> AsyncIterator[Any]:
+        async for raw in read_topic(bootstrap, topic, outcomes_ms):
+            yield orjson.loads(raw.value or b"{}")
+
     accounted: set[Position] = set()
     unexpected = 0
     calls: Counter[str] = Counter()
@@ -71,14 +119,15 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
         pos = (str(source["topic"]), int(source["partition"]), int(source["offset"]))  # type: ignore[call-overload]
         if pos[0] != input_topic:
             return
+        if since is not None and pos[2] < first.get(pos[1], pos[2] + 1):
+            return  # the outcome of an item before the audited range
         if pos in inputs:
             accounted.add(pos)
         else:
             unexpected += 1
 
     for topic in [*activity_topics, topics.review]:
-        async for raw in read_topic(bootstrap, topic):
-            rec = orjson.loads(raw.value or b"{}")
+        async for rec in outcomes(topic):
             if rec.get("call_id") in seen_ids:
                 duplicates += 1
                 continue
@@ -91,14 +140,13 @@ async def audit(bootstrap: str, topics: Topics, activity_topics: list[str]) -> A
                 fire_and_forget += 1
             instances.append(str(rec.get("instance")))
             mark(rec.get("source"))
-    async for raw in read_topic(bootstrap, topics.no_action):
+    async for rec in outcomes(topics.no_action):
         no_action += 1
-        mark(orjson.loads(raw.value or b"{}").get("source"))
-    async for raw in read_topic(bootstrap, topics.proposals):
+        mark(rec.get("source"))
+    async for rec in outcomes(topics.proposals):
         proposals += 1  # a lazy plan's outcome: the proposal waits for a person
-        mark(orjson.loads(raw.value or b"{}").get("source"))
-    async for raw in read_topic(bootstrap, topics.dead_letter):
-        rec = orjson.loads(raw.value or b"{}")
+        mark(rec.get("source"))
+    async for rec in outcomes(topics.dead_letter):
         letters[rec.get("code", "?")] += 1
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
             # Items, not records: a batch redone after a crash repeats its dead letters.

@@ -11,7 +11,15 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 __all__ = ["Metrics", "WorkerMetrics"]
 
@@ -19,9 +27,18 @@ _SIZES = (1, 2, 5, 10, 25, 50, 100, 200, 500)
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
+def _registry() -> CollectorRegistry:
+    """Our own registry, plus the process_* (CPU, memory, open files) and python_info
+    series every Prometheus target is expected to export."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
 class Metrics:
     def __init__(self, price_in: float = 0.0, price_out: float = 0.0) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = _registry()
         r = self.registry
         self.items_in = Counter("stream_items_in", "Input records taken", registry=r)
         self.calls_out = Counter("stream_calls_out", "Calls published", ["tool"], registry=r)
@@ -90,6 +107,8 @@ class Metrics:
         self.batches = 0
         self.flying = 0
         self.limit = 0.0
+        self._circuit = self._refused = False
+        self._lagging: set[int] = set()
 
     def batch_started(self) -> None:
         self.flying += 1
@@ -122,11 +141,27 @@ class Metrics:
         self.limit = limit
         self.in_flight_limit.set(int(limit))
 
+    def set_lag(self, lags: Mapping[int, int]) -> None:
+        """Lag of the partitions owned now; a revoked partition's series is removed, so
+        no stale figure stays behind for the new owner's to double."""
+        for gone in self._lagging - lags.keys():
+            self.lag.remove(str(gone))
+        for partition, lag in lags.items():
+            self.lag.labels(str(partition)).set(lag)
+        self._lagging = set(lags)
+
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
+        self._circuit = is_open
 
     def on_refused(self, status: int | None) -> None:
         self.refused.set(status or 0)
+        self._refused = bool(status)
+
+    @property
+    def endpoint_ok(self) -> bool:
+        """False while the endpoint refuses the key or model, or its circuit is open."""
+        return not (self._circuit or self._refused)
 
     def count(self, events: Mapping[str, int]) -> None:
         """Counts named events: `calls.<tool>`, `dead_letter.<code>`, `refused.<code>`,
@@ -208,7 +243,7 @@ class WorkerMetrics:
     """An activity worker's metrics: what its handlers did."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = _registry()
         r = self.registry
         self.handled = Counter("stream_activity_handled", "Calls handled", ["tool"], registry=r)
         self.failed = Counter(

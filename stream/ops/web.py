@@ -8,6 +8,7 @@ probes must answer even while faust is rebalancing.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
@@ -16,7 +17,25 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-__all__ = ["WebServer"]
+from stream.errors import StreamError
+
+__all__ = ["WebServer", "claim_port"]
+
+
+def claim_port(host: str, port: int, setting: str) -> None:
+    """Refuses to start on a busy port: a second process on one host would otherwise run
+    without probes and metrics, which nobody notices until an incident."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # aiohttp binds with SO_REUSEADDR too: a socket in TIME_WAIT is not "busy".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise StreamError(
+                f"port {port} on {host} is busy ({exc.strerror}): set {setting} to a free port"
+            ) from exc
 
 
 class _Source(Protocol):
@@ -45,7 +64,11 @@ class WebServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise StreamError(f"port {self.port} on {self.host} is busy: {exc.strerror}") from exc
 
     async def stop(self) -> None:
         if self._runner is not None:

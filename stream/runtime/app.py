@@ -33,6 +33,7 @@ from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import Pipeline, limiter_for
 from stream.runtime.publish import Publisher
 from stream.runtime.security import faust_credentials
+from stream.runtime.tracing import TRACES
 from stream.settings import Settings
 
 __all__ = ["build_app", "run_processor"]
@@ -142,7 +143,8 @@ def build_app(
     app.drain = lambda: pipeline.drain(settings.drain_s)
     web = WebServer(
         metrics,
-        lambda: pipeline.started and not app.rebalancing,
+        # Ready means decisions flow: not while the endpoint refuses us or keeps failing.
+        lambda: pipeline.started and not app.rebalancing and metrics.endpoint_ok,
         settings.web_host,
         settings.web_port,
     )
@@ -199,6 +201,7 @@ def _agents(
                     key=_shown_key(msg.key),
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
                 )
+                TRACES.remember((msg.topic, msg.partition, msg.offset), msg.headers)
                 await pipeline.offer(msg.value, msg.key, source, event.ack)
         finally:
             await web.stop()
@@ -249,13 +252,13 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
 
     @app.timer(5.0)  # type: ignore[untyped-decorator]
     async def lag() -> None:
+        lags = {}
         for tp in app.consumer.assignment():
             if tp.topic == settings.topics.input:
                 high = app.consumer.highwater(tp) or 0
                 done = pipeline.ledger.commit_point((tp.topic, tp.partition))
-                pipeline.metrics.lag.labels(str(tp.partition)).set(
-                    max(0, high - (done if done is not None else high))
-                )
+                lags[tp.partition] = max(0, high - (done if done is not None else high))
+        pipeline.metrics.set_lag(lags)
 
     @app.timer(30.0)  # type: ignore[untyped-decorator]
     async def report() -> None:
@@ -296,11 +299,13 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     topic, then runs the faust worker until it is stopped."""
     from stream.llm.factory import check_llm, endpoint, resolve_api_key
     from stream.ops.logs import json_handler
+    from stream.ops.web import claim_port
     from stream.runtime.overrides import load_overrides
-    from stream.runtime.topics import ensure_product_topics
+    from stream.runtime.topics import check_partitions, ensure_product_topics
 
     llm_url = endpoint(settings, spec)
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
     probe: Probe = NO_PROBE
     if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
         from stream.testing.faults import FaultProbe, arm
@@ -311,6 +316,8 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     async def prepare() -> tuple[Messages, dict[int, int]]:
         await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
+        if PromptBuilder(spec).stateful:
+            await check_partitions(bootstrap, settings)
         return await load_overrides(bootstrap, settings.topics.context)
 
     overrides = asyncio.run(prepare())

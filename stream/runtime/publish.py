@@ -25,6 +25,7 @@ from stream.errors import StreamError
 from stream.retry import RetryPolicy
 from stream.runtime import clients
 from stream.runtime.probe import NO_PROBE, Probe
+from stream.runtime.tracing import TRACES, Headers, TraceContext
 
 __all__ = ["OutRecord", "PublishError", "Publisher"]
 
@@ -40,6 +41,7 @@ class OutRecord:
     value: bytes
     origin: tuple[str, int, int] | None = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
+    headers: Headers = ()  # else the origin's traceparent (stream/runtime/tracing.py)
 
 
 # Errors about one record itself: retrying that record cannot help. Every other error
@@ -70,7 +72,9 @@ class Publisher:
         client_id: str = "stream-publisher",
         probe: Probe = NO_PROBE,
         request_timeout_ms: int = 30_000,
+        traces: TraceContext = TRACES,
     ) -> None:
+        self._traces = traces
         self._bootstrap = bootstrap
         self._request_timeout_ms = request_timeout_ms
         self._client_id = client_id
@@ -108,7 +112,11 @@ class Publisher:
                 try:
                     futures.append(
                         await self._producer.send(
-                            rec.topic, rec.value, key=rec.key, partition=rec.partition
+                            rec.topic,
+                            rec.value,
+                            key=rec.key,
+                            partition=rec.partition,
+                            headers=list(self._traces.headers(rec.origin, rec.headers)) or None,
                         )
                     )
                 except KafkaError as exc:

@@ -14,14 +14,17 @@ from typing import Any
 import orjson
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.admin import NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stream.core.spec import AgentSpec
+from stream.errors import StreamError
 from stream.runtime import clients
 from stream.settings import Settings
 
 __all__ = [
     "activity_topics",
+    "check_partitions",
     "ensure_product_topics",
     "ensure_topics",
     "partitions",
@@ -32,6 +35,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("stream.topics")
+
+_DEFAULT_RF = "default.replication.factor"
 
 
 def state_changelog(settings: Settings) -> str:
@@ -56,38 +61,83 @@ def product_topics(settings: Settings, spec: AgentSpec) -> list[str]:
 
 async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentSpec) -> None:
     """Every topic the product uses; the context topic is compacted, one partition, so
-    every processor reads all of it in order."""
-    await ensure_topics(bootstrap, product_topics(settings, spec), settings.partitions)
+    every processor reads all of it in order. Replication and min.insync.replicas come
+    from the settings; unset, the broker's defaults apply."""
+    durable = {"replication": settings.replication_factor}
+    isr = settings.min_insync_replicas
+    plain = {"min.insync.replicas": str(isr)} if isr else {}
+    compact = {**plain, "cleanup.policy": "compact"}
     await ensure_topics(
-        bootstrap, [settings.topics.context], 1, config={"cleanup.policy": "compact"}
+        bootstrap, product_topics(settings, spec), settings.partitions, config=plain, **durable
     )
+    await ensure_topics(bootstrap, [settings.topics.context], 1, config=compact, **durable)
     # The state table's changelog, co-partitioned with the input topic: each instance's
     # state is written to its input's partition.
     await ensure_topics(
-        bootstrap,
-        [state_changelog(settings)],
-        settings.partitions,
-        config={"cleanup.policy": "compact"},
+        bootstrap, [state_changelog(settings)], settings.partitions, config=compact, **durable
     )
+
+
+async def check_partitions(bootstrap: str, settings: Settings) -> None:
+    """A stateful workflow routes results and approvals by the input's partition number,
+    and its state table's changelog shares the input's partitioning: once the input
+    topic has more partitions than the changelog (someone added some), instances would
+    be cut off from their state. Refuse to start instead (README: growing a stateful
+    deployment)."""
+    t = settings.topics
+    counts = {
+        name: len(await partitions(bootstrap, name))
+        for name in (t.input, t.results, t.approvals, state_changelog(settings))
+    }
+    # Not listed yet: created a moment ago, with STREAM_PARTITIONS.
+    counts = {name: n for name, n in counts.items() if n}
+    counts[f"STREAM_PARTITIONS={settings.partitions}"] = settings.partitions
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}: {n}" for name, n in counts.items())
+        raise StreamError(
+            f"a stateful spec needs one partition count everywhere, found {shown}: "
+            "partitions were added or STREAM_PARTITIONS changed; see README, "
+            "'Growing a stateful deployment'"
+        )
+
+
+async def _default_replication(admin: Any) -> int:
+    """The broker's default.replication.factor (the CreateTopics versions aiokafka speaks
+    cannot ask the broker to choose), else 1."""
+    try:
+        broker = next(iter(admin._client.cluster.brokers())).nodeId
+        [response] = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(broker), {_DEFAULT_RF: None})]
+        )
+        for resource in response.resources:
+            for entry in resource[4]:
+                if entry[0] == _DEFAULT_RF:
+                    return int(entry[1])
+    except Exception:
+        log.warning("broker default replication factor unknown; using 1", exc_info=True)
+    return 1
 
 
 async def ensure_topics(
     bootstrap: str,
     names: Iterable[str],
     count: int,
-    replication: int = 1,
+    replication: int | None = 1,
     config: dict[str, str] | None = None,
 ) -> list[str]:
-    """Creates the missing ones; returns what was created. Existing topics are left alone."""
+    """Creates the missing ones; returns what was created. Existing topics are left alone.
+    `replication` None: the broker's default."""
     admin = clients.admin(bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         missing = [n for n in dict.fromkeys(names) if n not in existing]
         if missing:
+            replication = replication or await _default_replication(admin)
             # Another replica may have created one first: that is fine.
+            response = None
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
+                response = await admin.create_topics(
                     [
                         NewTopic(
                             n,
@@ -98,10 +148,23 @@ async def ensure_topics(
                         for n in missing
                     ]
                 )
+            _raise_refusals(response)
             log.info("created topics %s with %d partitions", missing, count)
         return missing
     finally:
         await admin.close()
+
+
+def _raise_refusals(response: Any) -> None:
+    """The broker answers per topic; a refused one (say, more replicas than brokers) must
+    stop the start with its reason, not leave a topic missing without a word."""
+    refused = [
+        f"{err[0]}: {err[2] if len(err) > 2 and err[2] else f'error {err[1]}'}"
+        for err in getattr(response, "topic_errors", [])
+        if err[1] not in (0, TopicAlreadyExistsError.errno)
+    ]
+    if refused:
+        raise StreamError("the broker refused to create topics: " + "; ".join(refused))
 
 
 async def partitions(bootstrap: str, topic: str) -> list[int]:
@@ -124,8 +187,12 @@ async def partitions(bootstrap: str, topic: str) -> list[int]:
     )
 
 
-async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
-    """Yields every record on a topic, from the beginning up to its end at the call."""
+async def read_topic(
+    bootstrap: str, topic: str, since_ms: int | None = None, since_offset: int | None = None
+) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """Yields every record on a topic up to its end at the call: from the beginning, or
+    from the first record at or after `since_ms` (epoch ms), or from `since_offset` on
+    every partition (so a scheduled reader need not hold what retention keeps)."""
     tps = [TopicPartition(topic, p) for p in await partitions(bootstrap, topic)]
     if not tps:
         return
@@ -136,6 +203,17 @@ async def read_topic(bootstrap: str, topic: str) -> AsyncIterator[ConsumerRecord
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         todo = {tp for tp in tps if ends[tp] > 0}
+        if since_ms is not None:
+            found = await consumer.offsets_for_times(dict.fromkeys(todo, since_ms))
+            todo = {tp for tp in todo if found.get(tp) is not None}
+            for tp in todo:
+                consumer.seek(tp, found[tp].offset)
+        elif since_offset is not None:
+            for tp in list(todo):
+                if since_offset >= ends[tp]:
+                    todo.discard(tp)
+                elif since_offset > await consumer.position(tp):
+                    consumer.seek(tp, since_offset)
         while todo:
             batch = await consumer.getmany(*todo, timeout_ms=1000)
             for tp, records in batch.items():

@@ -355,11 +355,11 @@ def docker_available() -> bool:
 
 
 @contextlib.contextmanager
-def kafka_bootstrap(env_var: str = "STREAM_BOOTSTRAP_SERVERS") -> Iterator[str]:
-    """Yield a bootstrap address, starting a broker only when none is configured."""
-    configured = os.environ.get(env_var)
+def kafka_bootstrap(configured: str | None = None) -> Iterator[str]:
+    """Yield a bootstrap address: `configured` (the settings' bootstrap_servers), else a
+    broker started here (Docker, or the local jars)."""
     if configured:
-        log.info("using Kafka at %s (from %s)", configured, env_var)
+        log.info("using Kafka at %s", configured)
         yield configured
         return
     if docker_available():

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import tempfile
 import time
@@ -360,13 +359,14 @@ async def bench_session(
     paced_s: float,
     spec: dict[str, Any],
     llm: str = "simulator",
+    model: str | None = None,
 ) -> AsyncIterator[Bench]:
     """The simulator as its own process (so its work does not share our GIL), or the
     real model `llm` names (see stream.tools.target)."""
     items = bench_items(n)
     with _workdir() as workdir:
         if llm != "simulator":
-            with llm_target(llm, model=os.environ.get("STREAM_LLM_MODEL")) as target:
+            with llm_target(llm, model=model) as target:
                 yield Bench(bootstrap, None, target, workdir, spec, items, endpoint, cap_s, paced_s)
             return
         sim = SimProcess(workdir)
@@ -391,10 +391,12 @@ async def run_bench(
     scaling: bool = False,
     spec: dict[str, Any] | None = None,
     llm: str = "simulator",
+    model: str | None = None,
 ) -> list[Result]:
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
-    async with bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec, llm) as bench:
+    session = bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model)
+    async with session as bench:
         await bench.passthrough(partitions)
         if bench.sim is not None:
             await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))

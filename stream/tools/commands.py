@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,13 @@ from typing import Any
 import orjson
 
 from stream.errors import StreamError
+from stream.settings import Settings
 from stream.tools.bench import Endpoint
 
 __all__ = ["bench", "evaluate", "soak"]
 
 
-def bench(args: argparse.Namespace) -> int:
+def bench(args: argparse.Namespace, settings: Settings) -> int:
     from stream.testing.broker import kafka_bootstrap
     from stream.tools.bench import bench_spec, results_json, run_bench
     from stream.tools.report import markdown, plots
@@ -31,11 +31,12 @@ def bench(args: argparse.Namespace) -> int:
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.soak:
-        return soak(args, endpoint)
+        return soak(args, endpoint, settings)
     windows = tuple(int(w) for w in args.windows.split(","))
-    spec = bench_spec(Path(os.environ["STREAM_SPEC"])) if "STREAM_SPEC" in os.environ else None
+    # The bench's own default spec unless one was chosen (flag, STREAM_SPEC or .env).
+    spec = bench_spec(settings.spec) if "spec" in settings.model_fields_set else None
     out = Path(args.out)
-    with kafka_bootstrap() as bootstrap:
+    with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
         results = asyncio.run(
             run_bench(
                 bootstrap,
@@ -47,6 +48,7 @@ def bench(args: argparse.Namespace) -> int:
                 scaling=args.scaling,
                 spec=spec,
                 llm=args.endpoint or args.llm,
+                model=settings.llm_model,
             )
         )
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
@@ -60,12 +62,12 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
+def soak(args: argparse.Namespace, endpoint: Endpoint, settings: Settings) -> int:
     from stream.testing.broker import kafka_bootstrap
     from stream.tools.soak import markdown, plot, run_soak
 
     out = Path(args.out)
-    with kafka_bootstrap() as bootstrap:
+    with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
         result = asyncio.run(run_soak(bootstrap, args.soak, endpoint, args.rate))
     table = markdown(result, "stream bench " + " ".join(sys.argv[2:]))
     (out / "soak.md").write_text(table)
@@ -74,16 +76,14 @@ def soak(args: argparse.Namespace, endpoint: Endpoint) -> int:
     return 0
 
 
-def evaluate(args: argparse.Namespace) -> int:
+def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from stream.core.spec import load_spec
     from stream.llm.client import LLM
     from stream.runtime.processor import resolve_api_key
-    from stream.settings import Settings
     from stream.tools.eval import disagreements, load_items, markdown
     from stream.tools.eval import evaluate as run_eval
     from stream.tools.target import llm_target
 
-    settings = Settings()
     spec = load_spec(settings.spec)
     try:
         items = load_items(Path(args.file))

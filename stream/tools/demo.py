@@ -284,13 +284,16 @@ def run_demo(
     example: str = "moderation",
     llm: str = "simulator",
     chaos: int = 0,
+    settings: Settings | None = None,
 ) -> int:
+    settings = settings or Settings()
+
     def say(msg: str) -> None:
         print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
     with (
-        kafka_bootstrap() as bootstrap,
-        llm_target(llm, SimConfig(latency_ms=latency_ms), Settings().llm_model) as target,
+        kafka_bootstrap(settings.bootstrap_servers) as bootstrap,
+        llm_target(llm, SimConfig(latency_ms=latency_ms), settings.llm_model) as target,
     ):
         say(f"broker {bootstrap}; {target.describe()}")
         wait_s = timeout or (180.0 if target.kind == "simulator" else 900.0)

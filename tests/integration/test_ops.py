@@ -131,7 +131,7 @@ async def test_activity_worker_serves_its_metrics(deploy: Deploy) -> None:
 
     dep = await deploy()
     port = _free_port()
-    settings = dep.settings.model_copy(update={"web_port": port, "web_host": "127.0.0.1"})
+    settings = dep.settings.model_copy(update={"worker_web_port": port, "web_host": "127.0.0.1"})
     registry = load_activities(str(EXAMPLE))
     stop = asyncio.Event()
     task = asyncio.create_task(registry.run(settings, dep.spec, dep.bootstrap, stop, serve=True))

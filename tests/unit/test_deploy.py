@@ -75,6 +75,23 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
                 "maxReplicaCount": {"type": "integer", "minimum": 1},
                 "pollingInterval": {"type": "integer", "minimum": 1},
                 "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "scalingModifiers": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["formula", "target"],
+                            "properties": {
+                                "formula": {"type": "string"},
+                                "target": {"type": "string"},
+                                "activationTarget": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value"]},
+                            },
+                        },
+                    },
+                },
                 "triggers": {
                     "type": "array",
                     "minItems": 1,
@@ -85,6 +102,15 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
                         "properties": {
                             "type": {"type": "string"},
                             "name": {"type": "string"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {"type": "string"},
+                                },
+                            },
                             # KEDA's metadata is a map of strings: a YAML number fails.
                             "metadata": {
                                 "type": "object",
@@ -277,14 +303,17 @@ def test_compose_monitoring_profile_and_mounts() -> None:
 # ---------------------------------------------------------------- Prometheus and Grafana
 
 
-def test_prometheus_scrapes_every_processor_replica() -> None:
+@pytest.mark.parametrize(
+    ("service", "field"), [("processor", "web_port"), ("activities", "worker_web_port")]
+)
+def test_prometheus_scrapes_every_replica(service: str, field: str) -> None:
     config = _yaml(DEPLOY / "prometheus" / "prometheus.yml")
-    (job,) = config["scrape_configs"]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == f"stream-{service}"]
     assert job["metrics_path"] == "/metrics"
     (sd,) = job["dns_sd_configs"]
-    assert sd["port"] == METRICS_PORT
-    assert sd["names"] == ["processor"]
-    assert str(METRICS_PORT) in _compose()["services"]["processor"]["expose"]
+    assert sd["port"] == _default(field)
+    assert sd["names"] == [service]
+    assert str(_default(field)) in _compose()["services"][service]["expose"]
 
 
 def test_grafana_datasource_and_dashboard_folder_line_up() -> None:
@@ -341,8 +370,15 @@ METRICS: dict[str, str | None] = {
     "stream_llm_retries_total": None,
     "stream_circuit_open": None,
     "stream_consumer_lag": "partition",
+    "stream_llm_in_flight_limit": None,
+    "stream_llm_requests_total": None,
+    # the activity workers'
+    "stream_activity_handled_total": "tool",
+    "stream_activity_failed_total": "tool",
+    "stream_activity_duplicates_total": None,
+    "stream_activity_results_total": None,
 }
-HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds"}
+HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds", "stream_activity_seconds"}
 
 
 def test_dashboard_plots_every_metric_with_its_labels() -> None:
@@ -361,6 +397,20 @@ def test_dashboard_plots_every_metric_with_its_labels() -> None:
         assert histogram not in used, f"{histogram} is a histogram: read _bucket/_sum/_count"
     known = set(METRICS) | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
     assert set(used) <= known, f"unknown metrics: {sorted(set(used) - known)}"
+
+
+def test_dashboard_queries_follow_the_namespace_and_job_variables() -> None:
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert set(variables) == {"namespace", "job"}
+    assert all(v["includeAll"] and v["allValue"] == ".*" for v in variables.values())
+    for query in _queries():
+
+        def visit(node: promql_parser.Expr, query: str = query) -> None:
+            if isinstance(node, promql_parser.VectorSelector):
+                found = {(m.name, m.value) for m in node.matchers.matchers}
+                assert {("namespace", "$namespace"), ("job", "$job")} <= found, query
+
+        promql_parser.walk(promql_parser.parse(query.replace("$__rate_interval", "1m")), visit)
 
 
 def test_dashboard_panels_are_distinct() -> None:
@@ -521,9 +571,8 @@ def test_keda_scales_the_processor_up_to_the_partition_count() -> None:
         "overlay": int(_overlay_settings()["STREAM_PARTITIONS"]),
     }
     assert set(partitions.values()) == {scaled["maxReplicaCount"]}, partitions
-    (trigger,) = scaled["triggers"]
+    trigger = next(t for t in scaled["triggers"] if t["type"] == "kafka")
     meta = trigger["metadata"]
-    assert trigger["type"] == "kafka"
     assert meta["consumerGroup"] == _default("app_id")
     assert meta["topic"] == _default("input_topic")
     # The broker address KEDA reads is the one the processor gets.
