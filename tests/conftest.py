@@ -15,6 +15,7 @@ import orjson
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from stream.core.spec import AgentSpec
 from stream.ops.audit import AuditReport
@@ -140,3 +141,18 @@ async def deploy(
     for dep in started:
         dep.proc.stop()
         print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")
+
+
+async def committed_offsets(bootstrap: str, settings: Settings) -> dict[int, int]:
+    """The processors' committed offsets on the input topic, by partition."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.app_id)
+    finally:
+        await admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == settings.topics.input and meta.offset >= 0
+    }

@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from stream.ops.audit import AuditReport
-from stream.settings import Settings
 from stream.testing.broker import LocalKafka
 from stream.testing.simulator import Faults, Simulator
 from stream.tools.demo import ProcessorProcess, launch_processor
-from tests.conftest import Deployment
+from tests.conftest import Deployment, committed_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -63,21 +61,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-async def _committed(bootstrap: str, settings: Settings) -> dict[int, int]:
-    """The processors' committed offsets on the input topic, by partition."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.app_id)
-    finally:
-        await admin.close()
-    return {
-        tp.partition: meta.offset
-        for tp, meta in offsets.items()
-        if tp.topic == settings.topics.input and meta.offset >= 0
-    }
 
 
 async def _exit_code(proc: ProcessorProcess, wait_s: float) -> int | None:
@@ -137,7 +120,7 @@ async def test_kill_9_at_chosen_points_loses_nothing(deploy: Deploy) -> None:
         assert fired == run + 1
         assert f"SIGKILL at {point} (hit {nth})" in dep.proc.tail(400)
         seen = Counter(rec["call_id"] for rec in await _calls(dep))
-        kills.append((point, seen, await _committed(dep.bootstrap, dep.settings)))
+        kills.append((point, seen, await committed_offsets(dep.bootstrap, dep.settings)))
     dep.proc.env.pop("STREAM_CRASH_AT")
     dep.proc.start()
     report = await dep.settle(produced, wait_s=120)
@@ -174,7 +157,7 @@ async def test_slow_earlier_batch_holds_the_commit_and_is_redone_after_kill_9(
     await dep.produce_items(_items(10, "pre"))
     await dep.settle(10)
     for _ in range(60):  # the prefix is done and committed
-        if (await _committed(dep.bootstrap, dep.settings)).get(0) == 10:
+        if (await committed_offsets(dep.bootstrap, dep.settings)).get(0) == 10:
             break
         await asyncio.sleep(0.25)
     slow_s = 10.0
@@ -185,13 +168,13 @@ async def test_slow_earlier_batch_holds_the_commit_and_is_redone_after_kill_9(
     await dep.produce_items(_items(20, "fast"))  # offsets 12..31, answered at once
     seen: set[int] = set()
     while time.monotonic() - sent < slow_s - 5:
-        seen.add((await _committed(dep.bootstrap, dep.settings)).get(0, 0))
+        seen.add((await committed_offsets(dep.bootstrap, dep.settings)).get(0, 0))
         await asyncio.sleep(0.2)
     assert dep.sim.stats["completions"] > answered, "the later batch was not answered meanwhile"
     assert seen == {10}, f"the commit moved past the slow batch at offset 10: {seen}"
     dep.proc.kill()  # while the slow batch is still at the model
     assert time.monotonic() - sent < slow_s
-    assert (await _committed(dep.bootstrap, dep.settings)).get(0) == 10
+    assert (await committed_offsets(dep.bootstrap, dep.settings)).get(0) == 10
     first = await _calls(dep)
     assert not any(r["instance"].startswith(("slow-", "fast-")) for r in first)
     dep.proc.start()
@@ -272,6 +255,23 @@ async def _published_at_least(dep: Deployment, n: int, wait_s: float) -> int:
     return count
 
 
+async def _on_own_broker(broker: LocalKafka, sim: Simulator, url: str, **env: str) -> Deployment:
+    """A processor on fresh topics of a broker this test starts and stops itself."""
+    settings, spec, proc = await launch_processor(
+        broker.bootstrap,
+        url,
+        f"b{secrets.token_hex(3)}.",
+        "stream-chaos-",
+        None,
+        STREAM_COMMIT_INTERVAL="0.5",
+        STREAM_WEB_HOST="127.0.0.1",
+        STREAM_WEB_PORT=str(_free_port()),
+        STREAM_SESSION_TIMEOUT_S="6",
+        **env,
+    )
+    return Deployment(broker.bootstrap, settings, spec, sim, proc)
+
+
 async def test_broker_restart_clean_and_kill_9_loses_nothing(
     simulator: tuple[Simulator, str], tmp_path: Path
 ) -> None:
@@ -282,17 +282,8 @@ async def test_broker_restart_clean_and_kill_9_loses_nothing(
     await asyncio.to_thread(broker.start)
     proc: ProcessorProcess | None = None
     try:
-        settings, spec, proc = await launch_processor(
-            broker.bootstrap,
-            url,
-            f"b{secrets.token_hex(3)}.",
-            "stream-chaos-",
-            STREAM_COMMIT_INTERVAL="0.5",
-            STREAM_WEB_HOST="127.0.0.1",
-            STREAM_WEB_PORT=str(_free_port()),
-            STREAM_SESSION_TIMEOUT_S="6",
-        )
-        dep = Deployment(broker.bootstrap, settings, spec, sim, proc)
+        dep = await _on_own_broker(broker, sim, url)
+        proc = dep.proc
         assert proc.proc is not None
         pid, total = proc.proc.pid, 0
         for how in ("sigterm", "kill-9"):
@@ -331,18 +322,8 @@ async def test_broker_down_longer_than_the_publish_timeout_loses_nothing(
     await asyncio.to_thread(broker.start)
     proc: ProcessorProcess | None = None
     try:
-        settings, spec, proc = await launch_processor(
-            broker.bootstrap,
-            url,
-            f"l{secrets.token_hex(3)}.",
-            "stream-chaos-",
-            STREAM_COMMIT_INTERVAL="0.5",
-            STREAM_WEB_HOST="127.0.0.1",
-            STREAM_WEB_PORT=str(_free_port()),
-            STREAM_SESSION_TIMEOUT_S="6",
-            STREAM_PUBLISH_TIMEOUT_MS="3000",
-        )
-        dep = Deployment(broker.bootstrap, settings, spec, sim, proc)
+        dep = await _on_own_broker(broker, sim, url, STREAM_PUBLISH_TIMEOUT_MS="3000")
+        proc, settings = dep.proc, dep.settings
         await dep.produce_items(_items(200, "long"))
         published = await _published_at_least(dep, 25, 60)
         assert published < 200, "everything was published before the broker went down"

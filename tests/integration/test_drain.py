@@ -8,28 +8,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
-from stream.settings import Settings
-from tests.conftest import Deployment
+from tests.conftest import Deployment, committed_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
-
-
-async def _committed(bootstrap: str, settings: Settings) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.app_id)
-    finally:
-        await admin.close()
-    return sum(
-        meta.offset
-        for tp, meta in offsets.items()
-        if tp.topic == settings.topics.input and meta.offset >= 0
-    )
 
 
 async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy) -> None:
@@ -53,7 +37,9 @@ async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy)
     assert "drain: every batch in flight was delivered" in dep.proc.tail(200)
     answered = dep.sim.stats["completions"]
     assert answered > asked
-    assert await _committed(dep.bootstrap, dep.settings) == 31  # all of it, drained
+    assert (
+        sum((await committed_offsets(dep.bootstrap, dep.settings)).values()) == 31
+    )  # all of it, drained
     dep.sim.config.latency_ms = 0
     dep.proc.start()
     report = await dep.settle(31)
