@@ -163,6 +163,25 @@ class ModelEndpoint(_Strict):
     price_output_per_million: float = Field(
         0.0, ge=0, description="USD per million completion tokens"
     )
+    price_cached_input_per_million: float | None = Field(
+        None,
+        ge=0,
+        description="USD per million prompt tokens the provider served from its prefix "
+        "cache (OpenAI: half the input price); unset: the input price",
+    )
+
+    def cost_usd(self, prompt: int, completion: int, cached: int = 0) -> float:
+        """What tokens cost at these prices, cached prompt tokens at the cached price: a
+        per-item baseline gets most of its prompt from the cache, a batch little of it."""
+        cached = min(cached, prompt)
+        cached_price = self.price_cached_input_per_million
+        if cached_price is None:
+            cached_price = self.price_input_per_million
+        return (
+            (prompt - cached) * self.price_input_per_million
+            + cached * cached_price
+            + completion * self.price_output_per_million
+        ) / 1_000_000
 
 
 class Window(_Strict):

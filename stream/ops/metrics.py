@@ -21,6 +21,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from stream.core.spec import ModelEndpoint
+
 __all__ = ["Metrics", "WorkerMetrics"]
 
 _SIZES = (1, 2, 5, 10, 25, 50, 100, 200, 500)
@@ -37,7 +39,7 @@ def _registry() -> CollectorRegistry:
 
 
 class Metrics:
-    def __init__(self, price_in: float = 0.0, price_out: float = 0.0) -> None:
+    def __init__(self, prices: ModelEndpoint | None = None) -> None:
         self.registry = _registry()
         r = self.registry
         self.items_in = Counter("stream_items_in", "Input records taken", registry=r)
@@ -58,6 +60,11 @@ class Metrics:
         self.tokens = Counter("stream_tokens", "Tokens by kind", ["kind"], registry=r)
         self.cost_per_item = Gauge(
             "stream_cost_per_item_usd", "Estimated LLM cost per answered item", registry=r
+        )
+        # A counter, so rate(stream_llm_cost_usd_total[5m]) is dollars per second; cached
+        # prompt tokens are priced as the provider bills them.
+        self.cost_usd = Counter(
+            "stream_llm_cost_usd", "Estimated LLM cost, cached prompt tokens priced", registry=r
         )
         self.retries = Counter("stream_llm_retries", "Retried LLM requests", registry=r)
         self.circuit_open = Gauge(
@@ -96,8 +103,7 @@ class Metrics:
         self.context_refused = Gauge(
             "stream_context_refused", "Context messages refused at the latest change", registry=r
         )
-        self.price_in = price_in
-        self.price_out = price_out
+        self.prices = prices or ModelEndpoint()
         self.answered = 0
         self.cost = 0.0
         self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
@@ -126,7 +132,9 @@ class Metrics:
         self.tokens.labels("completion").inc(completion)
         self.tokens.labels("cached").inc(cached)
         self.answered += answered
-        self.cost += (prompt * self.price_in + completion * self.price_out) / 1_000_000
+        cost = self.prices.cost_usd(prompt, completion, cached)
+        self.cost += cost
+        self.cost_usd.inc(cost)
         if self.answered:
             self.cost_per_item.set(self.cost / self.answered)
 

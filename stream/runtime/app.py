@@ -112,7 +112,7 @@ def build_app(
     each of its partitions ended, so the pipeline follows it from there. `probe`: told
     of the pipeline's named moments (the fault campaign's injector; else nothing)."""
     app = _faust_app(settings, bootstrap)
-    metrics = Metrics(spec.model.price_input_per_million, spec.model.price_output_per_million)
+    metrics = Metrics(spec.model)
     limiter = limiter_for(spec, metrics)
     llm = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
     messages, ends = overrides or ({}, {})

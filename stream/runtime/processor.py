@@ -79,9 +79,7 @@ class Pipeline:
         self.publisher = publisher
         self.workflow = workflow
         if metrics is None:
-            metrics = Metrics(
-                spec.model.price_input_per_million, spec.model.price_output_per_million
-            )
+            metrics = Metrics(spec.model)
         self.metrics = metrics
         self.limiter = limiter if limiter is not None else limiter_for(spec, metrics)
         self.ledger = OffsetLedger()

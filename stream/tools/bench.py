@@ -33,7 +33,7 @@ import aiohttp
 import orjson
 import yaml
 
-from stream.core.spec import load_spec
+from stream.core.spec import ModelEndpoint, load_spec
 from stream.runtime.topics import activity_topics, ensure_product_topics, ensure_topics
 from stream.settings import DEFAULT_SPEC, Settings
 from stream.testing.broker import free_port
@@ -99,6 +99,7 @@ class Result:
     prompt_per_item: float | None = None
     completion_per_item: float | None = None
     cached_share: float | None = None  # of prompt tokens, as the endpoint reported
+    cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
     mean_batch: float | None = None
     ceiling_per_s: float | None = None
     p50_ms: float | None = None
@@ -258,6 +259,13 @@ class Bench:
         result.refused_per_item = (delta("requests") - answered) / n
         result.prompt_per_item = delta("prompt_tokens") / n
         result.completion_per_item = delta("completion_tokens") / n
+        prices = ModelEndpoint.model_validate(self.spec.get("model", {}))
+        cost = prices.cost_usd(
+            int(delta("prompt_tokens")),
+            int(delta("completion_tokens")),
+            int(delta("cached_tokens")),
+        )
+        result.cost_per_item_usd = cost / n
         if delta("prompt_tokens"):
             result.cached_share = delta("cached_tokens") / delta("prompt_tokens")
         if answered:

@@ -123,6 +123,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "requests_per_item": r.per_item(r.requests),
                 "prompt_tokens_per_item": r.per_item(r.prompt_tokens),
                 "completion_tokens_per_item": r.per_item(r.completion_tokens),
+                "cached_tokens_per_item": r.per_item(r.cached_tokens),
                 "cost_per_item_usd": r.per_item(r.cost_usd),
                 "agreement": r.agreement,
                 "accuracy": r.accuracy,

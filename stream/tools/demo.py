@@ -262,6 +262,13 @@ async def _demo(
         "prompt_tokens": int(usage.get("prompt_tokens", 0)),
         "completion_tokens": int(usage.get("completion_tokens", 0)),
         "cached_tokens": int(usage.get("cached_tokens", 0)),
+        # At the spec's prices, cached prompt tokens at the cached price.
+        "cost_per_item_usd": spec.model.cost_usd(
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+            int(usage.get("cached_tokens", 0)),
+        )
+        / max(n, 1),
         "window_max_items": spec.window.max_items,
         "elapsed_s": round(elapsed, 2),
         "audit": report.summary(),
@@ -311,7 +318,8 @@ def run_demo(
                 f"  - {d['code']}: {d['reason'][:90]}\n" for d in result["dead_letter_samples"]
             )
             + f"tokens: prompt {result['prompt_tokens']} (cached {result['cached_tokens']}), "
-            f"completion {result['completion_tokens']}\n"
+            f"completion {result['completion_tokens']}; "
+            f"USD per item {result['cost_per_item_usd']:.3g} (cached tokens at their price)\n"
             f"advisors: {result['advisor_opinions']} opinions on {result['advice_records']} "
             f"instances, {result['consults']} consults, {result['divergent']} divergent, "
             f"{result['reviewed']} calls held for review\n"

@@ -62,6 +62,7 @@ class SizeReport:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     unanswered: int = 0
     cost_usd: float = 0.0
     agreement: float | None = None
@@ -153,12 +154,14 @@ async def _run_size(
         report.requests += outcome.requests
         report.prompt_tokens += outcome.prompt_tokens
         report.completion_tokens += outcome.completion_tokens
+        report.cached_tokens += outcome.cached_tokens
         report.unanswered += len(outcome.unanswered)
         report.latencies += outcome.latencies
         for answer in outcome.answers:
             report.decisions[answer.instance.id] = decision_of(answer.calls, spec)
-    price_in, price_out = spec.model.price_input_per_million, spec.model.price_output_per_million
-    report.cost_usd = (report.prompt_tokens * price_in + report.completion_tokens * price_out) / 1e6
+    report.cost_usd = spec.model.cost_usd(
+        report.prompt_tokens, report.completion_tokens, report.cached_tokens
+    )
     labelled = [it for it in items if it.label]
     if labelled:
         right = sum(
@@ -197,13 +200,14 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
     lines = [
         f"{reports[0].items if reports else 0} items from `{source}`, model `{model}`",
         "",
-        "| window | requests/item | prompt tok/item | completion tok/item | cost/item USD "
-        "| agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| window | requests/item | prompt tok/item | cached | completion tok/item "
+        "| cost/item USD | agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
         lines.append(
             f"| {r.window} | {r.per_item(r.requests):.3f} | {r.per_item(r.prompt_tokens):.1f} "
+            f"| {pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None)} "
             f"| {r.per_item(r.completion_tokens):.1f} | {r.per_item(r.cost_usd):.7f} "
             f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.unanswered} "
             f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"

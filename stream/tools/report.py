@@ -13,10 +13,21 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _usd(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2e}"
+
+
 def _ratio(value: float | None, base: float | None) -> str:
     if value is None or not base:
         return "–"
     return f"{value / base:.1f}x"
+
+
+def _fraction(value: float | None, base: float | None) -> str:
+    """A cost against the baseline's, as the share it is (1/4.2: a quarter and less)."""
+    if not value or not base:
+        return "–"
+    return f"1/{base / value:.1f}" if value < base else f"{value / base:.1f}x"
 
 
 def _pct(value: float | None, base: float | None) -> str:
@@ -47,8 +58,8 @@ def markdown(
         "",
         "| run | items | items/s | vs baseline | vs LLM ceiling | vs passthrough "
         "| requests/item | refused/item | prompt tok/item | cached | completion tok/item "
-        "| mean batch | p50 ms | p99 ms | RSS start→end MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| USD/item | cost vs baseline | mean batch | p50 ms | p99 ms | RSS start→end MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rss = (
@@ -62,7 +73,9 @@ def markdown(
             f"| {_pct(r.items_per_s, passthrough.items_per_s if passthrough else None)} "
             f"| {_f(r.requests_per_item, 4)} | {_f(r.refused_per_item, 4)} "
             f"| {_f(r.prompt_per_item)} | {_pct(r.cached_share, 1.0)} "
-            f"| {_f(r.completion_per_item)} | {_f(r.mean_batch)} "
+            f"| {_f(r.completion_per_item)} | {_usd(r.cost_per_item_usd)} "
+            f"| {_fraction(r.cost_per_item_usd, base.cost_per_item_usd if base else None)} "
+            f"| {_f(r.mean_batch)} "
             f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} |"
         )
     if base is not None:
@@ -72,7 +85,8 @@ def markdown(
                 lines.append(
                     f"- {r.name}: requests per item 1/"
                     f"{(base.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
-                    f"per item 1/{(base.prompt_per_item or 0) / r.prompt_per_item:.1f}, "
+                    f"per item 1/{(base.prompt_per_item or 0) / r.prompt_per_item:.1f}, USD per "
+                    f"item {_fraction(r.cost_per_item_usd, base.cost_per_item_usd)}, "
                     f"throughput {_ratio(r.items_per_s, base.items_per_s)}"
                 )
     scaling = [r for r in results if r.name.startswith("scaling")]

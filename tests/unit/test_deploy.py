@@ -367,6 +367,7 @@ METRICS: dict[str, str | None] = {
     "stream_llm_in_flight": None,
     "stream_tokens_total": "kind",
     "stream_cost_per_item_usd": None,
+    "stream_llm_cost_usd_total": None,
     "stream_llm_retries_total": None,
     "stream_circuit_open": None,
     "stream_consumer_lag": "partition",

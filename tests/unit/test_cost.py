@@ -1,0 +1,61 @@
+"""Cost per item with cached prompt tokens priced as providers bill them."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream.core.spec import ModelEndpoint
+from stream.ops.metrics import Metrics
+from stream.tools.bench import Endpoint, Result
+from stream.tools.report import markdown
+
+_PRICES = ModelEndpoint(
+    price_input_per_million=0.15,
+    price_output_per_million=0.60,
+    price_cached_input_per_million=0.075,
+)
+
+
+def test_cached_prompt_tokens_cost_the_cached_price() -> None:
+    # 1,000 prompt tokens of which 800 cached, 100 completion tokens
+    expected = (200 * 0.15 + 800 * 0.075 + 100 * 0.60) / 1e6
+    assert _PRICES.cost_usd(1000, 100, 800) == pytest.approx(expected)
+    # more cached than prompt (a provider's rounding) cannot make tokens free
+    assert _PRICES.cost_usd(100, 0, 500) == pytest.approx(100 * 0.075 / 1e6)
+
+
+def test_without_a_cached_price_cached_tokens_cost_the_input_price() -> None:
+    plain = ModelEndpoint(price_input_per_million=0.15, price_output_per_million=0.60)
+    assert plain.cost_usd(1000, 100, 800) == pytest.approx(plain.cost_usd(1000, 100, 0))
+
+
+def test_metrics_count_dollars_in_a_counter_that_rate_can_read() -> None:
+    metrics = Metrics(_PRICES)
+    metrics.observe_tokens(1000, 100, 800, answered=2)
+    metrics.observe_tokens(1000, 100, 0, answered=2)
+    total = _PRICES.cost_usd(1000, 100, 800) + _PRICES.cost_usd(1000, 100, 0)
+    text = metrics.render().decode()
+    line = next(x for x in text.splitlines() if x.startswith("stream_llm_cost_usd_total "))
+    assert float(line.split()[1]) == pytest.approx(total)
+    assert metrics.live()["cost_per_item_usd"] == pytest.approx(total / 4, abs=1e-6)
+
+
+def _row(text: str, name: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {name} "))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_bench_table_shows_usd_per_item_and_its_share_of_the_baseline() -> None:
+    results = [
+        Result("baseline (window 1)", 1, 1, 4, 100, 10.0, 10.0, cost_per_item_usd=84e-6),
+        Result("window 50", 50, 1, 4, 100, 1.0, 100.0, cost_per_item_usd=20e-6),
+    ]
+    text = markdown(results, Endpoint(), "stream bench")
+    header = _row(text, "run")
+    window = dict(zip(header, _row(text, "window 50"), strict=True))
+    assert window["USD/item"] == "2.00e-05"
+    assert window["cost vs baseline"] == "1/4.2"
+    assert (
+        dict(zip(header, _row(text, "baseline (window 1)"), strict=True))["cost vs baseline"]
+        == "1.0x"
+    )
