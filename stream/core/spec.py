@@ -154,6 +154,12 @@ class ModelEndpoint(_Strict):
         description="Each call's _reasoningForCall: full (the seeds' default), brief (ten "
         "words at most), off (not asked: the cheapest answer)",
     )
+    answer: Literal["compact", "protocol"] = Field(
+        "compact",
+        description="What the model writes: compact (calls grouped per tool, each a "
+        "positional array: the fewest output tokens) or protocol (one object per call with "
+        "_tool, _instance and argument names). Activity topics get protocol calls either way",
+    )
     temperature: float = 0.0
     timeout_s: float = Field(60.0, gt=0)
     max_output_tokens: int | None = None

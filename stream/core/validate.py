@@ -15,8 +15,9 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from stream.core import compact
 from stream.core.messages import Call
-from stream.core.prompt import Ask, meta_tools
+from stream.core.prompt import Ask, PromptBuilder, meta_tools
 from stream.core.spec import CONSULT, AgentSpec
 
 __all__ = ["Opinion", "Refusal", "Validator", "Verdict"]
@@ -69,9 +70,16 @@ def _salvage(text: str) -> Any:
         answer = jiter.from_json(text.encode(), partial_mode=True)
     except ValueError:
         return None
-    if not isinstance(answer, dict) or not isinstance(answer.get("calls"), list):
+    calls = answer.get("calls") if isinstance(answer, dict) else None
+    if isinstance(calls, dict) and calls:
+        # Compact: the last call of the last tool it reached may be cut short.
+        last = list(calls)[-1]
+        group = calls[last] if isinstance(calls[last], list) else []
+        calls = {**calls, last: group[:-1]}
+        return {**answer, "calls": calls} if any(calls.values()) else None
+    if not isinstance(calls, list):
         return None
-    complete = answer["calls"][:-1]
+    complete = calls[:-1]
     return {**answer, "calls": complete} if complete else None
 
 
@@ -83,6 +91,7 @@ class Validator:
         self._most = {t.name: t.max_calls_per_instance for t in tools}
         self._advisors = {a.id: a for a in spec.advisors}
         self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
+        self._call_fields = PromptBuilder(spec).call_fields
 
     def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
         verdict = Verdict()
@@ -95,13 +104,20 @@ class Validator:
                 return verdict
             verdict.cut_short = True
         calls = answer.get("calls") if isinstance(answer, dict) else None
+        if isinstance(calls, dict):
+            # The compact answer; read back into protocol calls, checked the same way.
+            calls = compact.expand(calls, self._call_fields)
         if not isinstance(calls, list):
             verdict.malformed = 'answer has no "calls" array'
             return verdict
         known = set(tokens)
         ask = ask or Ask()
         for raw in calls:
-            outcome = self._check_call(raw, known)
+            outcome = (
+                Refusal("malformed_call", raw.reason, None, _known(raw.token, known))
+                if isinstance(raw, compact.Unreadable)
+                else self._check_call(raw, known)
+            )
             if isinstance(outcome, Refusal):
                 verdict.refusals.append(outcome)
             elif outcome.tool == CONSULT:
@@ -186,3 +202,7 @@ class Validator:
             return Call.model_validate({**meta, **args})
         except ValueError as exc:
             return Refusal("malformed_call", f"bad meta property: {exc}", raw, token)
+
+
+def _known(token: str | None, known: set[str]) -> str | None:
+    return token if token in known else None

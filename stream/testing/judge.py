@@ -9,14 +9,16 @@ import logging
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import orjson
 
+from stream.core.compact import REASONING, compress
 from stream.core.state import read_path
 from stream.testing.account import SimConfig
+from stream.testing.wording import reasoning_for, reasoning_of, why_for
 
 __all__ = ["Judge", "SimRequest", "read_request"]
 
@@ -40,6 +42,10 @@ class SimRequest:
     active: tuple[str, ...]
     may_consult: bool
     instruction: str = ""
+    # The answer the request asks for: the compact form's call positions per tool (empty:
+    # the protocol form), and how much reasoning (full, brief, off).
+    call_fields: dict[str, list[str]] = field(default_factory=dict)
+    reasoning: str = "full"
 
 
 def _views(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -99,6 +105,7 @@ def read_request(messages: list[dict[str, str]]) -> SimRequest:
             items = [d for d in data if isinstance(d, dict) and "_instance" in d]
         elif isinstance(data, dict):
             control = data
+    fields = {t["name"]: t["call"] for t in tools if "call" in t}
     return SimRequest(
         system,
         tools,
@@ -107,13 +114,15 @@ def read_request(messages: list[dict[str, str]]) -> SimRequest:
         tuple(control.get("activeAdvisors", ())),
         bool(control.get("mayConsult", False)),
         instruction,
+        fields,
+        reasoning_of(system, fields),
     )
 
 
-def fill(schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
+def fill(schema: dict[str, Any], name: str, flagged: bool, why: str, terse: bool = False) -> Any:
     if "anyOf" in schema:
         branch: dict[str, Any] = next((s for s in schema["anyOf"] if s.get("type") != "null"), {})
-        return fill(branch, name, flagged, why)
+        return fill(branch, name, flagged, why, terse)
     if "enum" in schema:
         options = list(schema["enum"])
         if {"approve", "reject"} <= set(options):
@@ -122,7 +131,7 @@ def fill(schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
     kind = schema.get("type")
     if kind == "string":
         if name == "message":
-            return f"Your comment was removed: {why}."
+            return f"Removed: {why}." if terse else f"Your comment was removed: {why}."
         return why
     if kind in ("number", "integer"):
         return 1 if flagged else 0
@@ -132,7 +141,7 @@ def fill(schema: dict[str, Any], name: str, flagged: bool, why: str) -> Any:
         return []
     if kind == "object":
         props = schema.get("properties", {})
-        return {k: fill(v, k, flagged, why) for k, v in props.items()}
+        return {k: fill(v, k, flagged, why, terse) for k, v in props.items()}
     return None
 
 
@@ -326,22 +335,20 @@ class Judge:
                     }
                 )
                 continue
-            why = (
-                ("spam" if spam else "insulting or profane language")
-                if flagged
-                else ("within the community rules")
-            )
+            why = why_for(spam, flagged, terse=bool(req.call_fields))
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
                 calls += plan_step(token, view, real, text)
                 continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
                     continue  # follow-up tools act on flagged items only
-                args = fill(tool.get("parameters", {}), "", flagged, why)
+                args = fill(tool.get("parameters", {}), "", flagged, why, bool(req.call_fields))
                 call = {
                     "_tool": tool["name"],
                     "_instance": token,
-                    "_reasoningForCall": f"toxicity {score:.2f}; {why}",
+                    "_reasoningForCall": reasoning_for(
+                        req.call_fields, req.reasoning, score, why, spam, flagged
+                    ),
                     **(args if isinstance(args, dict) else {}),
                 }
                 if pos == 0 and ("bad-args" in markers or self.rng.random() < faults.bad_args_rate):
@@ -422,9 +429,16 @@ class Judge:
         return out
 
     def answer(self, req: SimRequest) -> str:
-        """The answer text; an item marked poison spoils the whole answer, as a model
-        sometimes does when one input derails it."""
+        """The answer text, in the form the request asks for; an item marked poison
+        spoils the whole answer, as a model sometimes does when one input derails it."""
         if any("[[sim:poison]]" in orjson.dumps(item).decode() for item in req.items):
             self.stats["fault_poison"] += 1
             return '{"calls": [{"_tool": "oops'
-        return orjson.dumps(self.solve(req)).decode()
+        solution = self.solve(req)
+        if req.reasoning == "off":
+            solution["calls"] = [
+                {k: v for k, v in c.items() if k != REASONING} for c in solution["calls"]
+            ]
+        if req.call_fields:
+            solution["calls"] = compress(solution["calls"], req.call_fields)
+        return orjson.dumps(solution).decode()

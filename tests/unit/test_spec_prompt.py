@@ -66,6 +66,21 @@ def test_schema_depends_only_on_batch_size_and_enumerates_tokens_and_tools() -> 
     builder = PromptBuilder(load_spec(DEFAULT_SPEC))
     fmt = builder.response_format(3)
     assert fmt is builder.response_format(3)  # cached: providers compile it once
+    calls = fmt["json_schema"]["schema"]["properties"]["calls"]
+    tools = ["moderateComment", "notifyAuthor", "NoAction", "ConsultAdvisor"]
+    assert list(calls["properties"]) == tools == calls["required"]
+    assert calls["additionalProperties"] is False
+    token = {"type": "string", "enum": ["①", "②", "③"]}
+    for group in calls["properties"].values():
+        assert token in group["items"]["items"]["anyOf"]
+        assert group["maxItems"] == 3  # one call per instance at most, per tool
+    assert fmt["json_schema"]["strict"] is True
+
+
+def test_protocol_answer_schema_enumerates_tokens_and_tools_per_call() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"answer": "protocol"})})
+    fmt = PromptBuilder(spec).response_format(3)
     branches = fmt["json_schema"]["schema"]["properties"]["calls"]["items"]["anyOf"]
     assert {b["properties"]["_tool"]["enum"][0] for b in branches} == {
         "moderateComment",
@@ -114,10 +129,7 @@ def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
         b["properties"]["id"]["enum"][0] for b in later["properties"]["advisors"]["items"]["anyOf"]
     }
     assert "legalCounsel" in ids
-    tools = {
-        b["properties"]["_tool"]["enum"][0] for b in later["properties"]["calls"]["items"]["anyOf"]
-    }
-    assert "ConsultAdvisor" not in tools  # consults are bounded
+    assert "ConsultAdvisor" not in later["properties"]["calls"]["properties"]  # bounded
     control = orjson.loads(builder.messages([_inst(0, "x")], follow)[-1]["content"])
     assert control == {"activeAdvisors": list(follow.active), "mayConsult": False}
     assert "# Advisors" in builder.system
