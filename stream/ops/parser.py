@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
     bn.add_argument(
+        "--variants",
+        default="",
+        help="model settings also run at the largest window, comma-separated, e.g. "
+        "reasoning=off,reasoning=brief,answer=protocol",
+    )
+    bn.add_argument(
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
     )
     bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")

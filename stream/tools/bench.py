@@ -18,7 +18,6 @@ it. Results go to a markdown table and PNG plots.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
@@ -29,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import yaml
 
@@ -39,7 +37,7 @@ from stream.settings import DEFAULT_SPEC, Settings
 from stream.testing.broker import free_port
 from stream.testing.simulator import MODEL_NAME
 from stream.tools.demo import ProcessorProcess
-from stream.tools.load import Tally, bench_items, passthrough, produce_items, rss_mb
+from stream.tools.load import Tally, all_ready, bench_items, passthrough, produce_items, rss_mb
 from stream.tools.target import SimProcess, Target, llm_target, processor_usage
 
 __all__ = [
@@ -123,18 +121,25 @@ class Bench:
     paced_s: float
     results: list[Result] = field(default_factory=list)
 
-    def _spec_file(self, window: int, in_flight: int) -> Path:
+    def _spec_file(self, window: int, in_flight: int, model: dict[str, Any]) -> Path:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
+        spec["model"] = {**self.spec.get("model", {}), **model}
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
         path = self.workdir / f"agent-w{window}-f{in_flight}-{secrets.token_hex(2)}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
 
     async def deploy(
-        self, window: int, in_flight: int, partitions: int, processes: int
+        self,
+        window: int,
+        in_flight: int,
+        partitions: int,
+        processes: int,
+        model: dict[str, Any] | None = None,
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
-        """Fresh topics and `processes` processor processes (not started yet)."""
-        spec_path = self._spec_file(window, in_flight)
+        """Fresh topics and `processes` processor processes (not started yet); `model`
+        overrides the spec's model settings (reasoning, answer form)."""
+        spec_path = self._spec_file(window, in_flight, model or {})
         prefix = f"bench-{secrets.token_hex(3)}."
         run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
         settings = Settings(
@@ -178,12 +183,13 @@ class Bench:
         endpoint: Endpoint | None = None,
         items: int | None = None,
         paced: bool = True,
+        model: dict[str, Any] | None = None,
     ) -> Result:
         endpoint = endpoint or self.endpoint
         if self.sim is not None:
             await self.sim.configure(endpoint.config())
         settings, outcome_topics, procs = await self.deploy(
-            window, in_flight, partitions, processes
+            window, in_flight, partitions, processes, model
         )
         load = self.items[: items or len(self.items)]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
@@ -208,7 +214,7 @@ class Bench:
         if paced and result.items_per_s > 0:
             # On fresh topics and processors: the drain's backlog must not queue ahead.
             settings, outcome_topics, procs = await self.deploy(
-                window, in_flight, partitions, processes
+                window, in_flight, partitions, processes, model
             )
             try:
                 async with Tally(self.bootstrap, outcome_topics) as tally:
@@ -240,7 +246,7 @@ class Bench:
         warm = {**item, "_instance": "warm-up"}
         await produce_items(self.bootstrap, settings.topics.input, [warm])
         await tally.wait_for(1, 180, procs)
-        await _all_ready(procs)
+        await all_ready(procs)
 
     def _llm_figures(
         self,
@@ -259,7 +265,9 @@ class Bench:
         result.refused_per_item = (delta("requests") - answered) / n
         result.prompt_per_item = delta("prompt_tokens") / n
         result.completion_per_item = delta("completion_tokens") / n
-        prices = ModelEndpoint.model_validate(self.spec.get("model", {}))
+        prices = ModelEndpoint.model_validate(
+            {k: v for k, v in self.spec.get("model", {}).items() if k.startswith("price_")}
+        )
         cost = prices.cost_usd(
             int(delta("prompt_tokens")),
             int(delta("completion_tokens")),
@@ -316,25 +324,6 @@ class Bench:
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
-
-
-async def _all_ready(procs: list[ProcessorProcess], wait_s: float = 120) -> None:
-    """Until every processor owns its partitions and none is rebalancing (/readyz), twice
-    in a row: a member joining late would stop the others mid-measurement."""
-    deadline = time.monotonic() + wait_s
-    steady = 0
-    async with aiohttp.ClientSession() as http:
-        while steady < 2 and time.monotonic() < deadline:
-            ready = 0
-            for proc in procs:
-                try:
-                    url = f"http://127.0.0.1:{proc.env['STREAM_WEB_PORT']}/readyz"
-                    async with http.get(url) as resp:
-                        ready += resp.status == 200
-                except aiohttp.ClientError:
-                    pass
-            steady = steady + 1 if ready == len(procs) else 0
-            await asyncio.sleep(1.0)
 
 
 def _line(r: Result) -> str:
@@ -400,7 +389,10 @@ async def run_bench(
     spec: dict[str, Any] | None = None,
     llm: str = "simulator",
     model: str | None = None,
+    variants: tuple[str, ...] = (),
 ) -> list[Result]:
+    """`variants`: model settings such as "reasoning=off" or "answer=protocol", each run
+    at the largest window besides the spec's own (what each setting costs)."""
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
     session = bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model)
@@ -414,6 +406,15 @@ async def run_bench(
         for window in windows:
             await bench.product(
                 f"window {window}", window, in_flight=in_flight, partitions=partitions
+            )
+        for variant in variants:
+            key, _, value = variant.partition("=")
+            await bench.product(
+                f"window {max(windows)}, {key} {value}",
+                max(windows),
+                in_flight=in_flight,
+                partitions=partitions,
+                model={key: value},
             )
         if scaling:
             # LLM-bound per worker (4 in flight each), the account roomy enough for two.

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -18,7 +19,7 @@ from stream.tools.demo import ProcessorProcess
 
 _MIN_SPAN_S = 2.0  # outcomes spread over less than this: too few waves for a slope
 
-__all__ = ["Tally", "bench_items", "passthrough", "produce_items", "rss_mb"]
+__all__ = ["Tally", "all_ready", "bench_items", "passthrough", "produce_items", "rss_mb"]
 
 
 def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
@@ -215,3 +216,22 @@ async def passthrough(bootstrap: str, src: str, dst: str, count: int) -> tuple[i
         await consumer.stop()
         await producer.stop()
     return moved, time.monotonic() - (first or time.monotonic())
+
+
+async def all_ready(procs: list[ProcessorProcess], wait_s: float = 120) -> None:
+    """Until every processor owns its partitions and none is rebalancing (/readyz), twice
+    in a row: a member joining late would stop the others mid-measurement."""
+    deadline = time.monotonic() + wait_s
+    steady = 0
+    async with aiohttp.ClientSession() as http:
+        while steady < 2 and time.monotonic() < deadline:
+            ready = 0
+            for proc in procs:
+                try:
+                    url = f"http://127.0.0.1:{proc.env['STREAM_WEB_PORT']}/readyz"
+                    async with http.get(url) as resp:
+                        ready += resp.status == 200
+                except aiohttp.ClientError:
+                    pass
+            steady = steady + 1 if ready == len(procs) else 0
+            await asyncio.sleep(1.0)
