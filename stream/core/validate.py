@@ -22,6 +22,8 @@ from stream.core.spec import CONSULT, AgentSpec
 
 __all__ = ["Opinion", "Refusal", "Validator", "Verdict"]
 
+_REMEMBERED = 4096  # distinct argument sets whose verdict is kept
+
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
 
 
@@ -92,6 +94,7 @@ class Validator:
         self._advisors = {a.id: a for a in spec.advisors}
         self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
         self._call_fields = PromptBuilder(spec).call_fields
+        self._problems: dict[tuple[str, bytes], str | None] = {}
 
     def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
         verdict = Verdict()
@@ -177,6 +180,23 @@ class Validator:
             error=None if error is None else f"opinion breaks its schema: {error.message}",
         )
 
+    def _problem(self, tool: str, args: dict[str, Any]) -> str | None:
+        """What is wrong with a tool's arguments, remembered per distinct arguments:
+        walking the schema was most of the validator's time, and a stream's calls repeat
+        the same arguments (approve, "within the rules") over and over."""
+        key = (tool, orjson.dumps(args, option=orjson.OPT_SORT_KEYS))
+        if key in self._problems:
+            return self._problems[key]
+        error = best_match(self._validators[tool].iter_errors(args))
+        problem = None
+        if error is not None:
+            path = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
+            problem = f"{tool}: {path}: {error.message}"
+        if len(self._problems) >= _REMEMBERED:
+            self._problems.clear()
+        self._problems[key] = problem
+        return problem
+
     def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
         if not isinstance(raw, dict):
             return Refusal("malformed_call", "call is not a JSON object", None)
@@ -193,10 +213,9 @@ class Validator:
             for k, v in raw.items()
             if not k.startswith("_") and (v is not None or k in required)
         }
-        error = best_match(self._validators[tool].iter_errors(args))
-        if error is not None:
-            path = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
-            return Refusal("bad_arguments", f"{tool}: {path}: {error.message}", raw, token)
+        problem = self._problem(tool, args)
+        if problem is not None:
+            return Refusal("bad_arguments", problem, raw, token)
         meta = {k: v for k, v in raw.items() if k in _META and v is not None}
         try:
             return Call.model_validate({**meta, **args})

@@ -169,3 +169,22 @@ def test_a_cut_compact_answer_keeps_its_complete_calls() -> None:
     assert verdict.cut_short
     assert set(verdict.calls) == {"①"}
     assert verdict.calls["①"][0].reasoning == "w"
+
+
+def test_remembered_argument_verdicts_belong_to_their_own_arguments() -> None:
+    validator = Validator(_spec("off"))
+    answer = {
+        "calls": {
+            "moderateComment": [
+                [["①", "②"], "approve", "fine", None],
+                ["③", "maybe", "fine", None],
+            ],
+            "notifyAuthor": [],
+            "NoAction": [["④"]],
+        }
+    }
+    for _ in range(2):  # the second time from the remembered verdicts: the same outcome
+        verdict = validator.check(orjson.dumps(answer).decode(), TOKENS)
+        assert sorted(verdict.calls) == ["①", "②", "④"]
+        assert [(r.code, r.token) for r in verdict.refusals] == [("bad_arguments", "③")]
+        assert "decision" in verdict.refusals[0].reason
