@@ -216,7 +216,8 @@ class PromptBuilder:
         for these instances. It comes last, so the cached prefix stays the same."""
         body: list[dict[str, Any]] = []
         for k, inst in enumerate(instances):
-            token = token_for(k)
+            # The compact form numbers instances: 1 is one token, ① two or three.
+            token: str | int = k + 1 if self.compact else token_for(k)
             # "type": "input" is the default: said once in the protocol, not per item.
             kind = inst.payload.get("type", "input")
             body.append(
@@ -237,7 +238,8 @@ class PromptBuilder:
             control = {"activeAdvisors": list(ask.active), "mayConsult": ask.consult}
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
-            lines = "\n".join(f"{token}: {why}" for token, why in refused)
+            named = {token_for(k): k + 1 for k in range(len(instances))} if self.compact else {}
+            lines = "\n".join(f"{named.get(token, token)}: {why}" for token, why in refused)
             messages.append(
                 {
                     "role": "user",
@@ -260,6 +262,12 @@ class PromptBuilder:
             return {"type": "json_object"}
         return self._schema(n, ask or self.first_ask)
 
+    def _instance_enum(self, tokens: list[str]) -> dict[str, Any]:
+        """How the answer names an instance: its number (compact), else its token."""
+        if self.compact:
+            return {"type": "integer", "enum": list(range(1, len(tokens) + 1))}
+        return {"type": "string", "enum": tokens}
+
     def _opinion_branches(self, ask: Ask, tokens: list[str]) -> list[dict[str, Any]]:
         branches = []
         for advisor_id in ask.active:
@@ -268,7 +276,7 @@ class PromptBuilder:
             props, required = _strict_parameters(advisor.schema_)
             head: dict[str, Any] = {"id": {"type": "string", "enum": [advisor.id]}}
             if advisor.is_instanced:
-                head["_instance"] = {"type": "string", "enum": tokens}
+                head["_instance"] = self._instance_enum(tokens)
             branches.append(
                 {
                     "type": "object",
@@ -293,7 +301,7 @@ class PromptBuilder:
             props, _ = _strict_parameters(tool.parameters)
             fields = self.call_fields[tool.name]
             positions = [
-                {"type": "string", "enum": tokens}
+                self._instance_enum(tokens)
                 if name == compact.INSTANCE
                 else {"type": "string"}
                 if name == compact.REASONING

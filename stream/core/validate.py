@@ -109,7 +109,7 @@ class Validator:
         calls = answer.get("calls") if isinstance(answer, dict) else None
         if isinstance(calls, dict):
             # The compact answer; read back into protocol calls, checked the same way.
-            calls = compact.expand(calls, self._call_fields)
+            calls = compact.expand(calls, self._call_fields, tokens)
         if not isinstance(calls, list):
             verdict.malformed = 'answer has no "calls" array'
             return verdict
@@ -134,6 +134,8 @@ class Validator:
             verdict.calls.pop(token, None)
         raw_opinions = answer.get("advisors", [])
         for raw in raw_opinions if isinstance(raw_opinions, list) else []:
+            if isinstance(raw, dict) and "_instance" in raw:  # a number in the compact form
+                raw = {**raw, "_instance": compact.token_of(raw["_instance"], tokens)}
             opinion = self._check_opinion(raw, known, ask)
             if opinion is None:
                 verdict.stray_opinions += 1

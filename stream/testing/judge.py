@@ -48,11 +48,11 @@ class SimRequest:
     reasoning: str = "full"
 
 
-def _views(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _views(items: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     """Each token's messages, merged: its input and its state (in the order given)."""
     views: dict[str, dict[str, Any]] = {}
     for item in items:
-        view = views.setdefault(str(item["_instance"]), {"input": {}, "state": {}})
+        view = views.setdefault(item["_instance"], {"input": {}, "state": {}})
         body = {k: v for k, v in item.items() if k not in ("type", "_instance")}
         view["state" if item.get("type") == "state" else "input"].update(body)
         if item.get("type") == "state" and not view["input"]:

@@ -88,11 +88,13 @@ def test_every_instance_tool_and_argument_survives_the_round_trip(
         calls = [
             {k: v for k, v in c.items() if k != "reason" or c["_tool"] != "NoAction"} for c in calls
         ]
-    packed = compress(calls, builder.call_fields)
+    # The model reads instances by number (① is 1) and writes them so.
+    numbered = [{**c, "_instance": TOKENS.index(c["_instance"]) + 1} for c in calls]
+    packed = compress(numbered, builder.call_fields)
     assert list(packed) == ["moderateComment", "notifyAuthor", "NoAction"]
     schema = builder.response_format(len(TOKENS))["json_schema"]["schema"]
     assert list(Draft202012Validator(schema).iter_errors({"calls": packed})) == []
-    back = expand(packed, builder.call_fields)
+    back = expand(packed, builder.call_fields, TOKENS)
     key = lambda c: (c["_tool"], c["_instance"])  # noqa: E731
     assert sorted(back, key=key) == sorted(calls, key=key)
 
@@ -133,13 +135,13 @@ def test_validator_refuses_compact_calls_one_by_one() -> None:
     answer = {
         "calls": {
             "moderateComment": [
-                [["①", "⑨"], "approve", "fine", None],  # ⑨ is no instance of this batch
-                ["②", "maybe", "hm", None],  # not an allowed decision
-                ["③", "reject"],  # too few values
+                [[1, 9], "approve", "fine", None],  # 9 is no instance of this batch
+                [2, "maybe", "hm", None],  # not an allowed decision
+                [3, "reject"],  # too few values
             ],
-            "notifyAuthor": [["③", "m"]],
-            "dropTables": [["④"]],
-            "NoAction": [["④"]],
+            "notifyAuthor": [[3, "m"]],
+            "dropTables": [[4]],
+            "NoAction": [[4]],
         }
     }
     verdict = Validator(spec).check(orjson.dumps(answer).decode(), TOKENS)
@@ -161,10 +163,7 @@ def test_validator_refuses_compact_calls_one_by_one() -> None:
 
 def test_a_cut_compact_answer_keeps_its_complete_calls() -> None:
     spec = load_spec(DEFAULT_SPEC)
-    text = (
-        '{"advisors":[],"calls":{"moderateComment":[["①","w","approve","fine"],'
-        '["②","w","reject","ru'
-    )
+    text = '{"advisors":[],"calls":{"moderateComment":[[1,"w","approve","fine"],[2,"w","reject","ru'
     verdict = Validator(spec).check(text, ["①", "②"])
     assert verdict.cut_short
     assert set(verdict.calls) == {"①"}
@@ -176,11 +175,11 @@ def test_remembered_argument_verdicts_belong_to_their_own_arguments() -> None:
     answer = {
         "calls": {
             "moderateComment": [
-                [["①", "②"], "approve", "fine", None],
-                ["③", "maybe", "fine", None],
+                [[1, 2], "approve", "fine", None],
+                [3, "maybe", "fine", None],
             ],
             "notifyAuthor": [],
-            "NoAction": [["④"]],
+            "NoAction": [[4]],
         }
     }
     for _ in range(2):  # the second time from the remembered verdicts: the same outcome

@@ -129,7 +129,7 @@ async def test_a_re_ask_tells_the_model_why_its_last_answer_was_refused() -> Non
     # The reasons come after the unchanged system prompt (the cached prefix).
     assert second[0] == first[0]
     assert "bad_arguments" in second[-1]["content"] and second[-1]["content"].startswith("Your")
-    assert "①:" in second[-1]["content"]  # the instance's token in the re-ask
+    assert "1:" in second[-1]["content"]  # the instance's number (compact form) in the re-ask
     assert _answered(out) == {"id-0"}
     # The dead letter names the last refusal, not only "no valid call".
     assert [u.instance.id for u in out.unanswered] == ["id-1"]

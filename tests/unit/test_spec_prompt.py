@@ -57,7 +57,7 @@ def test_prompt_hides_producer_ids_and_keeps_static_prefix() -> None:
     second = builder.messages([_inst(7, "other"), _inst(8, "batch")])
     assert first[0] == second[0]  # byte-identical system prefix: cacheable
     body = orjson.loads(first[1]["content"])
-    assert [m["_instance"] for m in body] == ["①", "②"]
+    assert [m["_instance"] for m in body] == [1, 2]  # the compact form numbers instances
     assert "producer-id" not in first[1]["content"]
     assert "policy" in first[0]["content"]  # global input sits in the static prefix
 
@@ -70,7 +70,7 @@ def test_schema_depends_only_on_batch_size_and_enumerates_tokens_and_tools() -> 
     tools = ["moderateComment", "notifyAuthor", "NoAction", "ConsultAdvisor"]
     assert list(calls["properties"]) == tools == calls["required"]
     assert calls["additionalProperties"] is False
-    token = {"type": "string", "enum": ["①", "②", "③"]}
+    token = {"type": "integer", "enum": [1, 2, 3]}
     for group in calls["properties"].values():
         assert token in group["items"]["items"]["anyOf"]
         assert group["maxItems"] == 3  # one call per instance at most, per tool
@@ -120,7 +120,7 @@ def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
         for b in schema["properties"]["advisors"]["items"]["anyOf"]
     }
     assert set(opinions) == {"safetyOfficer", "communityManager"}  # on: null stays silent
-    assert opinions["safetyOfficer"]["properties"]["_instance"]["enum"] == ["①", "②"]
+    assert opinions["safetyOfficer"]["properties"]["_instance"]["enum"] == [1, 2]
     assert "_instance" not in opinions["communityManager"]["properties"]
     assert list(opinions["safetyOfficer"]["properties"])[-1] == "calls"
     follow = Ask(("safetyOfficer", "communityManager", "legalCounsel"), consult=False)
