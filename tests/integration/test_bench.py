@@ -20,6 +20,7 @@ async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
         endpoint=Endpoint(latency_ms=150, per_output_token_ms=0.5, concurrency=4),
         cap_s=20,
         paced_s=2,
+        variants=("reasoning=off",),
     )
     by = {r.name: r for r in results}
     passthrough, base, win = by["aiokafka passthrough"], by["baseline (window 1)"], by["window 20"]
@@ -35,3 +36,9 @@ async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
     assert win.p50_ms is not None and win.p99_ms is not None and win.p50_ms <= win.p99_ms
     assert win.ceiling_per_s is not None and win.ceiling_per_s > 0
     assert base.rss_start_mb and base.rss_end_mb
+    # Dollars, cached prompt tokens at their price: the answer's diet makes the window cheap.
+    assert base.cost_per_item_usd and win.cost_per_item_usd
+    assert win.cost_per_item_usd < base.cost_per_item_usd / 3
+    off = by["window 20, reasoning off"]
+    assert off.items == 400 and off.completion_per_item and win.completion_per_item
+    assert off.completion_per_item < win.completion_per_item / 2
