@@ -98,7 +98,13 @@ class Coordinator:
         if self.workflow is None:
             return []
         ready: list[Instance] = []
-        for st in self.workflow.owing(owns):
+        owing = self.workflow.owing(owns)
+        log.info(
+            "recovery: %d workflows owe records or wait for a turn: %s",
+            len(owing),
+            [(st.instance, st.status, len(st.outbox)) for st in owing[:20]],
+        )
+        for st in owing:
             if st.outbox:
                 key = st.instance.encode()
                 origin = position(st.source) if st.source else None
