@@ -63,7 +63,8 @@ _PROTOCOL = """\
 # Protocol
 The user message is a JSON array of input messages. A message with "_instance" belongs to
 one independent instance, named by a short token (①, ②, ...). Messages without
-"_instance" are global and apply to every instance. Answer with a JSON object
+"_instance" are global and apply to every instance; where an instance's own message
+gives the same field, its value wins for that instance. Answer with a JSON object
 {"calls": [...]}. Each call has "_tool" (a tool name), "_instance" (a token from the
 input), {reasoning}and the tool's arguments. Give every instance at
 least one call; when an instance needs nothing, call NoAction for it with a reason.
@@ -82,7 +83,9 @@ _STATEFUL = """# State
 Each instance may have a "state" message: what earlier turns learned. When a call's
 result must be kept, give it "_outputPath": a state path like "†state.customer", or
 alternatives like "†state.urgent || †state.routine" to let the activity choose; the next
-turn shows the updated state. A latent tool's "_outputPath" stores your own arguments.
+turn shows the updated state. A latent tool's "_outputPath" stores your own arguments:
+name one path, you choose the branch as you write it. Where a tool shows "_output", that
+is the schema of the result the activity writes there.
 "_scopes" lists what the activity may read ("input", "†state" or "†state.key"). When an
 instance needs nothing more, make no awaited call for it: its workflow is then done."""
 
@@ -97,8 +100,17 @@ choose between), e.g. "{\\"approve\\": 10, \\"reject\\": 90}". An instanced advi
 opinion per instance, with "_instance"; the others give one opinion for the whole
 request. Each advisor weighs its scopes first, without ignoring the rest. Advisors with
 "on": null speak only when consulted: where an instance is hard to decide, call
-ConsultAdvisor for it (instead of deciding) and it will be asked again with that
-advisor active."""
+ConsultAdvisor for it (instead of deciding) with your question, and it will be asked
+again with that advisor active and your question in "questions"."""
+
+# Only for specs with a finish advisor: the loop reads its votes, so it must know them.
+_FINISH = """An advisor with "on": "finish" decides whether an instance's workflow stops:
+its "calls" scores the options "stop" and "continue"; "stop" at 50 or more, and not
+below "continue", ends the workflow now."""
+
+# Only for specs where silence is an answer (spec `silence: no_action`).
+_SILENCE = """An instance that needs nothing may also get no call at all: silence is
+recorded as no action."""
 
 
 # Call properties of stateful runs; nullable because strict output wants every property.
@@ -167,12 +179,15 @@ class PromptBuilder:
                     # Only where they say something: latent tools, and where results go.
                     **({"kind": t.kind} if t.kind != "activity" else {}),
                     **({"paths": t.paths} if t.paths else {}),
+                    **({"_output": t.output} if t.output and t.paths else {}),
                 }
                 for t in self.tools
             ]
         ).decode()
         self.stateful = spec.plan is not None or any(t.paths or t.output for t in spec.tools)
         protocol = _PROTOCOL.replace("{reasoning}", _REASONING[spec.model.reasoning])
+        if spec.silence == "no_action":
+            protocol += "\n" + _SILENCE
         sections = [spec.instructions.strip(), protocol, "# Tools", tools_json]
         if self.stateful:
             sections.insert(2, _STATEFUL)
@@ -183,7 +198,8 @@ class PromptBuilder:
             advisors_json = orjson.dumps(
                 [a.model_dump(by_alias=True, exclude={"type", "weight"}) for a in spec.advisors]
             ).decode()
-            sections += [_ADVISORY, advisors_json]
+            finish = [_FINISH] if any(a.on == "finish" for a in spec.advisors) else []
+            sections += ["\n".join([_ADVISORY, *finish]), advisors_json]
         if spec.inputs:
             globals_json = orjson.dumps(
                 [m.model_dump(by_alias=True, exclude_none=True) for m in spec.inputs]
@@ -192,22 +208,38 @@ class PromptBuilder:
         self.system = "\n\n".join(sections)
         self._schema = lru_cache(maxsize=64)(self._build_schema)
 
+    def ask_for(self, turn: int) -> Ask:
+        """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
+        `request` on every turn, `finish` where the loop decides whether to stop (every
+        turn after the first, the last allowed turn, and the one turn of a request
+        without a plan); on-demand advisors only when consulted."""
+        plan = self.spec.plan
+        deciding = plan is None or turn > 1 or turn >= plan.max_turns
+        speak = {"request": True, "start": turn == 1, "finish": deciding}
+        active = tuple(a.id for a in self.spec.advisors if a.on is not None and speak[a.on])
+        return Ask(active, bool(self.spec.on_demand))
+
     def messages(
         self,
         instances: Sequence[Instance],
         ask: Ask | None = None,
         refused: Sequence[tuple[str, str]] = (),
+        questions: Sequence[tuple[str, str, str]] = (),
     ) -> list[dict[str, str]]:
         """The request; `refused` (token, why) says what was wrong with the last answer
-        for these instances. It comes last, so the cached prefix stays the same."""
+        for these instances. It comes last, so the cached prefix stays the same.
+        `questions` (token, advisor, question): what the model asked consulted advisors."""
         body: list[dict[str, Any]] = []
+        shown = self.spec.instance_ids == "shown"
         for k, inst in enumerate(instances):
             token = token_for(k)
             body.append(
                 {
                     "type": inst.payload.get("type", "input"),
                     "_instance": token,
-                    **{key: v for key, v in inst.payload.items() if key != "type"},
+                    # Shown only: calls name the token, the only way back to the id.
+                    **({"_id": inst.id} if shown else {}),
+                    **{key: v for key, v in inst.payload.items() if key not in ("type", "_id")},
                 }
             )
             if inst.state and inst.payload.get("type") != "state":
@@ -218,7 +250,14 @@ class PromptBuilder:
         ]
         if self.spec.advisors:
             ask = ask or self.first_ask
-            control = {"activeAdvisors": list(ask.active), "mayConsult": ask.consult}
+            control: dict[str, Any] = {
+                "activeAdvisors": list(ask.active),
+                "mayConsult": ask.consult,
+            }
+            if questions:
+                control["questions"] = [
+                    {"_instance": t, "advisor": a, "question": q} for t, a, q in questions
+                ]
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
             lines = "\n".join(f"{token}: {why}" for token, why in refused)

@@ -29,6 +29,7 @@ from stream.core.messages import (
     DoneRecord,
     NoActionRecord,
     OpinionRecord,
+    ResultRecord,
     SourcePosition,
     TraceEntry,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "RecordBuilder",
     "TurnChange",
     "bad_record",
+    "bad_result",
     "call_id",
     "oversized",
     "position",
@@ -340,7 +342,8 @@ class RecordBuilder:
         for stored in proposal:
             cid = stored["call_id"]
             call = Call.model_validate({k: v for k, v in stored.items() if k != "call_id"})
-            if self.spec.tool(call.tool) and call.tool != NO_ACTION:
+            tool = self.spec.tool(call.tool)
+            if tool and tool.kind != "latent":
                 out.add(self.call(cid, call, inst, batch, None, None, list(st.trace), st.state))
         return out
 
@@ -348,6 +351,18 @@ class RecordBuilder:
         origin = position(done.source) if done.source else None
         record = OutRecord(self.topics.done, done.instance.encode(), _dumps(done), origin)
         return Planned([record], Counter(done=1))
+
+
+def bad_result(rec: ResultRecord, problem: str) -> DeadLetter:
+    """An awaited call's result that broke its tool's `_output` schema."""
+    return DeadLetter(
+        code="bad_result",
+        reason=problem,
+        scope="call",
+        instance=rec.instance,
+        source=rec.source,
+        call={"call_id": rec.call_id, "_tool": rec.tool, "value": rec.value},
+    )
 
 
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
@@ -394,10 +409,24 @@ def imported(
     if not scopes:
         return []
     context: list[dict[str, Any]] = []
+    # The instance's input over the global ones: a targeted input overrides a global
+    # one field by field (the Instancing protocol), here as in the prompt.
+    merged: dict[str, Any] = {}
+    for message in spec.inputs:
+        if message.type == "input":
+            merged.update(message.model_dump(exclude={"type", "instance"}, exclude_none=True))
+    if inst.payload.get("type", "input") == "input":
+        merged.update({k: v for k, v in inst.payload.items() if k != "type"})
     if "input" in scopes:
-        context += [m.model_dump(by_alias=True, exclude_none=True) for m in spec.inputs]
-        context.append({**inst.payload, "_instance": inst.id})
+        context.append({"type": "input", "_instance": inst.id, **merged})
     for scope in scopes:
+        if scope.startswith("input.") and "input" not in scopes:
+            value = read_path(merged, scope.removeprefix("input"))
+            if value is not None:
+                field_name = scope.split(".")[-1]
+                context.append(
+                    {"type": "input", "_instance": inst.id, "scope": scope, field_name: value}
+                )
         if scope == "†state" or scope.startswith("†state."):
             value = read_path(state, scope)
             if value is not None:

@@ -212,9 +212,18 @@ def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list
     status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
     tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
     calls: list[dict[str, Any]] = []
+    # Silence is an answer where the prompt says so (spec `silence: no_action`).
+    silent = "silence is\nrecorded as no action" in req.system
     for token, view in views.items():
         name = str(view["state"].get("name") or view["input"].get("name") or "")
-        if name and re.search(rf"\b{re.escape(name)}\b", text):
+        # A shown id (spec instance_ids: shown) names the instance too: employee_B is
+        # "employee B" in an instruction.
+        shown = str(view["state"].get("_id") or view["input"].get("_id") or "")
+        said = re.escape(shown).replace("_", "[ _]") if shown else ""
+        if (name and re.search(rf"\b{re.escape(name)}\b", text)) or (
+            said and re.search(rf"\b{said}\b", text, re.IGNORECASE)
+        ):
+            name = name or shown
             tool = tools[0]
             strings = [
                 k
@@ -231,7 +240,7 @@ def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list
             if tool.get("paths"):
                 call["_outputPath"] = tool["paths"][0]
             calls.append(call)
-        else:
+        elif not silent:
             calls.append(
                 {
                     "_tool": "NoAction",
@@ -404,6 +413,11 @@ class Judge:
                     options[0]: round(100 * (1 - reject)),
                     options[1]: round(100 * reject),
                 }
+                if advisor.get("on") == "finish":
+                    # The loop's question (the prompt names the options): stop when an
+                    # item says so, else go on.
+                    stop = 90 if "stop" in markers else 10
+                    votes = {"stop": stop, "continue": 100 - stop}
                 votes_text = orjson.dumps(votes).decode()
                 if "bad-votes" in markers or self.rng.random() < self.config.faults.bad_votes_rate:
                     self.stats["fault_bad_votes"] += 1
