@@ -109,7 +109,8 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
 def summarise(
     spec: AgentSpec, opinions: Sequence[Opinion]
 ) -> tuple[list[OpinionRecord], Consensus]:
-    """The opinions about one instance as records, and the weighted consensus."""
+    """The opinions about one instance as records, and the weighted consensus of those
+    that vote on the calls."""
     records: list[OpinionRecord] = []
     votes: list[Vote] = []
     for opinion in sorted(opinions, key=lambda o: o.advisor):
@@ -117,7 +118,10 @@ def summarise(
         weight = advisor.weight if advisor else 0.0
         shares, error = parse_votes(opinion.votes_raw)
         error = opinion.error or error
-        if shares is not None and opinion.error is None:
+        # A finish advisor scores stop/continue for the loop (the workflow reads it),
+        # not the calls: recorded, kept out of the calls' consensus.
+        about_calls = advisor is None or advisor.on != "finish"
+        if shares is not None and opinion.error is None and about_calls:
             votes.append(Vote(opinion.advisor, weight, shares))
         records.append(
             OpinionRecord(

@@ -17,6 +17,7 @@ import orjson
 
 from stream.core.state import read_path
 from stream.testing.account import SimConfig
+from stream.testing.routing import route_instruction
 
 __all__ = ["Judge", "SimRequest", "read_request"]
 
@@ -204,54 +205,6 @@ def plan_step(
     return calls
 
 
-def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """A global instruction about one named instance: only that instance acts."""
-    text = req.instruction
-    quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
-    task = next((a or b for a, b in quoted), text)
-    status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
-    tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-    calls: list[dict[str, Any]] = []
-    # Silence is an answer where the prompt says so (spec `silence: no_action`).
-    silent = "silence is\nrecorded as no action" in req.system
-    for token, view in views.items():
-        name = str(view["state"].get("name") or view["input"].get("name") or "")
-        # A shown id (spec instance_ids: shown) names the instance too: employee_B is
-        # "employee B" in an instruction.
-        shown = str(view["state"].get("_id") or view["input"].get("_id") or "")
-        said = re.escape(shown).replace("_", "[ _]") if shown else ""
-        if (name and re.search(rf"\b{re.escape(name)}\b", text)) or (
-            said and re.search(rf"\b{said}\b", text, re.IGNORECASE)
-        ):
-            name = name or shown
-            tool = tools[0]
-            strings = [
-                k
-                for k, v in tool.get("parameters", {}).get("properties", {}).items()
-                if v.get("type") == "string"
-            ]
-            args = dict(zip(strings, [task, status], strict=False))
-            call = {
-                "_tool": tool["name"],
-                "_instance": token,
-                "_reasoningForCall": f"the instruction names {name}",
-                **args,
-            }
-            if tool.get("paths"):
-                call["_outputPath"] = tool["paths"][0]
-            calls.append(call)
-        elif not silent:
-            calls.append(
-                {
-                    "_tool": "NoAction",
-                    "_instance": token,
-                    "_reasoningForCall": "the instruction is about someone else",
-                    "reason": "not addressed by the instruction",
-                }
-            )
-    return calls
-
-
 class Judge:
     """Answers requests like a model would, deterministically for a seed."""
 
@@ -341,7 +294,7 @@ class Judge:
                 else ("within the community rules")
             )
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
-                calls += plan_step(token, view, real, text)
+                calls += self._spoil_once(plan_step(token, view, real, text), text, markers)
                 continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
@@ -371,6 +324,23 @@ class Judge:
                 )
         opinions = self._opinions(req, judged, options)
         return {"advisors": opinions, "calls": calls} if req.advisors else {"calls": calls}
+
+    def _spoil_once(
+        self, calls: list[dict[str, Any]], text: str, markers: set[str]
+    ) -> list[dict[str, Any]]:
+        """Markers for the meta properties: the first answer about the item writes an
+        output path outside †state (bad-path) or a scope that does not exist
+        (bad-scope); the re-ask gets it right, as a model told its mistake would."""
+        spoil = {"bad-path", "bad-scope"} & markers
+        if not spoil or not calls or text in self._seen_skip_once:
+            return calls
+        self._seen_skip_once.add(text)
+        awaited = next((c for c in calls if c.get("_outputPath")), calls[0])
+        if "bad-path" in spoil:
+            awaited["_outputPath"] = "state.customer"
+        if "bad-scope" in spoil:
+            awaited["_scopes"] = ["inputs.body"]
+        return calls
 
     def _opinions(
         self,
@@ -413,6 +383,9 @@ class Judge:
                     options[0]: round(100 * (1 - reject)),
                     options[1]: round(100 * reject),
                 }
+                if "low-votes" in markers:
+                    # One option, low confidence: 10 is not certainty, however alone.
+                    votes = {options[0]: 10}
                 if advisor.get("on") == "finish":
                     # The loop's question (the prompt names the options): stop when an
                     # item says so, else go on.
