@@ -66,6 +66,23 @@ def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
     return names[0], names[1]
 
 
+_RISKY = re.compile(r"(?:no|lacks?) integration tests|rolled back|untested", re.IGNORECASE)
+
+
+def _choice(tools: list[dict[str, Any]], text: str) -> tuple[str, dict[str, int]] | None:
+    """A council choosing among three or more argument-less tools (the Advisor seed's
+    deploy / rollback / delay): independent confidence scores per tool, as the seed
+    writes them (10, 5, 95 for a risky change), and the call follows the top one."""
+    real = [t for t in tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+    if len(real) < 3 or any(t.get("parameters", {}).get("properties") for t in real):
+        return None
+    names = [t["name"] for t in real]
+    risky = bool(_RISKY.search(text))
+    scores = [10, 5, 95] if risky else [90, 5, 10]
+    votes = dict(zip(names, scores + [0] * (len(names) - 3), strict=True))
+    return max(votes, key=lambda n: votes[n]), votes
+
+
 @lru_cache(maxsize=65536)
 def _is_spam(text: str) -> bool:
     letters = sum(map(str.isalpha, text))
@@ -296,6 +313,16 @@ class Judge:
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
                 calls += self._spoil_once(plan_step(token, view, real, text), text, markers)
                 continue
+            choice = _choice(real, text)
+            if choice is not None:
+                calls.append(
+                    {
+                        "_tool": choice[0],
+                        "_instance": token,
+                        "_reasoningForCall": f"the council's top option is {choice[0]}",
+                    }
+                )
+                continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
                     continue  # follow-up tools act on flagged items only
@@ -368,14 +395,14 @@ class Judge:
                 else [
                     (
                         "",
-                        "",
+                        " ".join(j[1] for j in judged),
                         sum(j[2] for j in judged) / len(judged),
                         any(j[3] for j in judged),
                         set().union(*(j[4] for j in judged)),
                     )
                 ]
             )
-            for token, _, score, flagged, markers in targets:
+            for token, seen, score, flagged, markers in targets:
                 reject = min(1.0, score * bias + (0.5 if flagged and score < 0.5 else 0.0))
                 if "disagree" in markers:
                     reject = 0.0 if flagged else 1.0
@@ -383,6 +410,9 @@ class Judge:
                     options[0]: round(100 * (1 - reject)),
                     options[1]: round(100 * reject),
                 }
+                choice = _choice(req.tools, seen)
+                if choice is not None:
+                    votes = choice[1]
                 if "low-votes" in markers:
                     # One option, low confidence: 10 is not certainty, however alone.
                     votes = {options[0]: 10}

@@ -48,16 +48,14 @@ _EMPLOYEES = [
 ]
 
 # The Advisor seed's situation: a feature that passed unit tests, not integration tests.
+# One release, as in the seed: its advisor is not instanced, so one opinion per request;
+# a state message, so the advisor's scope †state.deploymentHistory names something.
 _RELEASES = [
     {
+        "type": "state",
         "_instance": "release-1",
-        "change": "New checkout feature; passed unit tests, no integration tests yet.",
+        "change": "The new feature has passed unit tests but lacks integration tests.",
         "deploymentHistory": ["2 of the last 5 deploys were rolled back"],
-    },
-    {
-        "_instance": "release-2",
-        "change": "Copy fix on the help page; full test suite green.",
-        "deploymentHistory": ["last 10 deploys clean"],
     },
 ]
 

@@ -311,4 +311,7 @@ def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
     assert manager["untouched"] >= 1 and manager["dead_letters"] == 0
     advisors = result["examples"]["advisors"]
     assert {o["advisor"] for o in advisors["opinions"]} == {"аналитикРисков"}
+    # The seed's scores travel unscaled (the simulator answers as the seed does).
+    assert advisors["opinions"][0]["votes"] == {"deploy": 0.1, "rollback": 0.05, "delay": 0.95}
+    assert advisors["calls"] == {"delay": 1}
     assert result["unaccounted"] == 0
