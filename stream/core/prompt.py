@@ -86,7 +86,8 @@ alternatives like "†state.urgent || †state.routine" to let the activity choo
 turn shows the updated state. A latent tool's "_outputPath" stores your own arguments:
 name one path, you choose the branch as you write it. Where a tool shows "_output", that
 is the schema of the result the activity writes there.
-"_scopes" lists what the activity may read ("input", "†state" or "†state.key"). When an
+"_scopes" lists what the activity may read ("input", "input.field", "†state" or
+"†state.key"; nothing else). When an
 instance needs nothing more, make no awaited call for it: its workflow is then done."""
 
 
@@ -167,9 +168,7 @@ class PromptBuilder:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
         self.tools = [*spec.tools, *meta_tools(spec)]
-        self.first_ask = Ask(
-            tuple(a.id for a in spec.advisors if a.on is not None), bool(spec.on_demand)
-        )
+        self.first_ask = self.ask_for(1)
         tools_json = orjson.dumps(
             [
                 {
@@ -179,7 +178,8 @@ class PromptBuilder:
                     # Only where they say something: latent tools, and where results go.
                     **({"kind": t.kind} if t.kind != "activity" else {}),
                     **({"paths": t.paths} if t.paths else {}),
-                    **({"_output": t.output} if t.output and t.paths else {}),
+                    # The result's schema, for the calls that await it (the seeds').
+                    **({"_output": t.output} if t.output else {}),
                 }
                 for t in self.tools
             ]
