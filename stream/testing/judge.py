@@ -17,7 +17,7 @@ import orjson
 
 from stream.core.state import read_path
 from stream.testing.account import SimConfig
-from stream.testing.routing import route_instruction
+from stream.testing.routing import choose_tool, route_instruction
 
 __all__ = ["Judge", "SimRequest", "read_request"]
 
@@ -64,23 +64,6 @@ def _vote_options(tools: list[dict[str, Any]]) -> tuple[str, str]:
             return "approve", "reject"
     names = [t["name"] for t in tools] + ["NoAction"]
     return names[0], names[1]
-
-
-_RISKY = re.compile(r"(?:no|lacks?) integration tests|rolled back|untested", re.IGNORECASE)
-
-
-def _choice(tools: list[dict[str, Any]], text: str) -> tuple[str, dict[str, int]] | None:
-    """A council choosing among three or more argument-less tools (the Advisor seed's
-    deploy / rollback / delay): independent confidence scores per tool, as the seed
-    writes them (10, 5, 95 for a risky change), and the call follows the top one."""
-    real = [t for t in tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-    if len(real) < 3 or any(t.get("parameters", {}).get("properties") for t in real):
-        return None
-    names = [t["name"] for t in real]
-    risky = bool(_RISKY.search(text))
-    scores = [10, 5, 95] if risky else [90, 5, 10]
-    votes = dict(zip(names, scores + [0] * (len(names) - 3), strict=True))
-    return max(votes, key=lambda n: votes[n]), votes
 
 
 @lru_cache(maxsize=65536)
@@ -311,9 +294,10 @@ class Judge:
                 else ("within the community rules")
             )
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
-                calls += self._spoil_once(plan_step(token, view, real, text), text, markers)
+                latent = {t["name"] for t in real if t.get("kind") == "latent"}
+                calls += self._spoil_once(plan_step(token, view, real, text), text, markers, latent)
                 continue
-            choice = _choice(real, text)
+            choice = choose_tool(real, text)
             if choice is not None:
                 calls.append(
                     {
@@ -353,12 +337,13 @@ class Judge:
         return {"advisors": opinions, "calls": calls} if req.advisors else {"calls": calls}
 
     def _spoil_once(
-        self, calls: list[dict[str, Any]], text: str, markers: set[str]
+        self, calls: list[dict[str, Any]], text: str, markers: set[str], latent: set[str]
     ) -> list[dict[str, Any]]:
         """Markers for the meta properties: the first answer about the item writes an
-        output path outside †state (bad-path) or a scope that does not exist
-        (bad-scope); the re-ask gets it right, as a model told its mistake would."""
-        spoil = {"bad-path", "bad-scope"} & markers
+        output path outside †state (bad-path), a scope that does not exist (bad-scope)
+        or a latent write with two paths (latent-branch); later answers get it right, as
+        a model told its mistake would."""
+        spoil = {"bad-path", "bad-scope", "latent-branch"} & markers
         if not spoil or not calls or text in self._seen_skip_once:
             return calls
         self._seen_skip_once.add(text)
@@ -367,6 +352,9 @@ class Judge:
             awaited["_outputPath"] = "state.customer"
         if "bad-scope" in spoil:
             awaited["_scopes"] = ["inputs.body"]
+        for call in calls:
+            if "latent-branch" in spoil and call.get("_outputPath") and call["_tool"] in latent:
+                call["_outputPath"] += " || †state.notes"  # a latent write left undecided
         return calls
 
     def _opinions(
@@ -410,7 +398,7 @@ class Judge:
                     options[0]: round(100 * (1 - reject)),
                     options[1]: round(100 * reject),
                 }
-                choice = _choice(req.tools, seen)
+                choice = choose_tool(req.tools, seen)
                 if choice is not None:
                     votes = choice[1]
                 if "low-votes" in markers:

@@ -1,6 +1,7 @@
-"""The simulator's answer to a global instruction that names one instance (the Instancing
-seed's manager example): only the named instance acts; the others get NoAction, or no
-call at all where the prompt says silence is an answer."""
+"""The simulator's routing rules: a global instruction that names one instance (the
+Instancing seed's manager example: only the named instance acts; the others get NoAction,
+or no call at all where the prompt says silence is an answer), and a council's choice
+among argument-less tools (the Advisor seed's deploy / rollback / delay)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stream.testing.judge import SimRequest
 
-__all__ = ["route_instruction"]
+__all__ = ["choose_tool", "route_instruction"]
 
 
 def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -59,3 +60,20 @@ def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list
                 }
             )
     return calls
+
+
+_RISKY = re.compile(r"(?:no|lacks?) integration tests|rolled back|untested", re.IGNORECASE)
+
+
+def choose_tool(tools: list[dict[str, Any]], text: str) -> tuple[str, dict[str, int]] | None:
+    """A council choosing among three or more argument-less tools (the Advisor seed's
+    deploy / rollback / delay): independent confidence scores per tool, as the seed
+    writes them (10, 5, 95 for a risky change), and the call follows the top one."""
+    real = [t for t in tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+    if len(real) < 3 or any(t.get("parameters", {}).get("properties") for t in real):
+        return None
+    names = [t["name"] for t in real]
+    risky = bool(_RISKY.search(text))
+    scores = [10, 5, 95] if risky else [90, 5, 10]
+    votes = dict(zip(names, scores + [0] * (len(names) - 3), strict=True))
+    return max(votes, key=lambda n: votes[n]), votes

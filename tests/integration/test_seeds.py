@@ -274,18 +274,29 @@ async def _b_updated(dep: Deployment) -> dict[str, dict[str, Any]]:
     return got if got.get("employee_B", {}).get("state", {}).get("newTask") else {}
 
 
-async def test_bad_output_path_and_unknown_scope_are_refused_calls(deploy: Deploy) -> None:
-    dep = await deploy(spec_path=TICKETS)
-    items = tickets(3)
+async def test_bad_output_path_unknown_scope_and_latent_branch_are_refused_calls(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(TICKETS.read_text())
+    summarize = next(t for t in data["tools"] if t["name"] == "summarize")
+    summarize["paths"] = ["†state.summary", "†state.notes"]
+    dep = await deploy(spec_path=_write(tmp_path, data))
+    items = tickets(4)
     items[0]["body"] += " [[sim:bad-path]]"
     items[1]["body"] += " [[sim:bad-scope]]"
+    items[2]["body"] += " [[sim:latent-branch]]"
     await dep.produce_items(items)
-    report = await dep.settle(3)
+    report = await dep.settle(4)
     assert report.unaccounted == 0
     letters = await dep.records(dep.settings.topics.dead_letter)
     codes = {(d["code"], d["instance"]) for d in letters}
     assert ("bad_output_path", items[0]["_instance"]) in codes
     assert ("bad_scopes", items[1]["_instance"]) in codes
+    # Eager: the model writes a latent output itself, so it must choose the branch now.
+    branch = [d for d in letters if d["instance"] == items[2]["_instance"]]
+    # (a set: a batch redone after a crash may say it twice; at least once is the promise)
+    assert {(d["code"], d["call"]["_tool"]) for d in branch} == {("bad_output_path", "summarize")}
+    assert all("latent" in d["reason"] and "†state.notes" in d["reason"] for d in branch)
     assert not any(d["code"] == "internal_error" for d in letters)  # batch-mates unharmed
     assert report.dead_letters.get("internal_error", 0) == 0
     published = await dep.records(dep.activity_topic("assessUrgency"))

@@ -121,6 +121,8 @@ def test_on_modes_per_turn() -> None:
     assert planned.ask_for(1) == Ask(("opener", "monitor"), True)
     assert planned.ask_for(2) == Ask(("monitor", "closer"), True)
     assert planned.ask_for(3) == Ask(("monitor", "closer"), True)
+    # The loop reads the finish advisor's "stop": the model is told the options.
+    assert '"stop" and "continue"' in planned.system
     # Without a plan the one request is both the start and the end.
     single = PromptBuilder(_spec(advisors=advisors))
     assert single.ask_for(1).active == ("opener", "monitor", "closer")
