@@ -15,7 +15,7 @@ from stream.core.messages import SourcePosition
 from stream.core.prompt import Ask, PromptBuilder
 from stream.core.spec import AgentSpec
 from stream.core.validate import Validator, output_path_problem, scopes_problem
-from stream.runtime.records import imported
+from stream.runtime.scopes import imported
 
 # The Advisor seed (Russian text), verbatim: registration and the model's response.
 SEED_ADVISOR: dict[str, Any] = {
