@@ -23,7 +23,8 @@ __all__ = ["Consensus", "Vote", "aggregate", "gate", "parse_votes", "render", "s
 
 @dataclass(frozen=True, slots=True)
 class Vote:
-    """One advisor's opinion reduced to a distribution over options (tools or values)."""
+    """One advisor's opinion: its confidence (0-1) in each option it scored (tools or
+    values); `shares` keeps its old name for the records' sake."""
 
     advisor: str
     weight: float
@@ -49,10 +50,13 @@ class Consensus:
 
 
 def parse_votes(raw: Any) -> tuple[dict[str, float] | None, str | None]:
-    """Inline JSON like '{"approve": 10, "reject": 90}' -> shares summing to 1.
+    """Inline JSON like '{"deploy": 10, "rollback": 5, "delay": 95}' -> each option's
+    confidence from 0 to 1 (the score / 100).
 
-    Returns (shares, None) or (None, reason). Numbers given as strings are accepted;
-    negative, non-finite or non-numeric votes, and an all-zero ballot, are refused.
+    The seeds' votes are independent confidence scores, not shares of one ballot: they
+    need not sum to 100, and a lone '{"approve": 10}' is low confidence, not certainty.
+    Returns (scores, None) or (None, reason). Numbers given as strings are accepted;
+    negative, non-finite, non-numeric or above-100 votes are refused.
     """
     if isinstance(raw, dict):
         data: Any = raw
@@ -65,28 +69,27 @@ def parse_votes(raw: Any) -> tuple[dict[str, float] | None, str | None]:
         return None, f"votes must be a JSON string, got {type(raw).__name__}"
     if not isinstance(data, dict) or not data:
         return None, "votes must be a non-empty JSON object of option -> number"
-    weights: dict[str, float] = {}
+    scores: dict[str, float] = {}
     for option, value in data.items():
         try:
             number = float(value)
         except (TypeError, ValueError):
             return None, f"vote for {option!r} is not a number: {value!r}"
-        if not math.isfinite(number) or number < 0:
-            return None, f"vote for {option!r} must be a finite number >= 0, got {value!r}"
-        weights[str(option)] = weights.get(str(option), 0.0) + number
-    total = sum(weights.values())
-    if total <= 0:
-        return None, "all votes are zero"
-    return {k: v / total for k, v in weights.items()}, None
+        if not math.isfinite(number) or not 0 <= number <= 100:
+            return None, f"vote for {option!r} must be a number from 0 to 100, got {value!r}"
+        scores[str(option)] = number / 100
+    return scores, None
 
 
 def aggregate(votes: Sequence[Vote]) -> Consensus:
-    """Weighted mean of the advisors' distributions.
+    """Weighted mean confidence per option; an option an advisor did not score counts as
+    0 from that advisor.
 
-    `score` is the consensus option's share; `divergence` is the weighted mean total
-    variation distance between each advisor and the consensus: 0 when the council is
-    unanimous, growing towards 1 as advisors put all their weight on different options
-    (two opposed advisors of equal weight: 0.5).
+    `score` is the consensus option's mean confidence (so a council that is only 10%
+    sure of its best option says 0.1); `divergence` is the weighted mean, over advisors,
+    of the largest gap between the advisor's confidence and the council's on any
+    option: 0 when unanimous, never above 1 (two opposed, certain advisors of equal
+    weight: 0.5).
     """
     counted = [v for v in votes if v.weight > 0 and v.shares]
     total = sum(v.weight for v in counted)
@@ -97,10 +100,7 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
     # Ties go to the alphabetically first option, so the result never depends on order.
     best = max(options, key=lambda o: (mean[o], [-ord(c) for c in o]))
     divergence = (
-        sum(
-            v.weight * 0.5 * sum(abs(v.shares.get(o, 0.0) - mean[o]) for o in options)
-            for v in counted
-        )
+        sum(v.weight * max(abs(v.shares.get(o, 0.0) - mean[o]) for o in options) for v in counted)
         / total
     )
     return Consensus(best, mean[best], divergence, mean, len(counted))
@@ -109,7 +109,8 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
 def summarise(
     spec: AgentSpec, opinions: Sequence[Opinion]
 ) -> tuple[list[OpinionRecord], Consensus]:
-    """The opinions about one instance as records, and the weighted consensus."""
+    """The opinions about one instance as records, and the weighted consensus of those
+    that vote on the calls."""
     records: list[OpinionRecord] = []
     votes: list[Vote] = []
     for opinion in sorted(opinions, key=lambda o: o.advisor):
@@ -117,7 +118,10 @@ def summarise(
         weight = advisor.weight if advisor else 0.0
         shares, error = parse_votes(opinion.votes_raw)
         error = opinion.error or error
-        if shares is not None and opinion.error is None:
+        # A finish advisor scores stop/continue for the loop (the workflow reads it),
+        # not the calls: recorded, kept out of the calls' consensus.
+        about_calls = advisor is None or advisor.on != "finish"
+        if shares is not None and opinion.error is None and about_calls:
             votes.append(Vote(opinion.advisor, weight, shares))
         records.append(
             OpinionRecord(

@@ -158,7 +158,11 @@ class OpinionRecord(_Record):
     weight: float
     instanced: bool = Field(description="false: one opinion for the whole request")
     fields: dict[str, Any] = Field(description="The opinion's own fields (its schema's)")
-    votes: dict[str, float] | None = Field(None, description="Normalised votes (sum 1)")
+    votes: dict[str, float] | None = Field(
+        None,
+        description="Confidence per option, 0-1 (the model's 0-100 score / 100); "
+        "independent scores, not shares: they need not sum to 1",
+    )
     votes_raw: Any = Field(None, description="The inline JSON as the model wrote it")
     error: str | None = Field(None, description="Why the votes or fields were not usable")
 
@@ -210,8 +214,12 @@ DeadLetterCode = Literal[
     "bad_arguments",
     "malformed_call",
     "duplicate_call",
+    "bad_output_path",
+    "bad_scopes",
     # an activity handler kept failing on a published call
     "activity_failed",
+    # an awaited call's result broke its tool's `_output` schema
+    "bad_result",
 ]
 
 ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))

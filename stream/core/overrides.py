@@ -43,7 +43,8 @@ def apply_overrides(spec: AgentSpec, messages: Messages) -> tuple[AgentSpec, Ref
         except orjson.JSONDecodeError as exc:
             refused.append((key, f"context message {key!r} is not JSON: {exc}"))
             continue
-        kind = message.get("type") if isinstance(message, dict) else None
+        # The seeds write an advisor's kind as `type` in one text and `kind` in another.
+        kind = (message.get("type") or message.get("kind")) if isinstance(message, dict) else None
         if kind not in ("advisor", "input"):
             refused.append((key, f"context message {key!r}: type must be advisor or input"))
             continue

@@ -65,6 +65,7 @@ _PROTOCOL = """\
 The user message is a JSON array of input messages ("type" is "input" where it is
 missing). A message with "_instance" belongs to one independent instance, named by a
 short token (①, ②, ...). Messages without "_instance" are global and apply to every
+instance; where an instance's own message gives the same field, its value wins for that
 instance. Answer with a JSON object {"calls": [...]}. Each call has "_tool" (a tool
 name), "_instance" (a token from the input), {reasoning}and the tool's arguments. Give
 every instance at least one call; when an instance needs nothing, call NoAction for it
@@ -84,8 +85,11 @@ _STATEFUL = """# State
 Each instance may have a "state" message: what earlier turns learned. When a call's
 result must be kept, give it "_outputPath": a state path like "†state.customer", or
 alternatives like "†state.urgent || †state.routine" to let the activity choose; the next
-turn shows the updated state. A latent tool's "_outputPath" stores your own arguments.
-"_scopes" lists what the activity may read ("input", "†state" or "†state.key"). When an
+turn shows the updated state. A latent tool's "_outputPath" stores your own arguments:
+name one path, you choose the branch as you write it. Where a tool shows "_output", that
+is the schema of the result the activity writes there.
+"_scopes" lists what the activity may read ("input", "input.field", "†state" or
+"†state.key"; nothing else). When an
 instance needs nothing more, make no awaited call for it: its workflow is then done."""
 
 
@@ -99,8 +103,17 @@ choose between), e.g. "{\\"approve\\": 10, \\"reject\\": 90}". An instanced advi
 opinion per instance, with "_instance"; the others give one opinion for the whole
 request. Each advisor weighs its scopes first, without ignoring the rest. Advisors with
 "on": null speak only when consulted: where an instance is hard to decide, call
-ConsultAdvisor for it (instead of deciding) and it will be asked again with that
-advisor active."""
+ConsultAdvisor for it (instead of deciding) with your question, and it will be asked
+again with that advisor active and your question in "questions"."""
+
+# Only for specs with a finish advisor: the loop reads its votes, so it must know them.
+_FINISH = """An advisor with "on": "finish" decides whether an instance's workflow stops:
+its "calls" scores the options "stop" and "continue"; "stop" at 50 or more, and not
+below "continue", ends the workflow now."""
+
+# Only for specs where silence is an answer (spec `silence: no_action`).
+_SILENCE = """An instance that needs nothing may also get no call at all: silence is
+recorded as no action."""
 
 
 # Call properties of stateful runs; nullable because strict output wants every property.
@@ -157,9 +170,6 @@ class PromptBuilder:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
         self.tools = [*spec.tools, *meta_tools(spec)]
-        self.first_ask = Ask(
-            tuple(a.id for a in spec.advisors if a.on is not None), bool(spec.on_demand)
-        )
         self.stateful = spec.plan is not None or any(t.paths or t.output for t in spec.tools)
         self.compact = spec.model.answer == "compact"
         # The positions of each tool's compact call (the validator reads them back).
@@ -167,26 +177,16 @@ class PromptBuilder:
             t.name: compact.call_fields(t.parameters, spec.model.reasoning != "off", self.stateful)
             for t in self.tools
         }
-        tools_json = orjson.dumps(
-            [
-                {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                    # Only where they say something: latent tools, and where results go.
-                    **({"kind": t.kind} if t.kind != "activity" else {}),
-                    **({"paths": t.paths} if t.paths else {}),
-                    **({"call": self.call_fields[t.name]} if self.compact else {}),
-                }
-                for t in self.tools
-            ]
-        ).decode()
+        self.first_ask = self.ask_for(1)
+        tools_json = _tools_json(self.tools, self.call_fields if self.compact else None)
         if self.compact:
             protocol = compact.PROTOCOL.replace(
                 "{reasoning}", compact.REASONING_TEXT[spec.model.reasoning]
             )
         else:
             protocol = _PROTOCOL.replace("{reasoning}", _REASONING[spec.model.reasoning])
+        if spec.silence == "no_action":
+            protocol += "\n" + _SILENCE
         sections = [spec.instructions.strip(), protocol, "# Tools", tools_json]
         if self.stateful:
             sections.insert(2, _STATEFUL)
@@ -197,7 +197,8 @@ class PromptBuilder:
             advisors_json = orjson.dumps(
                 [a.model_dump(by_alias=True, exclude={"type", "weight"}) for a in spec.advisors]
             ).decode()
-            sections += [_ADVISORY, advisors_json]
+            finish = [_FINISH] if any(a.on == "finish" for a in spec.advisors) else []
+            sections += ["\n".join([_ADVISORY, *finish]), advisors_json]
         if spec.inputs:
             globals_json = orjson.dumps(
                 [m.model_dump(by_alias=True, exclude_none=True) for m in spec.inputs]
@@ -206,15 +207,29 @@ class PromptBuilder:
         self.system = "\n\n".join(sections)
         self._schema = lru_cache(maxsize=64)(self._build_schema)
 
+    def ask_for(self, turn: int) -> Ask:
+        """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
+        `request` on every turn, `finish` where the loop decides whether to stop (every
+        turn after the first, the last allowed turn, and the one turn of a request
+        without a plan); on-demand advisors only when consulted."""
+        plan = self.spec.plan
+        deciding = plan is None or turn > 1 or turn >= plan.max_turns
+        speak = {"request": True, "start": turn == 1, "finish": deciding}
+        active = tuple(a.id for a in self.spec.advisors if a.on is not None and speak[a.on])
+        return Ask(active, bool(self.spec.on_demand))
+
     def messages(
         self,
         instances: Sequence[Instance],
         ask: Ask | None = None,
         refused: Sequence[tuple[str, str]] = (),
+        questions: Sequence[tuple[str, str, str]] = (),
     ) -> list[dict[str, str]]:
         """The request; `refused` (token, why) says what was wrong with the last answer
-        for these instances. It comes last, so the cached prefix stays the same."""
+        for these instances. It comes last, so the cached prefix stays the same.
+        `questions` (token, advisor, question): what the model asked consulted advisors."""
         body: list[dict[str, Any]] = []
+        shown = self.spec.instance_ids == "shown"
         for k, inst in enumerate(instances):
             # The compact form numbers instances: 1 is one token, ① two or three.
             token: str | int = k + 1 if self.compact else token_for(k)
@@ -224,7 +239,9 @@ class PromptBuilder:
                 {
                     **({"type": kind} if kind != "input" else {}),
                     "_instance": token,
-                    **{key: v for key, v in inst.payload.items() if key != "type"},
+                    # Shown only: calls name the token, the only way back to the id.
+                    **({"_id": inst.id} if shown else {}),
+                    **{key: v for key, v in inst.payload.items() if key not in ("type", "_id")},
                 }
             )
             if inst.state and inst.payload.get("type") != "state":
@@ -235,7 +252,14 @@ class PromptBuilder:
         ]
         if self.spec.advisors:
             ask = ask or self.first_ask
-            control = {"activeAdvisors": list(ask.active), "mayConsult": ask.consult}
+            control: dict[str, Any] = {
+                "activeAdvisors": list(ask.active),
+                "mayConsult": ask.consult,
+            }
+            if questions:
+                control["questions"] = [
+                    {"_instance": t, "advisor": a, "question": q} for t, a, q in questions
+                ]
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
             named = {token_for(k): k + 1 for k in range(len(instances))} if self.compact else {}
@@ -381,3 +405,24 @@ class PromptBuilder:
             "type": "json_schema",
             "json_schema": {"name": "solution", "strict": True, "schema": schema},
         }
+
+
+def _tools_json(tools: Sequence[Tool], call_fields: dict[str, list[str]] | None) -> str:
+    """The tools as the system prompt lists them (`call_fields`: the compact answer's
+    positions of each tool's values)."""
+    return orjson.dumps(
+        [
+            {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                # Only where they say something: latent tools, and where results go.
+                **({"kind": t.kind} if t.kind != "activity" else {}),
+                **({"paths": t.paths} if t.paths else {}),
+                **({"call": call_fields[t.name]} if call_fields is not None else {}),
+                # The result's schema, for the calls that await it (the seeds').
+                **({"_output": t.output} if t.output else {}),
+            }
+            for t in tools
+        ]
+    ).decode()

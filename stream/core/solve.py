@@ -17,12 +17,16 @@ from dataclasses import dataclass, field
 from stream.core.messages import Call
 from stream.core.model import Model
 from stream.core.prompt import Ask, Instance, PromptBuilder, token_for
-from stream.core.validate import Opinion, Refusal, Validator
+from stream.core.spec import NO_ACTION
+from stream.core.validate import Opinion, Refusal, Validator, Verdict
 from stream.errors import LLMError
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
 
 log = logging.getLogger("stream.solve")
+
+# The NoAction reason of an instance a valid answer left without calls (spec silence).
+_SILENCE_REASON = "no call: the spec says silence means no action"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,7 @@ class _Notes:
 
     opinions: dict[str, Opinion] = field(default_factory=dict)
     consulted: list[str] = field(default_factory=list)
+    questions: list[tuple[str, str]] = field(default_factory=list)  # (advisor, question)
 
 
 @dataclass(slots=True)
@@ -83,10 +88,15 @@ class Solver:
         self.max_consults = max_consults
 
     async def solve(self, instances: list[Instance]) -> Outcome:
+        """Instances on different turns hear different advisors (the seeds' `on`), so a
+        batch that mixes them is asked once per set of speaking advisors."""
         outcome = Outcome()
-        first = self.prompt.first_ask
-        ask = Ask(first.active, first.consult and self.max_consults > 0)
-        await self._solve(instances, outcome, 1, ask, 0)
+        groups: dict[Ask, list[Instance]] = {}
+        for inst in instances:
+            groups.setdefault(self.prompt.ask_for(inst.turn), []).append(inst)
+        for chosen, group in groups.items():
+            ask = Ask(chosen.active, chosen.consult and self.max_consults > 0)
+            await self._solve(group, outcome, 1, ask, 0)
         return outcome
 
     async def _solve(
@@ -137,8 +147,13 @@ class Solver:
         notes = [
             (t, feedback[id(i)]) for t, i in zip(tokens, pending, strict=True) if id(i) in feedback
         ]
+        questions = [
+            (t, advisor, question)
+            for t, i in zip(tokens, pending, strict=True)
+            for advisor, question in (out.notes[id(i)].questions if id(i) in out.notes else [])
+        ]
         done = await self.llm.complete(
-            self.prompt.messages(pending, ask, notes),
+            self.prompt.messages(pending, ask, notes, questions),
             self.prompt.response_format(len(pending), ask),
             items=len(pending),
             max_tokens=self.prompt.output_cap(len(pending)),
@@ -175,6 +190,8 @@ class Solver:
         if verdict.consults:
             await self._consult(verdict.consults, by_token, out, attempt, ask, rounds)
         answered = set(verdict.calls) | set(verdict.consults)
+        if self.prompt.spec.silence == "no_action" and not verdict.malformed:
+            answered |= self._silent(verdict, tokens, by_token, out, attempt, set(why))
         left = [t for t in tokens if t not in answered]
         default = verdict.malformed or "no valid call for this instance"
         if done.finish_reason == "length":
@@ -189,6 +206,40 @@ class Solver:
             )
         return [by_token[t] for t in left], {id(by_token[t]): why.get(t, default) for t in left}
 
+    def _silent(
+        self,
+        verdict: Verdict,
+        tokens: list[str],
+        by_token: dict[str, Instance],
+        out: Outcome,
+        attempt: int,
+        refused: set[str],
+    ) -> set[str]:
+        """Spec `silence: no_action`: an instance a complete answer left without any call
+        (and without a refused one, which is asked again) needs nothing."""
+        if verdict.cut_short:
+            return set()
+        silent = [t for t in tokens if t not in verdict.calls and t not in verdict.consults]
+        silent = [t for t in silent if t not in refused]
+        for token in silent:
+            inst = by_token[token]
+            call = Call.model_validate(
+                {"_tool": NO_ACTION, "_instance": token, "reason": _SILENCE_REASON}
+            )
+            notes_of = out.notes.get(id(inst), _Notes())
+            out.answers.append(
+                Answer(
+                    inst,
+                    [call],
+                    token,
+                    len(tokens),
+                    attempt,
+                    list(notes_of.opinions.values()),
+                    notes_of.consulted,
+                )
+            )
+        return set(silent)
+
     def _note_opinions(
         self, out: Outcome, opinions: list[Opinion], by_token: dict[str, Instance]
     ) -> None:
@@ -199,7 +250,7 @@ class Solver:
 
     async def _consult(
         self,
-        consults: dict[str, list[str]],
+        consults: dict[str, list[tuple[str, str]]],
         by_token: dict[str, Instance],
         out: Outcome,
         attempt: int,
@@ -208,10 +259,13 @@ class Solver:
     ) -> None:
         """Asks again, per set of consulted advisors, with those advisors active."""
         groups: dict[tuple[str, ...], list[Instance]] = {}
-        for token, advisors in consults.items():
+        for token, asked in consults.items():
             inst = by_token[token]
-            wanted = tuple(sorted(set(advisors)))
-            out.notes.setdefault(id(inst), _Notes()).consulted.extend(wanted)
+            wanted = tuple(sorted({advisor for advisor, _ in asked}))
+            notes = out.notes.setdefault(id(inst), _Notes())
+            notes.consulted.extend(wanted)
+            # The consulted advisor gets the model's question (the seeds' ConsultAdvisor).
+            notes.questions.extend(asked)
             out.consults += len(wanted)
             groups.setdefault(wanted, []).append(inst)
         for chosen, group in groups.items():

@@ -7,6 +7,7 @@ instead of failing on the first batch.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +15,15 @@ import orjson
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from stream.core.interpolate import interpolate
 from stream.errors import SpecError
@@ -41,6 +50,9 @@ NO_ACTION = "NoAction"
 CONSULT = "ConsultAdvisor"
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+# Advisor ids are the user's names for personas; the seeds' Russian text registers
+# `аналитикРисков`, so any script's letters are allowed (not digits first, no spaces).
+_ADVISOR_ID = re.compile(r"[^\W\d_][\w]{0,63}")
 
 
 class _Strict(BaseModel):
@@ -58,7 +70,11 @@ class Tool(_Strict):
     kind: Literal["activity", "latent"] = "activity"
     topic: str | None = Field(None, description="Activity topic; default activity.<name>")
     output: dict[str, Any] | None = Field(
-        None, description="JSON Schema of the activity's result, for awaited calls"
+        None,
+        alias="_output",
+        description="JSON Schema of the activity's result (the seeds' `_output`; `output` "
+        "is accepted too): shown to the model for awaited calls, and a result that breaks "
+        "it is dead-lettered as bad_result and recorded as the call's error",
     )
     paths: list[str] = Field(
         default_factory=list,
@@ -88,8 +104,9 @@ class Tool(_Strict):
 
 
 class Advisor(_Strict):
-    type: Literal["advisor"] = "advisor"
-    id: str = Field(pattern=_NAME)
+    # The seeds write `type: "advisor"` in one text and `kind: "advisor"` in another.
+    type: Literal["advisor"] = Field("advisor", validation_alias=AliasChoices("type", "kind"))
+    id: str = Field(description="Letters (any script), digits and _; e.g. аналитикРисков")
     role: str
     schema_: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object", "properties": {}}, alias="schema"
@@ -98,6 +115,16 @@ class Advisor(_Strict):
     scopes: list[str] = Field(default_factory=list)
     is_instanced: bool = Field(False, alias="isInstanced")
     weight: float = Field(1.0, ge=0)
+
+    @field_validator("id")
+    @classmethod
+    def _is_identifier(cls, value: str) -> str:
+        if not _ADVISOR_ID.fullmatch(value):
+            raise ValueError(
+                "an advisor id is a letter (any script) then letters, digits or _, "
+                f"at most 64; got {value!r}"
+            )
+        return value
 
 
 class AdviceSettings(_Strict):
@@ -226,6 +253,18 @@ class AgentSpec(_Strict):
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
+    )
+    instance_ids: Literal["hidden", "shown"] = Field(
+        "hidden",
+        description="shown: each instance's message also carries its producer id as `_id`, "
+        "for specs where ids carry meaning (the seeds' employee_B); calls still name the "
+        "token, which stays the only way back to the id",
+    )
+    silence: Literal["reask", "no_action"] = Field(
+        "reask",
+        description="What an instance without any call in a valid answer means: reask "
+        "(asked again, then dead-lettered) or no_action (recorded as no action, as the "
+        "seeds' manager example leaves employee_A untouched)",
     )
 
     @model_validator(mode="after")

@@ -18,13 +18,57 @@ from jsonschema.exceptions import best_match
 from stream.core import compact
 from stream.core.messages import Call
 from stream.core.prompt import Ask, PromptBuilder, meta_tools
-from stream.core.spec import CONSULT, AgentSpec
+from stream.core.spec import CONSULT, AgentSpec, Tool
 
-__all__ = ["Opinion", "Refusal", "Validator", "Verdict"]
+__all__ = [
+    "Opinion",
+    "Refusal",
+    "Validator",
+    "Verdict",
+    "output_path_problem",
+    "scopes_problem",
+]
 
 _REMEMBERED = 4096  # distinct argument sets whose verdict is kept
 
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
+_STATE = "†state"
+
+
+def _path_ok(path: str, root: str) -> bool:
+    """`root` itself or `root.a.b` with non-empty keys."""
+    if path == root:
+        return True
+    keys = path.removeprefix(root + ".").split(".") if path.startswith(root + ".") else []
+    return bool(keys) and all(k.strip() == k and k for k in keys)
+
+
+def output_path_problem(tool: Tool, output_path: str) -> str | None:
+    """Why a call's `_outputPath` cannot be honoured, or None. Each alternative must be a
+    †state path among the tool's declared paths (any †state path when it declares
+    none); a latent call must name one: the model writes the output, so it chooses."""
+    paths = [p.strip() for p in output_path.split("||")]
+    if not all(paths) or not all(_path_ok(p, _STATE) for p in paths):
+        return f"_outputPath {output_path!r}: each alternative must be {_STATE} or {_STATE}.key"
+    if tool.paths and not set(paths) <= set(tool.paths):
+        return f"_outputPath {output_path!r}: {tool.name} writes only to {tool.paths}"
+    if tool.kind == "latent" and len(paths) > 1:
+        return (
+            f"_outputPath {output_path!r}: a latent call writes its own output, so it names "
+            "one path: choose the branch now"
+        )
+    return None
+
+
+def scopes_problem(scopes: Any) -> str | None:
+    """Why a call's `_scopes` do not resolve, or None: each is input, input.<field>,
+    †state or †state.<path>."""
+    if not isinstance(scopes, list) or not all(isinstance(x, str) for x in scopes):
+        return "_scopes must be a list of strings"
+    unknown = [x for x in scopes if not (_path_ok(x, "input") or _path_ok(x, _STATE))]
+    if unknown:
+        return f"_scopes {unknown}: a scope is input, input.<field>, {_STATE} or {_STATE}.<path>"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +98,7 @@ class Verdict:
     calls: dict[str, list[Call]] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     opinions: list[Opinion] = field(default_factory=list)
-    consults: dict[str, list[str]] = field(default_factory=dict)
+    consults: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # (advisor, question)
     stray_opinions: int = 0
     duplicates: int = 0  # exact repeats of an accepted call, dropped
     cut_short: bool = False  # the answer broke off: only its complete calls were read
@@ -88,6 +132,7 @@ def _salvage(text: str) -> Any:
 class Validator:
     def __init__(self, spec: AgentSpec) -> None:
         tools = [*spec.tools, *meta_tools(spec)]
+        self._tools = {t.name: t for t in tools}
         self._validators = {t.name: Draft202012Validator(t.parameters) for t in tools}
         self._required = {t.name: set(t.parameters.get("required", [])) for t in tools}
         self._most = {t.name: t.max_calls_per_instance for t in tools}
@@ -126,7 +171,8 @@ class Validator:
             elif outcome.tool == CONSULT:
                 if ask.consult:
                     advisor = str(outcome.arguments.get("advisor"))
-                    verdict.consults.setdefault(outcome.instance, []).append(advisor)
+                    question = str(outcome.arguments.get("question") or "")
+                    verdict.consults.setdefault(outcome.instance, []).append((advisor, question))
             else:
                 self._accept(verdict, outcome, raw)
         # An instance that asked for a consult is decided in the follow-up, not here.
@@ -203,6 +249,11 @@ class Validator:
         if not isinstance(raw, dict):
             return Refusal("malformed_call", "call is not a JSON object", None)
         tool, token = raw.get("_tool"), raw.get("_instance")
+        if token is None and len(known) == 1:
+            # The seeds' single-context examples write calls without `_instance`: in a
+            # request of one instance there is only one it can mean.
+            token = next(iter(known))
+            raw = {**raw, "_instance": token}
         where = token if isinstance(token, str) else None
         if not isinstance(tool, str) or tool not in self._validators:
             return Refusal("unknown_tool", f"unknown tool {tool!r}", raw, where)
@@ -219,6 +270,12 @@ class Validator:
         if problem is not None:
             return Refusal("bad_arguments", problem, raw, token)
         meta = {k: v for k, v in raw.items() if k in _META and v is not None}
+        if "_outputPath" in meta:
+            problem = output_path_problem(self._tools[tool], str(meta["_outputPath"]))
+            if problem:
+                return Refusal("bad_output_path", problem, raw, token)
+        if "_scopes" in meta and (problem := scopes_problem(meta["_scopes"])):
+            return Refusal("bad_scopes", problem, raw, token)
         try:
             return Call.model_validate({**meta, **args})
         except ValueError as exc:

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
 from stream.core.advice import Vote as _Vote
 from stream.core.advice import aggregate, parse_votes
 from stream.core.instance import Instance
@@ -32,7 +35,7 @@ from stream.core.messages import (
     ResultRecord,
     TraceEntry,
 )
-from stream.core.spec import AgentSpec
+from stream.core.spec import AgentSpec, Tool
 from stream.core.state import (
     Ended,
     InstanceState,
@@ -126,8 +129,10 @@ class Workflow:
             if tool is None:
                 continue  # NoAction: nothing to run, nothing to await
             if tool.kind == "latent":
-                if call.output_path and first_time:
-                    write_path(st.state, alternatives(call.output_path)[0], call.arguments)
+                # Lazy: the model's own output is part of the proposal, written only once
+                # approved. The validator admits a latent path only when it names one.
+                if call.output_path and first_time and not lazy:
+                    write_path(st.state, call.output_path.strip(), call.arguments)
                 continue
             if call.output_path:
                 awaited = True
@@ -212,6 +217,14 @@ class Workflow:
             st.instance, st.input or {"type": "input"}, st.source, 256, dict(st.state), st.turn + 1
         )
 
+    def result_problem(self, rec: ResultRecord) -> str | None:
+        """Why an awaited call's result breaks its tool's `_output` schema, or None (also
+        for results the workflow will ignore, and errors, which carry no value)."""
+        st = self.store.get(rec.instance)
+        pending = st.pending.get(rec.call_id) if st is not None else None
+        tool = self.spec.tool(pending.tool) if pending is not None else None
+        return None if tool is None or rec.error is not None else _output_error(tool, rec.value)
+
     def on_result(self, rec: ResultRecord) -> tuple[Instance | None, DoneRecord | None]:
         """Writes an awaited call's result into state. Unknown or repeated results are
         ignored (at-least-once delivery makes them normal)."""
@@ -281,21 +294,13 @@ class Workflow:
             done = _finish(st, "rejected", rec.reason or "proposal rejected")
             self.store.put(st)
             return [], done
-        proposal, st.proposal = st.proposal, []
-        for call in proposal:
-            if call.get("_outputPath") and self.spec.tool(call["_tool"]):
-                st.pending[call["call_id"]] = Pending(
-                    tool=call["_tool"],
-                    paths=alternatives(call["_outputPath"]),
-                    deadline=time.time() + self.timeout,
-                    turn=st.turn,
-                )
+        run = _approve(self.spec, st, self.timeout)
         st.status = "pending" if st.pending else "ready"
         finished: DoneRecord | None = None
         if not st.pending:
             finished = _finish(st, "done", "approved proposal ran; nothing awaited")
         self.store.put(st)
-        return proposal, finished
+        return run, finished
 
 
 def _propose(
@@ -320,13 +325,30 @@ def _propose(
 
 
 def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
+    """The finish advisors' say on stopping: the prompt tells them to score the options
+    "stop" and "continue"; the loop stops when "stop" leads with at least 50."""
     votes = []
     for op in opinions:
         advisor = spec.advisor(op.advisor)
-        shares, _ = parse_votes(op.votes_raw)
-        if advisor and advisor.on == "finish" and shares:
-            votes.append(_Vote(op.advisor, advisor.weight, shares))
-    return bool(votes) and aggregate(votes).option == "stop"
+        scores, _ = parse_votes(op.votes_raw)
+        if advisor and advisor.on == "finish" and scores and op.error is None:
+            votes.append(_Vote(op.advisor, advisor.weight, scores))
+    if not votes:
+        return False
+    council = aggregate(votes)
+    return council.distribution.get("stop", 0.0) >= max(
+        0.5, council.distribution.get("continue", 0.0)
+    )
+
+
+def _output_error(tool: Tool, value: Any) -> str | None:
+    if tool.output is None:
+        return None
+    error = best_match(Draft202012Validator(tool.output).iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(result)"
+    return f"{tool.name} result breaks its _output schema at {where}: {error.message}"
 
 
 def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
@@ -341,3 +363,29 @@ def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
         trace=st.trace,
         source=st.source,
     )
+
+
+def _approve(spec: AgentSpec, st: InstanceState, timeout: float) -> list[dict[str, Any]]:
+    """An approved proposal: its activity calls to publish (the awaited ones pending
+    from now); its latent calls' outputs go into state, and are never published."""
+    proposal, st.proposal = st.proposal, []
+    run: list[dict[str, Any]] = []
+    for call in proposal:
+        tool = spec.tool(call["_tool"])
+        if tool is None:
+            continue  # NoAction
+        if tool.kind == "latent":
+            if call.get("_outputPath"):
+                args = {k: v for k, v in call.items() if not k.startswith("_")}
+                args.pop("call_id", None)
+                write_path(st.state, str(call["_outputPath"]).strip(), args)
+            continue
+        run.append(call)
+        if call.get("_outputPath"):
+            st.pending[call["call_id"]] = Pending(
+                tool=call["_tool"],
+                paths=alternatives(call["_outputPath"]),
+                deadline=time.time() + timeout,
+                turn=st.turn,
+            )
+    return run

@@ -111,6 +111,10 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
     _secure(settings)  # a configured broker may need TLS or SASL
 
+    if args.example == "seeds":
+        from stream.tools.seeds import run_seeds
+
+        return run_seeds(args.json, timeout=args.timeout, llm=args.llm)
     # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.
     example = args.example or ("moderation" if args.llm == "simulator" else "seed_moderation")
     if not (EXAMPLES / example).is_dir():

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--example",
         default=None,
         help="which example under examples/: moderation (default; seed_moderation with a "
-        "real model), tickets (stateful), seed_moderation (one decision per comment)",
+        "real model), tickets (stateful), seed_moderation (one decision per comment), "
+        "seeds (the seeds' own moderation, advisor and manager examples)",
     )
     d.add_argument(
         "--chaos",

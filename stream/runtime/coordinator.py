@@ -34,7 +34,7 @@ from stream.core.workflow import Workflow
 from stream.ops.metrics import Metrics
 from stream.runtime.delivery import Delivery
 from stream.runtime.publish import OutRecord
-from stream.runtime.records import Planned, RecordBuilder, TurnChange, position
+from stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result, position
 
 __all__ = ["Coordinator"]
 
@@ -134,6 +134,11 @@ class Coordinator:
             return []
         if self.workflow is None:
             return []
+        problem = self.workflow.result_problem(rec)
+        if problem is not None:
+            # Said first (rule 2), then the result counts as the call's error.
+            await self.delivery.publish(self.builder.letter(bad_result(rec, problem)))
+            rec = rec.model_copy(update={"value": None, "error": problem})
         _, done = self.workflow.rehearsal().on_result(rec)
         if done is not None:
             await self.delivery.publish(self.builder.done(done))

@@ -59,7 +59,14 @@ def parse_item(
     if isinstance(instance, int | float) and not isinstance(instance, bool):
         instance = str(instance)
     if not isinstance(instance, str) or not instance.strip():
-        raise BadRecord("no_instance", "record has neither an '_instance' string nor a record key")
+        # Not taken as a global input: the input topic carries producers' data, and a
+        # global message reaches every instance's prompt; globals come from the spec and
+        # the context topic, which operators control.
+        raise BadRecord(
+            "no_instance",
+            "record has neither an '_instance' string nor a record key (global inputs go "
+            "to the spec or the context topic, not the input topic)",
+        )
     if len(instance) > _MAX_ID:
         raise BadRecord("no_instance", f"instance id is longer than {_MAX_ID} characters")
     kind = payload.get("type", "input")

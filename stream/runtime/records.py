@@ -29,16 +29,18 @@ from stream.core.messages import (
     DoneRecord,
     NoActionRecord,
     OpinionRecord,
+    ResultRecord,
     SourcePosition,
     TraceEntry,
 )
 from stream.core.solve import Answer, Outcome
 from stream.core.spec import NO_ACTION, AgentSpec
-from stream.core.state import InstanceState, read_path
+from stream.core.state import InstanceState
 from stream.core.validate import Opinion
 from stream.core.workflow import TurnEffects, Workflow
 from stream.errors import BadRecord
 from stream.runtime.publish import OutRecord
+from stream.runtime.scopes import imported
 from stream.settings import Topics
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "RecordBuilder",
     "TurnChange",
     "bad_record",
+    "bad_result",
     "call_id",
     "oversized",
     "position",
@@ -340,7 +343,8 @@ class RecordBuilder:
         for stored in proposal:
             cid = stored["call_id"]
             call = Call.model_validate({k: v for k, v in stored.items() if k != "call_id"})
-            if self.spec.tool(call.tool) and call.tool != NO_ACTION:
+            tool = self.spec.tool(call.tool)
+            if tool and tool.kind != "latent":
                 out.add(self.call(cid, call, inst, batch, None, None, list(st.trace), st.state))
         return out
 
@@ -348,6 +352,18 @@ class RecordBuilder:
         origin = position(done.source) if done.source else None
         record = OutRecord(self.topics.done, done.instance.encode(), _dumps(done), origin)
         return Planned([record], Counter(done=1))
+
+
+def bad_result(rec: ResultRecord, problem: str) -> DeadLetter:
+    """An awaited call's result that broke its tool's `_output` schema."""
+    return DeadLetter(
+        code="bad_result",
+        reason=problem,
+        scope="call",
+        instance=rec.instance,
+        source=rec.source,
+        call={"call_id": rec.call_id, "_tool": rec.tool, "value": rec.value},
+    )
 
 
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
@@ -384,33 +400,6 @@ def _state_of(inst: Instance, flow: Workflow | None) -> dict[str, Any]:
         if st is not None:
             return st.state
     return inst.state or {}
-
-
-def imported(
-    spec: AgentSpec, inst: Instance, scopes: list[str] | None, state: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """What a call imports through its `_scopes` (its record's `context`): only from its
-    own instance, plus globals."""
-    if not scopes:
-        return []
-    context: list[dict[str, Any]] = []
-    if "input" in scopes:
-        context += [m.model_dump(by_alias=True, exclude_none=True) for m in spec.inputs]
-        context.append({**inst.payload, "_instance": inst.id})
-    for scope in scopes:
-        if scope == "†state" or scope.startswith("†state."):
-            value = read_path(state, scope)
-            if value is not None:
-                shown = value if scope == "†state" else {scope.split(".")[-1]: value}
-                context.append(
-                    {
-                        "type": "state",
-                        "_instance": inst.id,
-                        "scope": scope,
-                        **(shown if isinstance(shown, dict) else {"value": shown}),
-                    }
-                )
-    return context
 
 
 def bad_record(exc: BadRecord, source: SourcePosition, value: bytes | None) -> DeadLetter:

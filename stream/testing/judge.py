@@ -18,6 +18,7 @@ import orjson
 from stream.core.compact import REASONING, compress
 from stream.core.state import read_path
 from stream.testing.account import SimConfig
+from stream.testing.routing import choose_tool, route_instruction
 from stream.testing.wording import reasoning_for, reasoning_of, why_for
 
 __all__ = ["Judge", "SimRequest", "read_request"]
@@ -213,45 +214,6 @@ def plan_step(
     return calls
 
 
-def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """A global instruction about one named instance: only that instance acts."""
-    text = req.instruction
-    quoted = re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
-    task = next((a or b for a, b in quoted), text)
-    status = "High Priority" if re.search(r"high.priority|urgent", text, re.I) else "Normal"
-    tools = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
-    calls: list[dict[str, Any]] = []
-    for token, view in views.items():
-        name = str(view["state"].get("name") or view["input"].get("name") or "")
-        if name and re.search(rf"\b{re.escape(name)}\b", text):
-            tool = tools[0]
-            strings = [
-                k
-                for k, v in tool.get("parameters", {}).get("properties", {}).items()
-                if v.get("type") == "string"
-            ]
-            args = dict(zip(strings, [task, status], strict=False))
-            call = {
-                "_tool": tool["name"],
-                "_instance": token,
-                "_reasoningForCall": f"the instruction names {name}",
-                **args,
-            }
-            if tool.get("paths"):
-                call["_outputPath"] = tool["paths"][0]
-            calls.append(call)
-        else:
-            calls.append(
-                {
-                    "_tool": "NoAction",
-                    "_instance": token,
-                    "_reasoningForCall": "the instruction is about someone else",
-                    "reason": "not addressed by the instruction",
-                }
-            )
-    return calls
-
-
 class Judge:
     """Answers requests like a model would, deterministically for a seed."""
 
@@ -337,7 +299,18 @@ class Judge:
                 continue
             why = why_for(spam, flagged, terse=bool(req.call_fields))
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
-                calls += plan_step(token, view, real, text)
+                latent = {t["name"] for t in real if t.get("kind") == "latent"}
+                calls += self._spoil_once(plan_step(token, view, real, text), text, markers, latent)
+                continue
+            choice = choose_tool(real, text)
+            if choice is not None:
+                calls.append(
+                    {
+                        "_tool": choice[0],
+                        "_instance": token,
+                        "_reasoningForCall": f"the council's top option is {choice[0]}",
+                    }
+                )
                 continue
             for pos, tool in enumerate(real):
                 if pos > 0 and not flagged:
@@ -370,6 +343,27 @@ class Judge:
         opinions = self._opinions(req, judged, options)
         return {"advisors": opinions, "calls": calls} if req.advisors else {"calls": calls}
 
+    def _spoil_once(
+        self, calls: list[dict[str, Any]], text: str, markers: set[str], latent: set[str]
+    ) -> list[dict[str, Any]]:
+        """Markers for the meta properties: the first answer about the item writes an
+        output path outside †state (bad-path), a scope that does not exist (bad-scope)
+        or a latent write with two paths (latent-branch); later answers get it right, as
+        a model told its mistake would."""
+        spoil = {"bad-path", "bad-scope", "latent-branch"} & markers
+        if not spoil or not calls or text in self._seen_skip_once:
+            return calls
+        self._seen_skip_once.add(text)
+        awaited = next((c for c in calls if c.get("_outputPath")), calls[0])
+        if "bad-path" in spoil:
+            awaited["_outputPath"] = "state.customer"
+        if "bad-scope" in spoil:
+            awaited["_scopes"] = ["inputs.body"]
+        for call in calls:
+            if "latent-branch" in spoil and call.get("_outputPath") and call["_tool"] in latent:
+                call["_outputPath"] += " || †state.notes"  # a latent write left undecided
+        return calls
+
     def _opinions(
         self,
         req: SimRequest,
@@ -396,14 +390,14 @@ class Judge:
                 else [
                     (
                         "",
-                        "",
+                        " ".join(j[1] for j in judged),
                         sum(j[2] for j in judged) / len(judged),
                         any(j[3] for j in judged),
                         set().union(*(j[4] for j in judged)),
                     )
                 ]
             )
-            for token, _, score, flagged, markers in targets:
+            for token, seen, score, flagged, markers in targets:
                 reject = min(1.0, score * bias + (0.5 if flagged and score < 0.5 else 0.0))
                 if "disagree" in markers:
                     reject = 0.0 if flagged else 1.0
@@ -411,6 +405,17 @@ class Judge:
                     options[0]: round(100 * (1 - reject)),
                     options[1]: round(100 * reject),
                 }
+                choice = choose_tool(req.tools, seen)
+                if choice is not None:
+                    votes = choice[1]
+                if "low-votes" in markers:
+                    # One option, low confidence: 10 is not certainty, however alone.
+                    votes = {options[0]: 10}
+                if advisor.get("on") == "finish":
+                    # The loop's question (the prompt names the options): stop when an
+                    # item says so, else go on.
+                    stop = 90 if "stop" in markers else 10
+                    votes = {"stop": stop, "continue": 100 - stop}
                 votes_text = orjson.dumps(votes).decode()
                 if "bad-votes" in markers or self.rng.random() < self.config.faults.bad_votes_rate:
                     self.stats["fault_bad_votes"] += 1

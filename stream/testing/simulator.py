@@ -65,6 +65,8 @@ class Simulator(Judge):
         self._seen_prefixes: set[bytes] = set()
         self._active = 0  # requests being answered now
         self._spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last 60 s
+        # The last requests' messages as sent: tests assert what the product asked.
+        self.seen: deque[list[dict[str, Any]]] = deque(maxlen=500)
 
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the
@@ -157,6 +159,7 @@ class Simulator(Judge):
                 status=int(fault),
             )
         messages = body["messages"]
+        self.seen.append(messages)
         if fault == "429":
             return web.json_response(
                 {"error": {"message": "rate limited (simulated)", "type": "rate_limit"}},
@@ -198,6 +201,8 @@ class Simulator(Judge):
             self._active -= 1
         self.stats["completions"] += 1
         self.stats["instances"] += len(req.items)
+        # Requests that carried items: not the processor's start-up check of the endpoint.
+        self.stats["item_requests"] += int(bool(req.items))
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
         self.stats["cached_tokens"] += cached

@@ -164,7 +164,6 @@ async def test_manager_example_global_instruction_reaches_only_employee_b(
                     {
                         "type": "state",
                         "_instance": "employee_A",
-                        "name": "A",
                         "task": "Draft initial proposal",
                         "status": "In Progress",
                     }
@@ -176,7 +175,6 @@ async def test_manager_example_global_instruction_reaches_only_employee_b(
                     {
                         "type": "state",
                         "_instance": "employee_B",
-                        "name": "B",
                         "task": "Review team submissions",
                         "status": "Blocked",
                     }

@@ -31,7 +31,19 @@ def _votes(council: Council) -> list[Vote]:
 
 def test_parse_inline_json_votes() -> None:
     assert parse_votes('{"approve": 10, "reject": 90}') == ({"approve": 0.1, "reject": 0.9}, None)
-    assert parse_votes('{"approve": "30", "reject": 10}')[0] == {"approve": 0.75, "reject": 0.25}
+    assert parse_votes('{"approve": "30", "reject": 10}')[0] == {"approve": 0.3, "reject": 0.1}
+
+
+def test_votes_are_independent_confidence_scores_as_the_seed_writes_them() -> None:
+    """The Advisor seed: deploy 10, rollback 5, delay 95 (total 110) keeps its meaning."""
+    scores, error = parse_votes('{"deploy": 10, "rollback": 5, "delay": 95}')
+    assert error is None and scores == {"deploy": 0.1, "rollback": 0.05, "delay": 0.95}
+    seed = aggregate([Vote("analyst", 1.0, scores)])
+    assert seed.option == "delay" and math.isclose(seed.score, 0.95)
+    # A lone low vote is low confidence, not certainty (it used to count as 1.0).
+    lone = aggregate([Vote("a", 1.0, parse_votes('{"approve": 10}')[0] or {})])
+    assert lone.option == "approve" and math.isclose(lone.score, 0.1)
+    assert parse_votes('{"approve": 0}') == ({"approve": 0.0}, None)  # a real statement
 
 
 def test_malformed_votes_are_reasons_not_exceptions() -> None:
@@ -39,7 +51,7 @@ def test_malformed_votes_are_reasons_not_exceptions() -> None:
         '{"approve": ten}',
         "[1, 2]",
         '{"a": -1}',
-        '{"a": 0}',
+        '{"a": 101}',
         "{}",
         42,
         '{"a": "x"}',
@@ -54,7 +66,7 @@ def test_parse_never_raises(raw: str) -> None:
     shares, error = parse_votes(raw)
     assert (shares is None) != (error is None)
     if shares is not None:
-        assert math.isclose(sum(shares.values()), 1.0)
+        assert all(0.0 <= v <= 1.0 for v in shares.values())
 
 
 @given(councils, st.floats(0.1, 100))
@@ -93,6 +105,15 @@ def test_a_heavier_advisor_pulls_the_consensus(weight: float) -> None:
     assert result.option == "reject"
     assert math.isclose(result.score, weight / (weight + 1))
     assert 0 < result.divergence <= 1
+
+
+@given(councils)
+def test_scores_and_divergence_stay_within_0_and_1(council: Council) -> None:
+    result = aggregate(_votes(council))
+    assert 0.0 <= result.score <= 1.0 and 0.0 <= result.divergence <= 1.0 + 1e-9
+    # The consensus score is the mean confidence in its option, never rescaled upwards.
+    top = max(max(b.values()) for _, _, b in council) / 100
+    assert result.score <= top + 1e-9
 
 
 def test_opposed_equal_advisors_diverge() -> None:

@@ -100,3 +100,17 @@ def test_a_context_change_that_fails_to_install_leaves_the_running_one_as_it_was
         follower._apply({tp: [rec("g2", {"type": "input", "tone": "strict"})]})
     assert set(follower.messages) == {"g1"}  # the failed change left no trace
     assert len(installed) == 1
+
+
+def test_a_context_advisor_written_as_the_seed_writes_it_registers() -> None:
+    """The Advisor seed's Russian text: `kind: "advisor"` and a Cyrillic id."""
+    seed = {
+        "kind": "advisor",
+        "id": "аналитикРисков",
+        "on": "request",
+        "scopes": ["†state.deploymentHistory"],
+        "role": "Анализировать риски и голосовать за действия по развёртыванию.",
+    }
+    merged, refused = apply_overrides(load_spec(DEFAULT_SPEC), {"аналитикРисков": _msg(seed)})
+    assert refused == []
+    assert merged.advisor("аналитикРисков") is not None

@@ -1,0 +1,328 @@
+"""The seeds' protocols on the real broker, one test per deviation the issue found: `on`
+modes across turns, the consulted advisor's question, independent vote scores, lazy
+plans' latent calls, global vs instanced input, the manager example verbatim, output
+paths, scopes and the tool's `_output` schema; and `stream demo --example seeds`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from stream.activities.worker import Activities
+from stream.core.messages import Call
+from stream.core.spec import Tool
+from stream.runtime.topics import read_topic, state_changelog
+from stream.settings import DEFAULT_SPEC, EXAMPLES
+from stream.testing.samples import tickets
+from stream.tools.seeds import seed_items
+from tests.conftest import Deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+Deploy = Callable[..., Awaitable[Deployment]]
+TICKETS = EXAMPLES / "tickets" / "agent.yaml"
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "agent.yaml"
+    # Quoted: YAML 1.1 would read a bare `on` key as true.
+    path.write_text(yaml.safe_dump(data, allow_unicode=True).replace("\n  on:", "\n  'on':"))
+    return path
+
+
+def _load(base: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(base.read_text().replace("\n    on: ", "\n    'on': "))
+    return data
+
+
+async def _until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any:
+    """Polls until probe returns something truthy (or the time is up: returns it anyway)."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        got = await probe()
+        if got or asyncio.get_running_loop().time() > deadline:
+            return got
+        await asyncio.sleep(0.5)
+
+
+async def _states(dep: Deployment) -> dict[str, dict[str, Any]]:
+    latest: dict[str, dict[str, Any]] = {}
+    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
+        if rec.key and rec.value:
+            latest[rec.key.decode()] = orjson.loads(rec.value)
+    return latest
+
+
+def _sent_since(dep: Deployment, mark: int) -> list[list[dict[str, Any]]]:
+    """The item-carrying requests the simulator got since `mark` (len of its log)."""
+    out = []
+    for messages in list(dep.sim.seen)[mark:]:
+        if any(m["role"] == "user" and m["content"].startswith("[") for m in messages):
+            out.append(messages)
+    return out
+
+
+async def test_on_modes_across_three_turns_and_results_checked_against_output(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    spec = {
+        "name": "turns",
+        "instructions": "Check each order until the check succeeds.",
+        "plan": {"mode": "eager", "steps": ["check the order"], "maxTurns": 3},
+        "tools": [
+            {
+                "name": "check",
+                "description": "Check the order. Awaited.",
+                "paths": ["†state.fact"],
+                "_output": {
+                    "type": "object",
+                    "properties": {"ok": {"type": "boolean"}},
+                    "required": ["ok"],
+                },
+                "parameters": {
+                    "type": "object",
+                    "properties": {"reason": {"type": "string"}},
+                    "required": ["reason"],
+                },
+            }
+        ],
+        "advisors": [
+            {"id": "opener", "role": "sets the direction", "on": "start"},
+            {"id": "monitor", "role": "watches every turn", "on": "request"},
+            # Instanced: one batch-wide opinion would stop every instance of the request.
+            {
+                "id": "closer",
+                "role": "decides whether we are done",
+                "on": "finish",
+                "isInstanced": True,
+            },
+            {"id": "legal", "role": "only when asked", "on": None},
+        ],
+    }
+    dep = await deploy(spec_path=_write(tmp_path, spec))
+    registry = Activities()
+
+    @registry.activity("check")
+    async def check(call: Call, tool: Tool, context: list[dict[str, Any]]) -> Any:
+        return {"ok": "yes"}  # breaks the tool's _output: ok must be a boolean
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    try:
+        await dep.produce_items(
+            [
+                {"_instance": "o-1", "text": "Order 1 arrived late."},
+                {"_instance": "o-2", "text": "Order 2 arrived late. [[sim:stop]]"},
+            ]
+        )
+
+        async def both_done() -> dict[str, Any]:
+            done = {d["instance"]: d for d in await dep.records(dep.settings.topics.done)}
+            return done if len(done) == 2 else {}
+
+        done = await _until(both_done, 120)
+    finally:
+        stop.set()
+        await worker
+    assert done["o-1"]["status"] == "turn_limit" and done["o-1"]["turns"] == 3
+    # The finish advisor was told the options and voted stop for o-2 on turn 2.
+    assert done["o-2"]["status"] == "stopped" and done["o-2"]["turns"] == 2
+    spoke: dict[tuple[str, int], set[str]] = {}
+    for rec in await dep.records(dep.settings.topics.advice):
+        spoke[(rec["instance"], rec["turn"])] = {o["advisor"] for o in rec["opinions"]}
+    assert spoke == {
+        ("o-1", 1): {"opener", "monitor"},
+        ("o-1", 2): {"monitor", "closer"},
+        ("o-1", 3): {"monitor", "closer"},
+        ("o-2", 1): {"opener", "monitor"},
+        ("o-2", 2): {"monitor", "closer"},
+    }
+    # Every result broke `_output`: dead-lettered with a reason, the call's error in state.
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    bad = [d for d in letters if d["code"] == "bad_result"]
+    assert {d["instance"] for d in bad} == {"o-1", "o-2"} and len(bad) >= 4
+    assert all(d["scope"] == "call" and "ok" in d["reason"] for d in bad)
+    errors = done["o-1"]["state"]["errors"]
+    assert len(errors) == 3 and all("_output" in e for e in errors.values())
+    assert "fact" not in done["o-1"]["state"]
+
+
+async def test_consulted_advisor_gets_the_question_and_low_scores_stay_low(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = _load(DEFAULT_SPEC)
+    data["advice"] = {"mode": "gate", "min_score": 0.5}
+    dep = await deploy(spec_path=_write(tmp_path, data))
+    mark = len(dep.sim.seen)
+    await dep.produce_items(
+        [
+            {"_instance": "q-1", "comment": "Is this fine? [[sim:consult]]"},
+            {"_instance": "q-2", "comment": "Nice write-up. [[sim:low-votes]]"},
+        ]
+    )
+    report = await dep.settle(2)
+    assert report.unaccounted == 0
+    controls = [
+        orjson.loads(m["content"])
+        for messages in _sent_since(dep, mark)
+        for m in messages
+        if m["role"] == "user" and m["content"].startswith('{"activeAdvisors"')
+    ]
+    asked = [c for c in controls if c.get("questions")]
+    assert asked, controls
+    assert asked[0]["questions"][0]["advisor"] == "legalCounsel"
+    assert asked[0]["questions"][0]["question"]  # the model's own words, passed on
+    assert "legalCounsel" in asked[0]["activeAdvisors"]
+    advice = {a["instance"]: a for a in await dep.records(dep.settings.topics.advice)}
+    low = advice["q-2"]
+    safety = next(o for o in low["opinions"] if o["advisor"] == "safetyOfficer")
+    assert safety["votes"] == {"approve": 0.1}  # a lone 10 is 10%, not certainty
+    assert low["consensus"]["score"] <= 0.1 + 1e-9
+    assert low["reviewed"] == low["call_ids"] and low["reviewed"]
+    held = await dep.records(dep.settings.topics.review)
+    assert {r["instance"] for r in held} >= {"q-2"}
+
+
+async def test_lazy_plan_runs_nothing_latent_before_approval_and_never_publishes_it(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(TICKETS.read_text())
+    data["plan"] = {"mode": "lazy", "steps": ["look up", "route"], "maxTurns": 4}
+    path = _write(tmp_path, data)
+    dep = await deploy(spec_path=path)
+    await dep.produce_items(tickets(2))
+    report = await dep.settle(2)
+    assert report.unaccounted == 0 and report.proposals == 2
+    proposals = await dep.records(dep.settings.topics.proposals)
+    assert all(
+        any(c["_tool"] == "summarize" and c.get("_outputPath") for c in p["calls"])
+        for p in proposals
+    )  # the model proposed a latent write ...
+    states = await _until(lambda: _states(dep))
+    assert all("summary" not in s["state"] for s in states.values())  # ... not yet made
+    done = await dep.cli("approve", "--batch", proposals[0]["batch"]["id"], STREAM_SPEC=str(path))
+    assert done.returncode == 0, done.stderr
+    approved = {p["instance"] for p in proposals if p["batch"]["id"] == proposals[0]["batch"]["id"]}
+
+    async def written() -> dict[str, dict[str, Any]]:
+        got = await _states(dep)
+        ok = all("summary" in got[i]["state"] for i in approved)
+        return got if ok else {}
+
+    states = await _until(written)
+    for inst in approved:
+        st = states[inst]
+        assert st["state"]["summary"]["summary"]  # approved: the model's output in state
+        assert {p["tool"] for p in st["pending"].values()} == {"lookupCustomer", "assessUrgency"}
+    # Latent calls are the model's own answers: never pending, never published.
+    looked_up = await _until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
+    assert {r["instance"] for r in looked_up} == approved
+
+
+async def test_instance_input_overrides_the_global_input(deploy: Deploy, tmp_path: Path) -> None:
+    data = yaml.safe_load(TICKETS.read_text())
+    data["inputs"] = [{"type": "input", "language": "en", "region": "eu"}]
+    dep = await deploy(spec_path=_write(tmp_path, data))
+    items = tickets(2)
+    items[0]["language"] = "fr"
+    await dep.produce_items(items)
+    assert (await dep.settle(2)).unaccounted == 0
+    looked = await _until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
+    seen = {r["instance"]: r["context"] for r in looked}
+    [own] = seen[items[0]["_instance"]]
+    assert own["language"] == "fr" and own["region"] == "eu"  # targeted wins, global fills
+    [other] = seen[items[1]["_instance"]]
+    assert other["language"] == "en" and other["region"] == "eu"
+
+
+async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
+    deploy: Deploy,
+) -> None:
+    dep = await deploy(spec_path=EXAMPLES / "seeds" / "manager.yaml")
+    mark = len(dep.sim.seen)
+    employees = seed_items("manager")
+    assert all(set(e) == {"type", "_instance", "task", "status"} for e in employees)
+    await dep.produce_items(employees)
+    report = await dep.settle(2)
+    assert report.unaccounted == 0 and report.item_dead_letters == 0
+    assert not await dep.records(dep.settings.topics.dead_letter)
+    sent = _sent_since(dep, mark)
+    assert len(sent) == 1  # one request: no re-ask for the silent employee_A
+    body = orjson.loads(next(m["content"] for m in sent[0] if m["content"].startswith("[")))
+    shown = {m["_id"]: m["_instance"] for m in body}
+    assert set(shown) == {"employee_A", "employee_B"}
+    assert set(shown.values()) <= {"①", "②"}  # calls name tokens; ids only to read
+    reasons = {n["instance"]: n["reason"] for n in await dep.records(dep.settings.topics.no_action)}
+    assert reasons["employee_A"].startswith("no call")
+    states = await _until(lambda: _b_updated(dep))
+    assert states["employee_B"]["state"]["newTask"] == "Finalize the quarterly report"
+    assert states["employee_A"]["state"]["task"] == "Draft initial proposal"
+    assert "newTask" not in states["employee_A"]["state"]
+
+
+async def _b_updated(dep: Deployment) -> dict[str, dict[str, Any]]:
+    got = await _states(dep)
+    return got if got.get("employee_B", {}).get("state", {}).get("newTask") else {}
+
+
+async def test_bad_output_path_unknown_scope_and_latent_branch_are_refused_calls(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(TICKETS.read_text())
+    summarize = next(t for t in data["tools"] if t["name"] == "summarize")
+    summarize["paths"] = ["†state.summary", "†state.notes"]
+    dep = await deploy(spec_path=_write(tmp_path, data))
+    items = tickets(4)
+    items[0]["body"] += " [[sim:bad-path]]"
+    items[1]["body"] += " [[sim:bad-scope]]"
+    items[2]["body"] += " [[sim:latent-branch]]"
+    await dep.produce_items(items)
+    report = await dep.settle(4)
+    assert report.unaccounted == 0
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    codes = {(d["code"], d["instance"]) for d in letters}
+    assert ("bad_output_path", items[0]["_instance"]) in codes
+    assert ("bad_scopes", items[1]["_instance"]) in codes
+    # Eager: the model writes a latent output itself, so it must choose the branch now.
+    branch = [d for d in letters if d["instance"] == items[2]["_instance"]]
+    # (a set: a batch redone after a crash may say it twice; at least once is the promise)
+    assert {(d["code"], d["call"]["_tool"]) for d in branch} == {("bad_output_path", "summarize")}
+    assert all("latent" in d["reason"] and "†state.notes" in d["reason"] for d in branch)
+    assert not any(d["code"] == "internal_error" for d in letters)  # batch-mates unharmed
+    assert report.dead_letters.get("internal_error", 0) == 0
+    published = await dep.records(dep.activity_topic("assessUrgency"))
+    assert {r["instance"] for r in published} == {i["_instance"] for i in items}
+    assert dep.proc.proc is not None and dep.proc.proc.poll() is None  # no crash loop
+
+
+def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    done = subprocess.run(
+        [sys.executable, "-m", "stream", "demo", "--example", "seeds", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    moderation, manager = result["examples"]["moderation"], result["examples"]["manager"]
+    assert moderation["items"] == 100 and moderation["llm_requests"] == 1
+    assert moderation["batch_sizes"] == [[100, 100]]
+    assert manager["untouched"] >= 1 and manager["dead_letters"] == 0
+    advisors = result["examples"]["advisors"]
+    assert {o["advisor"] for o in advisors["opinions"]} == {"аналитикРисков"}
+    # The seed's scores travel unscaled (the simulator answers as the seed does).
+    assert advisors["opinions"][0]["votes"] == {"deploy": 0.1, "rollback": 0.05, "delay": 0.95}
+    assert advisors["calls"] == {"delay": 1}
+    assert result["unaccounted"] == 0

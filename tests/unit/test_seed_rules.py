@@ -1,0 +1,161 @@
+"""The seeds' protocol rules that need no broker: registration as the seeds write it, the
+seed's own advisor response, output paths, scopes, `on` per turn, input precedence."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import pytest
+
+from stream.core.advice import summarise
+from stream.core.instance import Instance
+from stream.core.messages import SourcePosition
+from stream.core.prompt import Ask, PromptBuilder
+from stream.core.spec import AgentSpec
+from stream.core.validate import Validator, output_path_problem, scopes_problem
+from stream.runtime.scopes import imported
+
+# The Advisor seed (Russian text), verbatim: registration and the model's response.
+SEED_ADVISOR: dict[str, Any] = {
+    "type": "advisor",
+    "id": "аналитикРисков",
+    "on": "request",
+    "scopes": ["†state.deploymentHistory"],
+    "role": "Анализировать риски и голосовать за действия по развёртыванию.",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "thought": {"type": "string", "description": "Оценка рисков развёртывания."}
+        },
+        "required": ["thought"],
+    },
+}
+SEED_RESPONSE = """{
+  "advisors": [
+    {
+      "id": "аналитикРисков",
+      "thought": "Новая функция прошла простые тесты, но не комплексные.",
+      "calls": "{\\"deploy\\": 10, \\"rollback\\": 5, \\"delay\\": 95}"
+    }
+  ],
+  "calls": [
+    {
+      "_tool": "delay",
+      "_reasoningForCall": "Аналитик рисков настоятельно советует отложить."
+    }
+  ]
+}"""
+SOURCE = SourcePosition(topic="in", partition=0, offset=7)
+
+
+def _spec(**extra: Any) -> AgentSpec:
+    tools = [{"name": n, "description": n} for n in ("deploy", "rollback", "delay")]
+    return AgentSpec.model_validate(
+        {"name": "seed", "instructions": "decide", "tools": tools, **extra}
+    )
+
+
+@pytest.mark.parametrize("field", ["type", "kind"])
+def test_the_seeds_advisor_registers_with_kind_or_type_and_a_cyrillic_id(field: str) -> None:
+    advisor = {field: "advisor", **{k: v for k, v in SEED_ADVISOR.items() if k != "type"}}
+    spec = _spec(advisors=[advisor])
+    assert spec.advisors[0].id == "аналитикРисков" and spec.advisors[0].on == "request"
+
+
+def test_the_seeds_advisor_response_parses_validates_and_keeps_its_scores() -> None:
+    spec = _spec(advisors=[SEED_ADVISOR])
+    verdict = Validator(spec).check(SEED_RESPONSE, ["①"], Ask(("аналитикРисков",)))
+    assert not verdict.refusals and verdict.malformed is None
+    [call] = verdict.calls["①"]  # a one-instance request: the call can mean only ①
+    assert call.tool == "delay" and call.reasoning
+    records, consensus = summarise(spec, verdict.opinions)
+    assert records[0].votes == {"deploy": 0.1, "rollback": 0.05, "delay": 0.95}
+    assert consensus.option == "delay" and math.isclose(consensus.score, 0.95)
+
+
+def test_a_call_without_instance_is_refused_when_the_request_has_several() -> None:
+    verdict = Validator(_spec()).check('{"calls": [{"_tool": "delay"}]}', ["①", "②"])
+    assert [r.code for r in verdict.refusals] == ["unknown_instance"]
+
+
+def test_output_paths_must_be_state_paths_the_tool_declares() -> None:
+    spec = AgentSpec.model_validate(
+        {
+            "name": "p",
+            "instructions": "x",
+            "tools": [
+                {"name": "look", "description": "d", "paths": ["†state.a", "†state.b"]},
+                {"name": "free", "description": "d"},
+                {"name": "note", "description": "d", "kind": "latent"},
+            ],
+        }
+    )
+    look, free, note = spec.tools
+    assert output_path_problem(look, "†state.a || †state.b") is None
+    assert output_path_problem(free, "†state.anything.deep") is None
+    for tool, path in [
+        (look, "state.a"),
+        (look, "†state.c"),
+        (free, "†stateful"),
+        (free, "†state..x"),
+        (free, "†state.a ||"),
+        (note, "†state.x || †state.y"),  # latent: the model chooses as it writes
+    ]:
+        assert output_path_problem(tool, path), (tool.name, path)
+
+
+def test_scopes_resolve_or_are_refused() -> None:
+    assert scopes_problem(["input", "input.comment", "†state", "†state.customer.plan"]) is None
+    for bad in [["inputs"], ["state"], ["input."], ["†state.a..b"], "input", [1]]:
+        assert scopes_problem(bad), bad
+
+
+def test_on_modes_per_turn() -> None:
+    advisors = [
+        {"id": i, "role": i, "on": on}
+        for i, on in [("opener", "start"), ("monitor", "request"), ("closer", "finish")]
+    ] + [{"id": "legal", "role": "legal", "on": None}]
+    planned = PromptBuilder(_spec(advisors=advisors, plan={"maxTurns": 3}))
+    assert planned.ask_for(1) == Ask(("opener", "monitor"), True)
+    assert planned.ask_for(2) == Ask(("monitor", "closer"), True)
+    assert planned.ask_for(3) == Ask(("monitor", "closer"), True)
+    # The loop reads the finish advisor's "stop": the model is told the options.
+    assert '"stop" and "continue"' in planned.system
+    # Without a plan the one request is both the start and the end.
+    single = PromptBuilder(_spec(advisors=advisors))
+    assert single.ask_for(1).active == ("opener", "monitor", "closer")
+
+
+def test_shown_ids_and_consult_questions_reach_the_request() -> None:
+    # The protocol form's tokens (the compact form numbers instances instead).
+    spec = _spec(
+        instance_ids="shown",
+        advisors=[{**SEED_ADVISOR, "on": None}],
+        model={"name": "m", "answer": "protocol"},
+    )
+    inst = Instance("employee_B", {"type": "state", "task": "t"}, SOURCE, 10)
+    messages = PromptBuilder(spec).messages(
+        [inst], Ask(("аналитикРисков",)), questions=[("①", "аналитикРисков", "Safe now?")]
+    )
+    body = orjson.loads(messages[1]["content"])
+    assert body[0]["_instance"] == "①" and body[0]["_id"] == "employee_B"
+    control = orjson.loads(messages[2]["content"])
+    assert control["questions"] == [
+        {"_instance": "①", "advisor": "аналитикРисков", "question": "Safe now?"}
+    ]
+    hidden = PromptBuilder(_spec()).messages([inst])
+    assert "employee_B" not in hidden[1]["content"]
+
+
+def test_an_instance_input_overrides_the_global_one_in_its_scopes() -> None:
+    spec = _spec(inputs=[{"type": "input", "language": "en", "region": "eu"}])
+    inst = Instance("c-1", {"type": "input", "language": "fr", "text": "salut"}, SOURCE, 10)
+    [merged] = imported(spec, inst, ["input"], {})
+    assert merged["language"] == "fr" and merged["region"] == "eu" and merged["_instance"] == "c-1"
+    picked = imported(spec, inst, ["input.region", "input.language"], {})
+    assert [(p["scope"], p.get("region", p.get("language"))) for p in picked] == [
+        ("input.region", "eu"),
+        ("input.language", "fr"),
+    ]
