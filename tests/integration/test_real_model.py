@@ -77,7 +77,9 @@ def _spec_file(tmp: Path, window: int, *, advisors: bool = False, **model: Any) 
         "max_wait_ms": 300,
         **({} if advisors else {"output_tokens_per_item": 30}),
     }
-    spec["model"] = {**spec["model"], "timeout_s": 120, **model}
+    # The protocol's answer form: this 135M model does not keep to the compact form's
+    # positional arrays (README, "What batching costs"), as examples/seed_moderation says.
+    spec["model"] = {**spec["model"], "timeout_s": 120, "answer": "protocol", **model}
     path = tmp / f"agent-{window}-{secrets.token_hex(2)}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

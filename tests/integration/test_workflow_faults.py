@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from stream.activities.worker import load_activities
+from stream.runtime.topics import read_topic, state_changelog
 from stream.testing.samples import tickets
 from tests.conftest import Deployment
 
@@ -69,6 +70,18 @@ async def _done(dep: Deployment, n: int, wait_s: float = 120) -> list[dict[str, 
         await asyncio.sleep(0.5)
 
 
+async def _why(dep: Deployment) -> str:
+    """What a stuck run looked like: records per topic, and each workflow's last state."""
+    topics = [dep.settings.topics.results, *(dep.activity_topic(t) for t in TOOLS)]
+    counts = {t: len(await dep.records(t)) for t in topics}
+    states = {}
+    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
+        if rec.key and rec.value:
+            st = orjson.loads(rec.value)
+            states[rec.key.decode()] = (st["status"], sorted(st["pending"]), len(st["outbox"]))
+    return f"records {counts}; states {states}\n{dep.proc.tail(60)}"
+
+
 def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
     """Duplicates only ever repeat a call: the same call_id, instance, turn and call."""
     seen: dict[str, tuple[str, int, str]] = {}
@@ -97,7 +110,7 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
     finally:
         stop.set()
         await worker
-    assert {d["instance"] for d in done} == {i["_instance"] for i in items}
+    assert {d["instance"] for d in done} == {i["_instance"] for i in items}, await _why(dep)
     for rec in done:
         assert rec["status"] == "done", rec
         assert [t["turn"] for t in rec["trace"]] == [1, 2], rec["trace"]  # none lost or redone
