@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from stream.core.spec import AgentSpec
 from stream.ops.audit import AuditReport
 from stream.runtime.security import options_for
-from stream.runtime.topics import read_json
+from stream.runtime.topics import read_json, read_topic, state_changelog
 from stream.settings import Settings
 from stream.testing.broker import kafka_bootstrap
 from stream.testing.simulator import Faults, Simulator, running_simulator
@@ -156,3 +156,12 @@ async def committed_offsets(bootstrap: str, settings: Settings) -> dict[int, int
         for tp, meta in offsets.items()
         if tp.topic == settings.topics.input and meta.offset >= 0
     }
+
+
+async def workflow_states(dep: Deployment) -> dict[str, dict[str, Any]]:
+    """The state table as its changelog holds it (latest record per instance)."""
+    latest: dict[str, dict[str, Any]] = {}
+    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
+        if rec.key and rec.value:
+            latest[rec.key.decode()] = orjson.loads(rec.value)
+    return latest

@@ -20,11 +20,10 @@ import yaml
 from stream.activities.worker import Activities
 from stream.core.messages import Call
 from stream.core.spec import Tool
-from stream.runtime.topics import read_topic, state_changelog
 from stream.settings import DEFAULT_SPEC, EXAMPLES
 from stream.testing.samples import tickets
 from stream.tools.seeds import seed_items
-from tests.conftest import Deployment
+from tests.conftest import Deployment, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -52,14 +51,6 @@ async def _until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any
         if got or asyncio.get_running_loop().time() > deadline:
             return got
         await asyncio.sleep(0.5)
-
-
-async def _states(dep: Deployment) -> dict[str, dict[str, Any]]:
-    latest: dict[str, dict[str, Any]] = {}
-    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
-        if rec.key and rec.value:
-            latest[rec.key.decode()] = orjson.loads(rec.value)
-    return latest
 
 
 def _sent_since(dep: Deployment, mark: int) -> list[list[dict[str, Any]]]:
@@ -207,14 +198,14 @@ async def test_lazy_plan_runs_nothing_latent_before_approval_and_never_publishes
         any(c["_tool"] == "summarize" and c.get("_outputPath") for c in p["calls"])
         for p in proposals
     )  # the model proposed a latent write ...
-    states = await _until(lambda: _states(dep))
+    states = await _until(lambda: workflow_states(dep))
     assert all("summary" not in s["state"] for s in states.values())  # ... not yet made
     done = await dep.cli("approve", "--batch", proposals[0]["batch"]["id"], STREAM_SPEC=str(path))
     assert done.returncode == 0, done.stderr
     approved = {p["instance"] for p in proposals if p["batch"]["id"] == proposals[0]["batch"]["id"]}
 
     async def written() -> dict[str, dict[str, Any]]:
-        got = await _states(dep)
+        got = await workflow_states(dep)
         ok = all("summary" in got[i]["state"] for i in approved)
         return got if ok else {}
 
@@ -271,7 +262,7 @@ async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
 
 
 async def _b_updated(dep: Deployment) -> dict[str, dict[str, Any]]:
-    got = await _states(dep)
+    got = await workflow_states(dep)
     return got if got.get("employee_B", {}).get("state", {}).get("newTask") else {}
 
 

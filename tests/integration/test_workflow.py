@@ -19,7 +19,7 @@ import yaml
 from stream.activities.worker import Activities, load_activities
 from stream.runtime.topics import read_json, read_topic, state_changelog
 from stream.testing.samples import tickets
-from tests.conftest import Deployment
+from tests.conftest import Deployment, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -50,15 +50,6 @@ async def _done(dep: Deployment, n: int, wait_s: float = 90) -> dict[str, dict[s
         if len(done) >= n or asyncio.get_running_loop().time() > deadline:
             return done
         await asyncio.sleep(0.5)
-
-
-async def _states(dep: Deployment) -> dict[str, dict[str, Any]]:
-    """The state table as its changelog holds it (latest record per instance)."""
-    latest: dict[str, dict[str, Any]] = {}
-    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
-        if rec.key and rec.value:
-            latest[rec.key.decode()] = orjson.loads(rec.value)
-    return latest
 
 
 async def test_two_turns_branch_latent_and_scopes(deploy: Deploy) -> None:
@@ -190,7 +181,7 @@ async def test_manager_example_global_instruction_reaches_only_employee_b(
         "only latent calls"
     )  # updateTask is latent: the model's output went to state
     for _ in range(40):
-        states = await _states(dep)
+        states = await workflow_states(dep)
         if states.get("employee_B", {}).get("state", {}).get("newTask"):
             break
         await asyncio.sleep(0.5)
@@ -206,7 +197,7 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     report = await dep.settle(6)  # turn 1 published; no worker yet, so all awaited calls wait
     assert report.unaccounted == 0
     for _ in range(40):
-        states = await _states(dep)
+        states = await workflow_states(dep)
         if sum(s["status"] == "pending" for s in states.values()) == 6:
             break
         await asyncio.sleep(0.5)

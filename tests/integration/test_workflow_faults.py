@@ -24,9 +24,8 @@ import pytest
 import yaml
 
 from stream.activities.worker import load_activities
-from stream.runtime.topics import read_topic, state_changelog
 from stream.testing.samples import tickets
-from tests.conftest import Deployment
+from tests.conftest import Deployment, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -74,11 +73,10 @@ async def _why(dep: Deployment) -> str:
     """What a stuck run looked like: records per topic, and each workflow's last state."""
     topics = [dep.settings.topics.results, *(dep.activity_topic(t) for t in TOOLS)]
     counts = {t: len(await dep.records(t)) for t in topics}
-    states = {}
-    async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
-        if rec.key and rec.value:
-            st = orjson.loads(rec.value)
-            states[rec.key.decode()] = (st["status"], sorted(st["pending"]), len(st["outbox"]))
+    states = {
+        k: (st["status"], sorted(st["pending"]), len(st["outbox"]))
+        for k, st in (await workflow_states(dep)).items()
+    }
     return f"records {counts}; states {states}\n{dep.proc.tail(60)}"
 
 
