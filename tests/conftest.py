@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -165,3 +166,20 @@ async def workflow_states(dep: Deployment) -> dict[str, dict[str, Any]]:
         if rec.key and rec.value:
             latest[rec.key.decode()] = orjson.loads(rec.value)
     return latest
+
+
+async def stuck_report(dep: Deployment, tools: list[str]) -> str:
+    """What a stuck stateful run looked like: records per topic, each workflow's last
+    state, the result call_ids seen, and the processor's log."""
+    results = await dep.records(dep.settings.topics.results)
+    topics = [dep.settings.topics.results, *(dep.activity_topic(t) for t in tools)]
+    counts = {t: len(await dep.records(t)) for t in topics}
+    states = {
+        k: (st["status"], st["turn"], sorted(st["pending"]), len(st["outbox"]))
+        for k, st in (await workflow_states(dep)).items()
+    }
+    seen = sorted((r["instance"], r["call_id"].split("/", 1)[1]) for r in results)
+    if dep.proc.proc is not None and dep.proc.proc.poll() is None:
+        dep.proc.proc.send_signal(signal.SIGUSR1)  # faust's worker logs every task's stack
+        await asyncio.sleep(2)
+    return f"records {counts}; states {states}; results {seen}\n{dep.proc.tail(400)}"

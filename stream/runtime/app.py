@@ -17,6 +17,7 @@ from typing import Any, cast
 import faust
 import mode
 import orjson
+from faust.types import TP
 
 from stream.core.messages import SourcePosition
 from stream.core.overrides import Messages, apply_overrides
@@ -27,7 +28,8 @@ from stream.core.workflow import Workflow
 from stream.llm.factory import build_llm
 from stream.ops.metrics import Metrics
 from stream.ops.web import WebServer
-from stream.runtime.offsets import Entry, OffsetLedger
+from stream.runtime.continuity import Continuity
+from stream.runtime.offsets import Entry, OffsetLedger, TopicPartition
 from stream.runtime.overrides import OverrideFollower
 from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import Pipeline, limiter_for
@@ -152,8 +154,9 @@ def build_app(
     if overrides is not None:
         topic = settings.topics.context
         follower = OverrideFollower(bootstrap, topic, spec, messages, ends, pipeline.reconfigure)
-    _agents(app, settings, pipeline, web, follower)
-    _timers(app, settings, pipeline)
+    continuity = _continuity(app, settings, pipeline)
+    _agents(app, settings, pipeline, web, follower, continuity)
+    _timers(app, settings, pipeline, continuity)
     _rebalances(app, pipeline)
     return app
 
@@ -164,6 +167,7 @@ def _agents(
     pipeline: Pipeline,
     web: WebServer,
     follower: OverrideFollower | None,
+    continuity: Continuity,
 ) -> None:
     topics = settings.topics
 
@@ -174,7 +178,8 @@ def _agents(
         async for event in stream.noack().events():
             msg = event.message
             entry = pipeline.ledger.track((msg.topic, msg.partition), msg.offset, event.ack)
-            await handle(msg.value, entry)
+            with continuity.handling[msg.topic].one():
+                await handle(msg.value, entry)
 
     @app.agent(topic(topics.results), concurrency=1)
     async def results(stream: Any) -> None:
@@ -202,7 +207,8 @@ def _agents(
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
                 )
                 TRACES.remember((msg.topic, msg.partition, msg.offset), msg.headers)
-                await pipeline.offer(msg.value, msg.key, source, event.ack)
+                with continuity.handling[msg.topic].one():
+                    await pipeline.offer(msg.value, msg.key, source, event.ack)
         finally:
             await web.stop()
             if follower is not None:
@@ -230,7 +236,40 @@ async def _serve(web: WebServer) -> None:
         log.warning("web server not started on port %d: %s", web.port, exc)
 
 
-def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
+def _continuity(app: faust.App, settings: Settings, pipeline: Pipeline) -> Continuity:
+    """The continuity watch over the three tracked topics, on faust's consumer."""
+    topics = settings.topics
+    consumer: Any = app.consumer
+
+    def highwater(tp: TopicPartition) -> int | None:
+        return cast(int | None, consumer.highwater(TP(*tp)))
+
+    async def position(tp: TopicPartition) -> int | None:
+        return cast(int | None, await consumer.position(TP(*tp)))
+
+    async def start(tp: TopicPartition) -> int | None:
+        # faust keeps the committed offset it sought to (None for none, and for 0);
+        # without one, reading began at the earliest offset (auto_offset_reset).
+        committed = consumer._committed_offset.get(TP(*tp))
+        if committed is not None:
+            return cast(int, committed)
+        earliest = await consumer.earliest_offsets(TP(*tp))
+        return cast(int | None, earliest.get(TP(*tp)))
+
+    async def seek(tp: TopicPartition, offset: int) -> None:
+        await consumer.seek(TP(*tp), offset)
+
+    return Continuity(
+        pipeline.ledger,
+        [topics.input, topics.results, topics.approvals],
+        highwater,
+        position,
+        start,
+        seek,
+    )
+
+
+def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: Continuity) -> None:
     recovered: set[int] = set()  # input partitions whose workflows were recovered
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
@@ -259,6 +298,11 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
                 done = pipeline.ledger.commit_point((tp.topic, tp.partition))
                 lags[tp.partition] = max(0, high - (done if done is not None else high))
         pipeline.metrics.set_lag(lags)
+        if not app.rebalancing and not getattr(app, "in_recovery", False) and pipeline.started:
+            tracked = continuity.handling
+            await continuity.check(
+                (tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in tracked
+            )
 
     @app.timer(30.0)  # type: ignore[untyped-decorator]
     async def report() -> None:

@@ -32,13 +32,26 @@ class OffsetLedger:
         self._open: dict[TopicPartition, deque[Entry]] = {}
         self._next: dict[TopicPartition, int] = {}
         self._rewind: dict[TopicPartition, int] = {}
+        self._seen: dict[TopicPartition, int] = {}  # one past the highest offset delivered
         self.acked = 0
 
     def track(self, tp: TopicPartition, offset: int, ack: Callable[[], object]) -> Entry:
         """Registers a record as it is delivered (delivery is in offset order per partition)."""
         entry = Entry(tp, offset, ack)
         self._open.setdefault(tp, deque()).append(entry)
+        if offset >= self._seen.get(tp, 0):
+            self._seen[tp] = offset + 1
         return entry
+
+    def seen_next(self, tp: TopicPartition) -> int | None:
+        """The offset after the highest one delivered here since the partition was
+        assigned (None: nothing delivered yet)."""
+        return self._seen.get(tp)
+
+    def pass_over(self, tp: TopicPartition, offset: int) -> None:
+        """Offsets below `offset` hold nothing to deliver (a gap Kafka itself leaves)."""
+        if offset > self._seen.get(tp, 0):
+            self._seen[tp] = offset
 
     def finish(self, entry: Entry) -> None:
         """Marks a record done; acks the partition's finished prefix."""
@@ -57,6 +70,7 @@ class OffsetLedger:
         dropped = 0
         for tp in tps:
             self._next.pop(tp, None)
+            self._seen.pop(tp, None)
             for entry in self._open.pop(tp, ()):
                 entry.dropped = True
                 dropped += 1

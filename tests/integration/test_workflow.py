@@ -19,7 +19,7 @@ import yaml
 from stream.activities.worker import Activities, load_activities
 from stream.runtime.topics import read_json, read_topic, state_changelog
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, workflow_states
+from tests.conftest import Deployment, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -34,6 +34,9 @@ def _spec(tmp_path: Path, base: Path, **changes: Any) -> Path:
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
 
 
 async def _worker(dep: Deployment) -> tuple[Activities, asyncio.Event, asyncio.Task[None]]:
@@ -209,7 +212,7 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     finally:
         stop.set()
         await task
-    assert set(done) == {i["_instance"] for i in items}
+    assert set(done) == {i["_instance"] for i in items}, await stuck_report(dep, TOOLS)
     for rec in done.values():
         assert [t["turn"] for t in rec["trace"]] == [1, 2]  # no turn lost, none repeated
         assert "customer" in rec["state"]

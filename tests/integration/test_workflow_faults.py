@@ -25,13 +25,13 @@ import yaml
 
 from stream.activities.worker import load_activities
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, workflow_states
+from tests.conftest import Deployment, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets"
-TOOLS = ("lookupCustomer", "assessUrgency", "routeTicket")
+TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
 ITEMS = 6
 
 
@@ -69,17 +69,6 @@ async def _done(dep: Deployment, n: int, wait_s: float = 120) -> list[dict[str, 
         await asyncio.sleep(0.5)
 
 
-async def _why(dep: Deployment) -> str:
-    """What a stuck run looked like: records per topic, and each workflow's last state."""
-    topics = [dep.settings.topics.results, *(dep.activity_topic(t) for t in TOOLS)]
-    counts = {t: len(await dep.records(t)) for t in topics}
-    states = {
-        k: (st["status"], sorted(st["pending"]), len(st["outbox"]))
-        for k, st in (await workflow_states(dep)).items()
-    }
-    return f"records {counts}; states {states}\n{dep.proc.tail(60)}"
-
-
 def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
     """Duplicates only ever repeat a call: the same call_id, instance, turn and call."""
     seen: dict[str, tuple[str, int, str]] = {}
@@ -89,7 +78,7 @@ def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
 
 
 # after_result (a result stored, its next turn not yet batched) is left out of CI: one
-# run in four under load ended with workflows still pending; _why prints what it saw.
+# run in four under load ended with workflows still pending; stuck_report prints what it saw.
 @pytest.mark.parametrize("point", ["after_state", "after_publish"])
 async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, point: str) -> None:
     dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_CRASH_AT=f"{point}:{_nth()}")
@@ -110,7 +99,8 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
     finally:
         stop.set()
         await worker
-    assert {d["instance"] for d in done} == {i["_instance"] for i in items}, await _why(dep)
+    ended = {d["instance"] for d in done}
+    assert ended == {i["_instance"] for i in items}, await stuck_report(dep, TOOLS)
     for rec in done:
         assert rec["status"] == "done", rec
         assert [t["turn"] for t in rec["trace"]] == [1, 2], rec["trace"]  # none lost or redone

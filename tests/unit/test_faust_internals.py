@@ -57,3 +57,10 @@ def test_every_commit_goes_through_new_offset() -> None:
     assert list(signature.parameters) == ["self", "tp"]
     assert "self._new_offset(tp)" in inspect.getsource(Consumer._filter_committable_offsets)
     assert "_filter_committable_offsets" in inspect.getsource(Consumer._commit_tps)
+
+
+def test_the_committed_offset_it_sought_to_is_kept_where_continuity_reads_it() -> None:
+    """stream/runtime/continuity.py starts a partition where faust sought it: the
+    committed offset kept in `Consumer._committed_offset` by `perform_seek`."""
+    assert "self._committed_offset.update(" in inspect.getsource(Consumer.perform_seek)
+    assert "self._committed_offset = " in inspect.getsource(Consumer.__init__)
