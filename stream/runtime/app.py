@@ -299,10 +299,12 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
                 lags[tp.partition] = max(0, high - (done if done is not None else high))
         pipeline.metrics.set_lag(lags)
         if not app.rebalancing and not getattr(app, "in_recovery", False) and pipeline.started:
-            tracked = continuity.handling
+            tracked, before = continuity.handling, continuity.reread
             await continuity.check(
                 (tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in tracked
             )
+            if continuity.reread > before:
+                pipeline.metrics.count({"records_reread": continuity.reread - before})
 
     @app.timer(30.0)  # type: ignore[untyped-decorator]
     async def report() -> None:

@@ -70,7 +70,7 @@ class Continuity:
         self.handling = {topic: Handling(since=time.monotonic()) for topic in topics}
         self.highwater, self.position, self.start, self.seek = highwater, position, start, seek
         self.idle_s = idle_s
-        self._tries: dict[tuple[TopicPartition, int], int] = {}
+        self._tries: dict[TopicPartition, tuple[int, int]] = {}  # (offset, re-reads)
         self.reread = 0  # records sought back to, for the metrics and tests
 
     async def check(self, assigned: Iterable[TopicPartition]) -> None:
@@ -88,15 +88,19 @@ class Continuity:
             position = await self.position(tp)
             if expected is None:
                 expected = await self.start(tp)
+                if position is not None and expected is not None and position <= expected:
+                    self.ledger.pass_over(tp, expected)  # the baseline: next time is cheap
             if position is None or expected is None or position <= expected:
+                self._tries.pop(tp, None)
                 continue
-            tries = self._tries.get((tp, expected), 0)
+            at, tries = self._tries.get(tp, (expected, 0))
+            tries = tries if at == expected else 0
             if tries >= _TRIES:
                 log.info("%s/%d: %d..%d hold no records; passed over", *tp, expected, position - 1)
                 self.ledger.pass_over(tp, position)
-                self._tries.pop((tp, expected), None)
+                self._tries.pop(tp, None)
                 continue
-            self._tries[(tp, expected)] = tries + 1
+            self._tries[tp] = (expected, tries + 1)
             log.warning(
                 "%s/%d: %d..%d were consumed but never handled; reading them again",
                 *tp,

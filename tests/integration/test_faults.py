@@ -55,6 +55,35 @@ async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) ->
     assert report.item_dead_letters == 0
 
 
+async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
+    deploy: Deploy, tmp_path: Any
+) -> None:
+    dep = await deploy()
+    dep.sim.config.latency_ms = 300
+    await dep.produce_items(_items(100, "k1"))
+    second = ProcessorProcess(
+        {**dep.proc.env, "STREAM_WEB_PORT": str(_free_port())}, tmp_path / "second.log"
+    )
+    second.start()
+    try:
+        for _ in range(120):
+            if "Executing _on_partitions_assigned" in second.tail(400):
+                break
+            await asyncio.sleep(0.25)
+        else:
+            pytest.fail(f"the second processor never joined the group:\n{second.tail()}")
+        joined = second.tail(2000).count("Executing _on_partitions_assigned")
+        await dep.produce_items(_items(100, "k2"))
+        dep.proc.kill()  # kill -9: no goodbye; the group notices after the session timeout
+        report = await wait_accounted(dep.bootstrap, dep.settings, dep.spec, 200, 150, second)
+        # The second took the dead member's partitions in a later rebalance.
+        assert second.tail(4000).count("Executing _on_partitions_assigned") > joined
+    finally:
+        second.stop()
+    assert report.unaccounted == 0, report.missing[:5]
+    assert report.unexpected == 0 and report.item_dead_letters == 0
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -77,9 +77,9 @@ def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
         assert seen.setdefault(rec["call_id"], what) == what, rec["call_id"]
 
 
-# after_result (a result stored, its next turn not yet batched) is left out of CI: one
-# run in four under load ended with workflows still pending; stuck_report prints what it saw.
-@pytest.mark.parametrize("point", ["after_state", "after_publish"])
+# The deliverable's four points: after the state write, after publish, between a result
+# and its done record or next turn (after_result), between approval and publish (below).
+@pytest.mark.parametrize("point", ["after_state", "after_publish", "after_result"])
 async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, point: str) -> None:
     dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_CRASH_AT=f"{point}:{_nth()}")
     registry = load_activities(str(TICKETS / "activities.py"))

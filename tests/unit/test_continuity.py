@@ -84,3 +84,9 @@ async def test_a_gap_that_never_fills_is_passed_over_after_a_few_tries() -> None
         await watch.check([TP])
     assert client.seeks == [4, 4, 4]
     assert ledger.seen_next(TP) == 5
+
+
+async def test_a_quiet_partition_gets_its_baseline_once() -> None:
+    ledger, client = OffsetLedger(), Client(position=7, start=7)
+    await _watch(ledger, client).check([TP])
+    assert client.seeks == [] and ledger.seen_next(TP) == 7
