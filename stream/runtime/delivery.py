@@ -147,20 +147,19 @@ class Delivery:
         """Publishes; a record too large for the broker (checked before it is sent) or
         refused by it is replaced by a dead letter for its item, and its batch-mates go on."""
         fits = [r for r in records if _size(r) <= self.max_output_bytes]
-        refused = [r for r in records if _size(r) > self.max_output_bytes]
+        refused = [(r, "") for r in records if _size(r) > self.max_output_bytes]
         try:
             await self.sink.publish(fits)
         except PublishError as exc:
             log.error("batch %s: %s", batch_id, exc.message, extra={"batch_id": batch_id})
-            refused += exc.refused
+            refused += [(r, exc.message) for r in exc.refused]
         if refused:
             by_origin = {position(i.source): i for i in instances}
             letters = Planned()
-            for rec in refused:
+            for rec, said in refused:
                 owner = by_origin.get(rec.origin) if rec.origin else None
-                letters.add(
-                    self.builder.letter(oversized(rec, owner, self.max_output_bytes, batch_id))
-                )
+                letter = oversized(rec, owner, self.max_output_bytes, batch_id, said)
+                letters.add(self.builder.letter(letter))
             await self.publish(letters)
 
     async def fatal(self, batch_id: str, exc: Exception) -> None:

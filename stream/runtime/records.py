@@ -414,13 +414,20 @@ def bad_record(exc: BadRecord, source: SourcePosition, value: bytes | None) -> D
     )
 
 
-def oversized(record: OutRecord, owner: Instance | None, limit: int, batch_id: str) -> DeadLetter:
-    """A dead letter in place of an output too large for the broker, with a capped copy
-    of it (so the letter itself always fits)."""
+def oversized(
+    record: OutRecord, owner: Instance | None, limit: int, batch_id: str, broker_said: str = ""
+) -> DeadLetter:
+    """A dead letter in place of an output too large for the broker (over our own limit,
+    or refused by the broker: `broker_said`), with a capped copy of it (so the letter
+    itself always fits)."""
+    why = (
+        f"the broker refused it: {broker_said}"
+        if broker_said
+        else f"the broker takes at most {limit} (settings.max_output_bytes)"
+    )
     return DeadLetter(
         code="too_large",
-        reason=f"an output for {record.topic} is {len(record.value)} bytes; the broker "
-        f"takes at most {limit} (settings.max_output_bytes)",
+        reason=f"an output for {record.topic} is {len(record.value)} bytes; {why}"[:1000],
         scope="item",
         instance=owner.id if owner else None,
         source=owner.source if owner else None,

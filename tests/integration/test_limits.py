@@ -12,8 +12,11 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from stream.activities.worker import Activities
+from stream.runtime.security import options_for
 from stream.settings import DEFAULT_SPEC
 from tests.conftest import Deployment
 
@@ -39,6 +42,46 @@ async def test_a_200_kb_key_is_dead_lettered_small_and_the_stream_goes_on(
     calls = await dep.records(dep.activity_topic("moderateComment"))
     assert [c["instance"] for c in calls] == ["after"]
     assert len(calls[0]["call_id"]) < 200
+
+
+async def _limit_topic(bootstrap: str, topic: str, max_bytes: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await admin.start()
+    try:
+        config = {"max.message.bytes": str(max_bytes)}
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, config)])
+    finally:
+        await admin.close()
+
+
+async def test_an_output_the_broker_refuses_as_too_large_is_dead_lettered_not_looped(
+    deploy: Deploy,
+) -> None:
+    """The broker's own limit, lower than ours: its refusal is for good, so the item is
+    dead-lettered with the broker's words and the stream goes on (no crash, no retry loop)."""
+    dep = await deploy()
+    topic = dep.activity_topic("moderateComment")
+    await dep.produce_items([{"_instance": "first", "comment": "a fine remark"}])
+    assert (await dep.settle(1)).unaccounted == 0
+    (first,) = await read_topic_sizes(dep, topic)
+    await _limit_topic(dep.bootstrap, topic, first + 400)
+    await asyncio.sleep(2)  # the broker applies the new limit
+    long_id = "x" * 500  # in the call record twice: its instance, and its key (cut to 256)
+    await dep.produce_items([{"_instance": long_id, "comment": "another fine remark"}])
+    assert (await dep.settle(2)).unaccounted == 0
+    await dep.produce_items([{"_instance": "after", "comment": "still flowing"}])
+    report = await dep.settle(3)
+    assert report.unaccounted == 0
+    assert dep.proc.proc is not None and dep.proc.proc.poll() is None  # alive, not looping
+    letters = await dep.records(dep.settings.topics.dead_letter)
+    assert [(d["code"], d.get("instance")) for d in letters] == [("too_large", long_id)], letters
+    assert "broker refused" in letters[0]["reason"], letters[0]["reason"]
+    calls = await dep.records(topic)
+    assert sorted(c["instance"] for c in calls) == ["after", "first"]
+
+
+async def read_topic_sizes(dep: Deployment, topic: str) -> list[int]:
+    return [len(orjson.dumps(r)) for r in await dep.records(topic)]
 
 
 async def test_an_item_over_the_token_budget_is_dead_lettered_too_large(
