@@ -241,10 +241,7 @@ async def _demo(
         "no_action": report.no_action,
         "dead_letters": report.item_dead_letters,
         "dead_letter_codes": report.dead_letters,
-        "dead_letter_samples": [
-            {"code": d.get("code"), "reason": d.get("reason"), "source": d.get("source")}
-            for d in letters[:10]
-        ],
+        "dead_letter_samples": _samples(letters),
         "unaccounted": report.unaccounted,
         "duplicate_calls": report.duplicate_calls,
         "reviewed": report.reviewed,
@@ -346,3 +343,12 @@ def run_demo(
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     return 0 if result["unaccounted"] == 0 else 1
+
+
+def _samples(letters: list[dict[str, Any]], keep: int = 10) -> list[dict[str, Any]]:
+    """Up to `keep` dead letters, each once: a redo after a crash repeats its letters."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in letters:
+        sample = {"code": d.get("code"), "reason": d.get("reason"), "source": d.get("source")}
+        seen.setdefault(orjson.dumps(sample, option=orjson.OPT_SORT_KEYS).decode(), sample)
+    return list(seen.values())[:keep]
