@@ -54,6 +54,13 @@ class Tokenizer:
             return "bytes/4"
         return "tiktoken cl100k_base" + ("" if self.exact else " (approximation)")
 
+    def bound(self, size: int) -> int:
+        """At least `count` of any text of `size` UTF-8 bytes, without reading it: each
+        of tiktoken's tokens stands for one byte or more."""
+        if self._encode is None:
+            return size // _BYTES_PER_TOKEN + 1
+        return size
+
     def count(self, text: str) -> int:
         if self._encode is None:
             return len(text.encode()) // _BYTES_PER_TOKEN + 1

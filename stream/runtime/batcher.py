@@ -43,14 +43,16 @@ __all__ = ["Batcher", "Item"]
 log = logging.getLogger("stream.processor")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Item:
     """An instance in a window: a delivered record (with its ledger entry), or a next
-    turn of a workflow (no entry: its input was finished with its first turn)."""
+    turn of a workflow (no entry: its input was finished with its first turn). Its
+    prompt tokens are counted from `text` only when a window needs them exactly."""
 
     instance: Instance
     entry: Entry | None
-    tokens: int
+    text: bytes
+    tokens: int | None = None
 
 
 def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
@@ -93,8 +95,9 @@ class Batcher:
             max_wait_s=spec.window.max_wait_ms / 1000,
             max_tokens=self.budget.item_tokens,
             on_close=self._launch,
-            tokens_of=lambda item: item.tokens,
+            tokens_of=self._tokens_of,
             capacity=self.budget.capacity,
+            bound_of=self._bound_of,
         )
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -147,8 +150,9 @@ class Batcher:
         try:
             instance = parse_item(value, key, source, self.settings.max_record_bytes)
             assert value is not None  # parse_item refuses a missing value
-            tokens = self.tokenizer.count(value.decode("utf-8", "replace"))
-            if tokens > self.budget.item_tokens:
+            item = Item(instance, entry, value)
+            room = self.budget.item_tokens
+            if self._bound_of(item) > room and (tokens := self._tokens_of(item)) > room:
                 raise BadRecord(
                     "too_large",
                     f"record is about {tokens} tokens; a request has room for "
@@ -179,7 +183,8 @@ class Batcher:
             await self.coordinator.flush()
             self.ledger.finish(entry)
             return
-        await self.windower.add(Item(admitted, entry, tokens))
+        item.instance = admitted
+        await self.windower.add(item)
 
     async def enqueue_turn(self, inst: Instance) -> None:
         """An instance ready for its next turn joins the window like any item."""
@@ -187,8 +192,15 @@ class Batcher:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        shown = orjson.dumps([inst.payload, inst.state]).decode()
-        await self.windower.add(Item(inst, None, self.tokenizer.count(shown)))
+        await self.windower.add(Item(inst, None, orjson.dumps([inst.payload, inst.state])))
+
+    def _tokens_of(self, item: Item) -> int:
+        if item.tokens is None:
+            item.tokens = self.tokenizer.count(item.text.decode("utf-8", "replace"))
+        return item.tokens
+
+    def _bound_of(self, item: Item) -> int:
+        return self.tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens
 
     async def _launch(self, items: list[Item], reason: str) -> None:
         await self.limiter.acquire()

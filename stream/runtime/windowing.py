@@ -2,6 +2,10 @@
 tokens, the expected answer's token budget (`capacity`), or max wait after its first
 item, whichever comes first.
 
+Counting an item's tokens exactly costs more than everything else done per item, and a
+window rarely comes near its token budget: with `bound_of`, a cheap upper bound of an
+item's tokens, items are counted exactly only when the bounds cannot prove they fit.
+
 One window spans every partition this worker owns: at low traffic that fills requests
 faster than one window per partition would. Order is kept because items enter in the
 order the consumer delivers them, and a closed window is handed on before the next opens.
@@ -31,16 +35,19 @@ class Windower(Generic[T]):
         on_close: Flush[T],
         tokens_of: Callable[[T], int],
         capacity: Callable[[], int] | None = None,
+        bound_of: Callable[[T], int] | None = None,
     ) -> None:
         self.max_items = max_items
         self.max_wait_s = max_wait_s
         self.max_tokens = max_tokens
         self._on_close = on_close
         self._tokens_of = tokens_of
+        self._bound_of = bound_of or tokens_of
         # Items the expected answer has room for; it changes as answers are measured.
         self._capacity = capacity
         self._items: list[T] = []
-        self._tokens = 0
+        self._tokens = 0  # of the open window: exact, or an upper bound while `_loose`
+        self._loose = False
         self._opened_at = 0.0
         self._lock = asyncio.Lock()
         self._opened = asyncio.Event()
@@ -52,7 +59,7 @@ class Windower(Generic[T]):
     async def add(self, item: T) -> None:
         """Adds an item; awaits the hand-over of any window it closes (backpressure)."""
         async with self._lock:
-            cost = self._tokens_of(item)
+            cost, exact = self._cost(item)
             if self._items and self._tokens + cost > self.max_tokens:
                 await self._close("tokens")
             if not self._items:
@@ -60,10 +67,24 @@ class Windower(Generic[T]):
                 self._opened.set()
             self._items.append(item)
             self._tokens += cost
+            self._loose = self._loose or not exact
             if len(self._items) >= self.max_items:
                 await self._close("items")
             elif self._capacity is not None and len(self._items) >= self._capacity():
                 await self._close("output")
+
+    def _cost(self, item: T) -> tuple[int, bool]:
+        """The item's tokens, and whether exactly: its bound while the open window's
+        bounds prove it fits (the same decision as exact counts, since exact <= bound)."""
+        if self._bound_of is self._tokens_of:
+            return self._tokens_of(item), True
+        bound = self._bound_of(item)
+        if self._tokens + bound <= self.max_tokens:
+            return bound, False
+        if self._loose:
+            self._tokens = sum(self._tokens_of(i) for i in self._items)
+            self._loose = False
+        return self._tokens_of(item), True
 
     async def flush(self, reason: str = "flush") -> None:
         async with self._lock:
@@ -71,7 +92,7 @@ class Windower(Generic[T]):
                 await self._close(reason)
 
     async def _close(self, reason: str) -> None:
-        items, self._items, self._tokens = self._items, [], 0
+        items, self._items, self._tokens, self._loose = self._items, [], 0, False
         self._opened.clear()
         await self._on_close(items, reason)
 
