@@ -169,7 +169,7 @@ class RecordBuilder:
         )
         # Keep input order: answers arrive grouped by ask, not by offset.
         for answer in sorted(outcome.answers, key=lambda a: a.instance.source.offset):
-            out.add(self._answer(batch_id, answer, flow))
+            self._answer(out, batch_id, answer, flow)
         for refusal, owner, attempt in outcome.refusals:
             out.add(
                 self.letter(
@@ -206,8 +206,10 @@ class RecordBuilder:
             )
         return out
 
-    def _answer(self, batch_id: str, answer: Answer, flow: Workflow | None) -> Planned:
-        inst = answer.instance
+    def _answer(self, out: Planned, batch_id: str, answer: Answer, flow: Workflow | None) -> None:
+        """An answer's records, straight into the batch's `out`: a Planned per answer and
+        per call, each merged, showed in the processor's profile."""
+        inst, first = answer.instance, len(out.records)
         key, origin = inst.id.encode(), position(inst.source)
         batch = BatchRef(id=batch_id, size=answer.size, token=answer.token, attempt=answer.attempt)
         advice = _advice(self.spec, answer)
@@ -218,7 +220,6 @@ class RecordBuilder:
             cid = call_id(inst.source, call.tool, ordinals[call.tool], inst.turn)
             calls.append((cid, call.model_copy(update={"instance": inst.id})))
             ordinals[call.tool] += 1
-        out = Planned()
         if flow is None:
             effects = TurnEffects(run=[cid for cid, _ in calls])
         else:
@@ -233,7 +234,7 @@ class RecordBuilder:
         if effects.done is not None:
             out.records.append(OutRecord(self.topics.done, key, _dumps(effects.done), origin))
             out.events["done"] += 1
-        if not out.records:
+        if len(out.records) == first:
             # Only latent calls: the instance needs no action, and says so on the record.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
@@ -256,7 +257,6 @@ class RecordBuilder:
             out.records.append(OutRecord(self.topics.advice, key, _dumps(note), origin))
             out.events["advisor_opinions"] += len(advice.opinions)
             out.events["divergent"] += int(note.divergent)
-        return out
 
     def _calls(
         self,
@@ -296,7 +296,10 @@ class RecordBuilder:
                 reviewed.append(cid)
                 out.events["reviewed"] += 1
             state = _state_of(inst, flow) if call.scopes else {}
-            out.add(self.call(cid, call, inst, batch, advice.summary, review, effects.trace, state))
+            out.records.append(
+                self.call(cid, call, inst, batch, advice.summary, review, effects.trace, state)
+            )
+            out.events[f"calls.{call.tool}"] += 1
         return reviewed
 
     # ------------------------------------------------------------------ single records
@@ -311,7 +314,7 @@ class RecordBuilder:
         review: str | None,
         trace: list[TraceEntry],
         state: dict[str, Any],
-    ) -> Planned:
+    ) -> OutRecord:
         """One call's activity record (or its review record, when the gate holds it)."""
         tool = self.spec.tool(call.tool)
         assert tool is not None
@@ -330,8 +333,7 @@ class RecordBuilder:
             trace=trace,
         )
         topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
-        record = OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source))
-        return Planned([record], Counter({f"calls.{call.tool}": 1}))
+        return OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source))
 
     def approved(self, st: InstanceState, proposal: list[dict[str, Any]], worker: str) -> Planned:
         """The calls of an approved proposal, with the ids they were proposed under."""
@@ -345,7 +347,10 @@ class RecordBuilder:
             call = Call.model_validate({k: v for k, v in stored.items() if k != "call_id"})
             tool = self.spec.tool(call.tool)
             if tool and tool.kind != "latent":
-                out.add(self.call(cid, call, inst, batch, None, None, list(st.trace), st.state))
+                out.records.append(
+                    self.call(cid, call, inst, batch, None, None, list(st.trace), st.state)
+                )
+                out.events[f"calls.{call.tool}"] += 1
         return out
 
     def done(self, done: DoneRecord) -> Planned:
