@@ -241,6 +241,35 @@ async def test_exception_after_the_answer_that_keeps_failing_dead_letters(deploy
     assert all("injected fault at after_llm" in d["reason"] for d in letters)
 
 
+async def test_when_even_dead_letters_cannot_be_published_the_worker_stops_and_the_redo_delivers(
+    deploy: Deploy,
+) -> None:
+    """The last fallback, for real: every publish of two or more records fails, so the
+    batch's calls fail three times and then its internal_error letters fail too. The
+    worker must stop (not ack, not go on); restarted, the group redoes the batch."""
+    dep = await deploy(STREAM_CRASH_AT="raise:mid_publish:1+")
+    await dep.produce_items(_items(12, "fatal"))
+    proc = dep.proc.proc
+    assert proc is not None
+    for _ in range(240):
+        if proc.poll() is not None:
+            break
+        await asyncio.sleep(0.25)
+    else:
+        pytest.fail(f"the worker went on after the last fallback failed:\n{dep.proc.tail()}")
+    assert "could not be delivered, stopping the worker" in dep.proc.tail(3000)
+    dep.proc.env.pop("STREAM_CRASH_AT")
+    dep.proc.start()  # the supervisor's restart: the group redelivers from the last commit
+    report = await dep.settle(12, wait_s=90)
+    assert report.unaccounted == 0 and report.unexpected == 0, report.summary()
+    calls = [r for r in await _calls(dep) if r["tool"] == "moderateComment"]
+    assert {r["instance"] for r in calls} == {f"fatal-{i:04d}" for i in range(12)}
+    ids: dict[str, set[str]] = {}
+    for r in calls:  # the first record of each failed publish went out: same call_id again
+        ids.setdefault(r["call_id"], set()).add(r["instance"])
+    assert all(len(who) == 1 for who in ids.values())
+
+
 # ----------------------------------------------------------------------------- 5
 
 
