@@ -75,6 +75,11 @@ class InstanceState(BaseModel):
         default_factory=list, description="Records owed by the last change, until acked"
     )
     ended: Ended | None = None
+    owner: str = Field(
+        default="",
+        description="The processor that last changed this state: recovery takes over only "
+        "states another (an earlier or a moved-away) processor left",
+    )
 
     def mark(self, trigger: str) -> bool:
         """Records a trigger; False when it was applied before (a redo)."""

@@ -68,9 +68,11 @@ class Workflow:
         store: StateStore,
         pending_timeout_s: float,
         retention_s: float = 86_400.0,
+        owner: str = "",
     ) -> None:
         self.spec = spec
         self.store = store
+        self.owner = owner  # stamped on every change (see `owing`)
         self.timeout = pending_timeout_s
         self.retention_s = retention_s
         self.results_ignored = 0
@@ -83,7 +85,9 @@ class Workflow:
     def rehearsal(self) -> Workflow:
         """This workflow over a staged copy of its store: what a change would do (its
         records, its next turn), with nothing stored and no counter moved."""
-        return Workflow(self.spec, StagedStore(self.store), self.timeout, self.retention_s)
+        return Workflow(
+            self.spec, StagedStore(self.store), self.timeout, self.retention_s, self.owner
+        )
 
     def admit(self, inst: Instance) -> Instance | None:
         """An input or state record arrives: it starts (or restarts) its instance's
@@ -101,7 +105,7 @@ class Workflow:
         st.partition, st.source = inst.source.partition, inst.source
         st.turn, st.status, st.pending, st.proposal = 0, "new", {}, []
         st.ended = None
-        self.store.put(st)
+        self._put(st)
         return Instance(inst.id, inst.payload, inst.source, inst.size, dict(st.state) or None, 1)
 
     def turn(
@@ -163,7 +167,7 @@ class Workflow:
             out.done = self._maybe_done(st, awaited, opinions)
         if owed is not None:
             st.outbox = owed
-        self.store.put(st)
+        self._put(st)
         return out
 
     def fail(self, inst: Instance, code: str, reason: str) -> None:
@@ -174,6 +178,10 @@ class Workflow:
             return
         st.status, st.pending, st.proposal = "done", {}, []
         st.ended = Ended(status="dead_lettered", reason=f"{code}: {reason}"[:500], at=time.time())
+        self._put(st)
+
+    def _put(self, st: InstanceState) -> None:
+        st.owner = self.owner
         self.store.put(st)
 
     def paid(self, instance: str) -> None:
@@ -181,15 +189,15 @@ class Workflow:
         st = self.store.get(instance)
         if st is not None and st.outbox:
             st.outbox = []
-            self.store.put(st)
+            self._put(st)
 
     def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
-        """States of owned partitions that owe records, or wait for a turn nobody will
-        offer (after a restart or a rebalance)."""
+        """States of owned partitions left by another processor (a restart, a rebalance)
+        that owe records or wait for a turn nobody will offer."""
         return [
             st
             for st in self.store.items()
-            if owns(st.partition) and (st.outbox or st.status == "ready")
+            if owns(st.partition) and st.owner != self.owner and (st.outbox or st.status == "ready")
         ]
 
     def _maybe_done(
@@ -256,7 +264,7 @@ class Workflow:
                 done = _finish(st, "turn_limit", "turn limit reached")
             else:
                 st.status = "ready"
-        self.store.put(st)
+        self._put(st)
         return self.next_turn(st), done
 
     def expire(
@@ -292,14 +300,14 @@ class Workflow:
             st.outbox = owed
         if not rec.approve:
             done = _finish(st, "rejected", rec.reason or "proposal rejected")
-            self.store.put(st)
+            self._put(st)
             return [], done
         run = _approve(self.spec, st, self.timeout)
         st.status = "pending" if st.pending else "ready"
         finished: DoneRecord | None = None
         if not st.pending:
             finished = _finish(st, "done", "approved proposal ran; nothing awaited")
-        self.store.put(st)
+        self._put(st)
         return run, finished
 
 

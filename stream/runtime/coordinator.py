@@ -104,7 +104,12 @@ class Coordinator:
             len(owing),
             [(st.instance, st.status, len(st.outbox)) for st in owing[:20]],
         )
-        for st in owing:
+        for listed in owing:
+            # Read again: the agents run meanwhile, and whatever this processor changed
+            # since (a redelivered result, an approval) is its own to finish.
+            st = self.workflow.store.get(listed.instance)
+            if st is None or st.owner == self.workflow.owner:
+                continue
             if st.outbox:
                 key = st.instance.encode()
                 origin = position(st.source) if st.source else None
@@ -113,10 +118,11 @@ class Coordinator:
                     for o in st.outbox
                 ]
                 await self.delivery.sink.publish(records)
-                self.workflow.paid(st.instance)
+                self.workflow.paid(st.instance)  # stamped ours: nobody takes it over twice
                 log.info("recovery: %s owed %d records; published", st.instance, len(records))
                 self.metrics.count({"outbox_republished": len(records)})
-            nxt = self.workflow.next_turn(st)
+                st = self.workflow.store.get(st.instance)
+            nxt = self.workflow.next_turn(st) if st is not None else None
             if nxt is not None:
                 ready.append(nxt)
         await self.flush()

@@ -84,6 +84,10 @@ class Pipeline:
         self.limiter = limiter if limiter is not None else limiter_for(spec, metrics)
         self.ledger = OffsetLedger()
         self.worker = secrets.token_hex(3)
+        if workflow is not None:
+            # Every state this process changes carries its id: recovery takes over only
+            # what an earlier process (or a moved partition's last owner) left.
+            workflow.owner = self.worker
         self.builder = RecordBuilder(spec, settings.topics, llm.model)
         self.delivery = Delivery(
             publisher,

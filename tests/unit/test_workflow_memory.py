@@ -177,3 +177,23 @@ def test_turn_limit_and_a_finish_advisor_end_the_workflow() -> None:
     assert turn.done is not None and turn.done.status == "stopped"
     st = store.get("t-1")
     assert st is not None and st.pending == {} and st.status == "done"
+
+
+async def test_recovery_takes_over_only_what_another_processor_left() -> None:
+    """A live process's own workflows (an outbox on its way, a turn already queued) are
+    not recovered again: that raced into a second turn 2 and a second done record."""
+    pipe, _, store = _pipeline(load_spec(TICKETS))
+    await pipe.start()
+    for i, ticket in enumerate(tickets(2)):
+        src = SourcePosition(topic="items", partition=0, offset=i)
+        await pipe.offer(orjson.dumps(ticket), None, src, lambda: None)
+    await _drain(pipe)
+    mine = [st for st in store.items() if st.status == "pending"]
+    assert len(mine) == 2 and all(st.owner == pipe.worker for st in mine)
+    for st in mine:  # as if both were ready with records owed, but changed by us
+        store.put(st.model_copy(update={"status": "ready", "outbox": []}))
+    assert await pipe.coordinator.recover(lambda _: True) == []
+    left = mine[0].model_copy(update={"status": "ready", "owner": "an-earlier-process"})
+    store.put(left)  # left by an earlier process: recovered, and ours from then on
+    resumed = await pipe.coordinator.recover(lambda _: True)
+    assert [inst.id for inst in resumed] == [left.instance]
