@@ -168,12 +168,27 @@ async def workflow_states(dep: Deployment) -> dict[str, dict[str, Any]]:
     return latest
 
 
+def demo_json(bootstrap: str, *args: str, timeout: float) -> dict[str, Any]:
+    """`stream demo ARGS --json` as a user runs it against this broker: its summary."""
+    done = subprocess.run(
+        [sys.executable, "-m", "stream", "demo", *args, "--json"],
+        env={**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary: dict[str, Any] = orjson.loads(done.stdout.strip().splitlines()[-1])
+    return summary
+
+
 async def stuck_report(dep: Deployment, tools: list[str]) -> str:
     """What a stuck stateful run looked like: records per topic, each workflow's last
     state, the result call_ids seen, and the processor's log."""
     results = await dep.records(dep.settings.topics.results)
-    topics = [dep.settings.topics.results, *(dep.activity_topic(t) for t in tools)]
-    counts = {t: len(await dep.records(t)) for t in topics}
+    counts = {dep.settings.topics.results: len(results)}
+    counts |= {t: len(await dep.records(t)) for t in map(dep.activity_topic, tools)}
     states = {
         k: (st["status"], st["turn"], sorted(st["pending"]), len(st["outbox"]))
         for k, st in (await workflow_states(dep)).items()

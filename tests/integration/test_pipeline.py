@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +15,7 @@ from stream.activities.worker import Activities
 from stream.core.messages import Call
 from stream.core.prompt import token_for
 from stream.core.spec import Tool
-from tests.conftest import Deployment
+from tests.conftest import Deployment, demo_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -196,17 +192,7 @@ async def test_poison_item_is_isolated_and_its_batch_mates_published(deploy: Dep
 
 
 def test_demo_command_accounts_for_every_item(bootstrap: str) -> None:
-    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
-    done = subprocess.run(
-        [sys.executable, "-m", "stream", "demo", "--items", "80", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = demo_json(bootstrap, "--items", "80", timeout=180)
     assert result["items"] == 80 and result["unaccounted"] == 0
     assert result["dead_letters"] == 4
     assert set(result["dead_letter_codes"]) == {

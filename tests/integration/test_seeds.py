@@ -6,9 +6,6 @@ paths, scopes and the tool's `_output` schema; and `stream demo --example seeds`
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from stream.core.spec import Tool
 from stream.settings import DEFAULT_SPEC, EXAMPLES
 from stream.testing.samples import tickets
 from stream.tools.seeds import seed_items
-from tests.conftest import Deployment, workflow_states
+from tests.conftest import Deployment, demo_json, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -297,17 +294,7 @@ async def test_bad_output_path_unknown_scope_and_latent_branch_are_refused_calls
 
 
 def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
-    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
-    done = subprocess.run(
-        [sys.executable, "-m", "stream", "demo", "--example", "seeds", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=230,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    result = demo_json(bootstrap, "--example", "seeds", timeout=230)
     moderation, manager = result["examples"]["moderation"], result["examples"]["manager"]
     assert moderation["items"] == 100 and moderation["llm_requests"] == 1
     assert moderation["batch_sizes"] == [[100, 100]]

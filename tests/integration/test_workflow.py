@@ -4,10 +4,7 @@ latent calls, scopes, the seeds' manager example, and a restart mid-workflow."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ import yaml
 from stream.activities.worker import Activities, load_activities
 from stream.runtime.topics import read_json, read_topic, state_changelog
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, stuck_report, workflow_states
+from tests.conftest import Deployment, demo_json, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -221,17 +218,7 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
 
 
 def test_demo_runs_the_stateful_example(bootstrap: str) -> None:
-    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
-    done = subprocess.run(
-        [sys.executable, "-m", "stream", "demo", "--example", "tickets", "--items", "30", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    result = demo_json(bootstrap, "--example", "tickets", "--items", "30", timeout=240)
     assert result["unaccounted"] == 0
     assert result["done"] == 26  # 30 items, 4 malformed on purpose
     assert result["turns"] == 2 * 26

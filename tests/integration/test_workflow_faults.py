@@ -12,20 +12,17 @@ import os
 import random
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
 
 from stream.activities.worker import load_activities
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, stuck_report
+from tests.conftest import Deployment, demo_json, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -141,18 +138,8 @@ async def test_kill_9_between_approval_and_publish_runs_the_approved_calls(
 
 
 def test_chaos_demo_kills_the_processor_and_every_workflow_still_ends(bootstrap: str) -> None:
-    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
-    args = ["demo", "--example", "tickets", "--items", "30", "--chaos", "2", "--json"]
-    ran = subprocess.run(
-        [sys.executable, "-m", "stream", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    result = orjson.loads(ran.stdout.strip().splitlines()[-1])
+    args = ["--example", "tickets", "--items", "30", "--chaos", "2"]
+    result = demo_json(bootstrap, *args, timeout=280)
     assert result["chaos"]["kills_done"] == 2
     assert result["unaccounted"] == 0
     assert result["done"] + result["dead_letters"] == 30  # 26 workflows, 4 malformed items
