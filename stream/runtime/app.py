@@ -269,6 +269,12 @@ def _continuity(app: faust.App, settings: Settings, pipeline: Pipeline) -> Conti
     )
 
 
+def _steady(app: faust.App, pipeline: Pipeline) -> bool:
+    """No rebalance under way, the tables recovered, the pipeline started: what the
+    timers that act on owned partitions wait for."""
+    return not app.rebalancing and not getattr(app, "in_recovery", False) and pipeline.started
+
+
 def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: Continuity) -> None:
     recovered: set[int] = set()  # input partitions whose workflows were recovered
 
@@ -276,7 +282,7 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
     async def expire() -> None:
         # Only once the tables are recovered, and only for partitions owned now: a
         # workflow that moved in a rebalance is driven by its new owner alone.
-        if app.rebalancing or getattr(app, "in_recovery", False) or not pipeline.started:
+        if not _steady(app, pipeline):
             return
         owned = {
             tp.partition for tp in app.consumer.assignment() if tp.topic == settings.topics.input
@@ -298,7 +304,7 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
                 done = pipeline.ledger.commit_point((tp.topic, tp.partition))
                 lags[tp.partition] = max(0, high - (done if done is not None else high))
         pipeline.metrics.set_lag(lags)
-        if not app.rebalancing and not getattr(app, "in_recovery", False) and pipeline.started:
+        if _steady(app, pipeline):
             tracked, before = continuity.handling, continuity.reread
             await continuity.check(
                 (tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in tracked

@@ -33,7 +33,7 @@ from stream.core.messages import (
     TraceEntry,
 )
 from stream.core.solve import Answer, Outcome
-from stream.core.spec import NO_ACTION, AgentSpec
+from stream.core.spec import NO_ACTION, AgentSpec, Tool
 from stream.core.state import InstanceState
 from stream.core.validate import Opinion
 from stream.core.workflow import TurnEffects, Workflow
@@ -297,16 +297,16 @@ class RecordBuilder:
                 reviewed.append(cid)
                 out.events["reviewed"] += 1
             state = _state_of(inst, flow) if call.scopes else {}
-            out.records.append(
-                self.call(cid, call, inst, batch, advice.summary, review, effects.trace, state)
-            )
-            out.events[f"calls.{call.tool}"] += 1
+            shown = advice.summary
+            self.add_call(out, tool, cid, call, inst, batch, shown, review, effects.trace, state)
         return reviewed
 
     # ------------------------------------------------------------------ single records
 
-    def call(
+    def add_call(
         self,
+        out: Planned,
+        tool: Tool,
         cid: str,
         call: Call,
         inst: Instance,
@@ -315,10 +315,9 @@ class RecordBuilder:
         review: str | None,
         trace: list[TraceEntry],
         state: dict[str, Any],
-    ) -> OutRecord:
-        """One call's activity record (or its review record, when the gate holds it)."""
-        tool = self.spec.tool(call.tool)
-        assert tool is not None
+    ) -> None:
+        """One call's activity record (or its review record, when the gate holds it),
+        added to `out` and counted."""
         rec = ActivityRecord(
             call_id=cid,
             tool=call.tool,
@@ -334,7 +333,8 @@ class RecordBuilder:
             trace=trace,
         )
         topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
-        return OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source))
+        out.records.append(OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source)))
+        out.events[f"calls.{call.tool}"] += 1
 
     def approved(self, st: InstanceState, proposal: list[dict[str, Any]], worker: str) -> Planned:
         """The calls of an approved proposal, with the ids they were proposed under."""
@@ -348,10 +348,8 @@ class RecordBuilder:
             call = Call.model_validate({k: v for k, v in stored.items() if k != "call_id"})
             tool = self.spec.tool(call.tool)
             if tool and tool.kind != "latent":
-                out.records.append(
-                    self.call(cid, call, inst, batch, None, None, list(st.trace), st.state)
-                )
-                out.events[f"calls.{call.tool}"] += 1
+                trace = list(st.trace)
+                self.add_call(out, tool, cid, call, inst, batch, None, None, trace, st.state)
         return out
 
     def done(self, done: DoneRecord) -> Planned:
