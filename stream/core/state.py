@@ -80,6 +80,27 @@ class InstanceState(BaseModel):
         description="The processor that last changed this state: recovery takes over only "
         "states another (an earlier or a moved-away) processor left",
     )
+    outbox_owner: str = Field(
+        default="",
+        description="The processor that wrote the outbox: one that another processor left "
+        "is still owed after this one changed the state for other reasons (a result)",
+    )
+
+    def owe(self, owed: list[Outgoing], owner: str) -> None:
+        """A change by `owner` owes these records until they are acknowledged."""
+        if self.outbox and self.outbox_owner != owner:
+            # Another processor's outbox is still owed (a crash mid-publish): it stays,
+            # with this change's records after it, until recovery has published them all.
+            self.outbox = [*self.outbox, *owed]
+        else:
+            self.outbox, self.outbox_owner = owed, owner
+
+    def left(self, owner: str) -> bool:
+        """Whether a processor other than `owner` left this state owing records (an
+        outbox it wrote and never saw acknowledged) or ready for a turn it never offered."""
+        return bool(self.outbox and self.outbox_owner != owner) or (
+            self.status == "ready" and self.owner != owner
+        )
 
     def mark(self, trigger: str) -> bool:
         """Records a trigger; False when it was applied before (a redo)."""

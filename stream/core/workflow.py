@@ -166,7 +166,7 @@ class Workflow:
         else:
             out.done = self._maybe_done(st, awaited, opinions)
         if owed is not None:
-            st.outbox = owed
+            st.owe(owed, self.owner)
         self._put(st)
         return out
 
@@ -184,21 +184,19 @@ class Workflow:
         st.owner = self.owner
         self.store.put(st)
 
-    def paid(self, instance: str) -> None:
-        """The outbox's records were acknowledged by the broker."""
+    def paid(self, instance: str, *, theirs: bool = False) -> None:
+        """The outbox's records were acknowledged by the broker. `theirs`: recovery
+        republished an outbox another processor left; else only an outbox written here
+        is emptied."""
         st = self.store.get(instance)
-        if st is not None and st.outbox:
-            st.outbox = []
+        if st is not None and st.outbox and (theirs or st.outbox_owner == self.owner):
+            st.outbox, st.outbox_owner = [], self.owner
             self._put(st)
 
     def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
         """States of owned partitions left by another processor (a restart, a rebalance)
         that owe records or wait for a turn nobody will offer."""
-        return [
-            st
-            for st in self.store.items()
-            if owns(st.partition) and st.owner != self.owner and (st.outbox or st.status == "ready")
-        ]
+        return [st for st in self.store.items() if owns(st.partition) and st.left(self.owner)]
 
     def _maybe_done(
         self, st: InstanceState, awaited: bool, opinions: list[Opinion]
@@ -297,7 +295,7 @@ class Workflow:
             self.results_ignored += 1
             return [], None
         if owed is not None:
-            st.outbox = owed
+            st.owe(owed, self.owner)
         if not rec.approve:
             done = _finish(st, "rejected", rec.reason or "proposal rejected")
             self._put(st)

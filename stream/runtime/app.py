@@ -239,34 +239,55 @@ async def _serve(web: WebServer) -> None:
 def _continuity(app: faust.App, settings: Settings, pipeline: Pipeline) -> Continuity:
     """The continuity watch over the three tracked topics, on faust's consumer."""
     topics = settings.topics
-    consumer: Any = app.consumer
+    return Continuity(
+        pipeline.ledger, [topics.input, topics.results, topics.approvals], _Watched(app)
+    )
 
-    def highwater(tp: TopicPartition) -> int | None:
-        return cast(int | None, consumer.highwater(TP(*tp)))
 
-    async def position(tp: TopicPartition) -> int | None:
-        return cast(int | None, await consumer.position(TP(*tp)))
+class _Watched:
+    """faust's consumer as the continuity watch sees it."""
 
-    async def start(tp: TopicPartition) -> int | None:
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    @property
+    def consumer(self) -> Any:
+        return self.app.consumer
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return cast(int | None, self.consumer.highwater(TP(*tp)))
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        return cast(int | None, await self.consumer.position(TP(*tp)))
+
+    async def start(self, tp: TopicPartition) -> int | None:
         # faust keeps the committed offset it sought to (None for none, and for 0);
         # without one, reading began at the earliest offset (auto_offset_reset).
-        committed = consumer._committed_offset.get(TP(*tp))
+        committed = self.consumer._committed_offset.get(TP(*tp))
         if committed is not None:
             return cast(int, committed)
-        earliest = await consumer.earliest_offsets(TP(*tp))
+        earliest = await self.consumer.earliest_offsets(TP(*tp))
         return cast(int | None, earliest.get(TP(*tp)))
 
-    async def seek(tp: TopicPartition, offset: int) -> None:
-        await consumer.seek(TP(*tp), offset)
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        await self.consumer.seek(TP(*tp), offset)
 
-    return Continuity(
-        pipeline.ledger,
-        [topics.input, topics.results, topics.approvals],
-        highwater,
-        position,
-        start,
-        seek,
-    )
+    def held(self, tp: TopicPartition) -> str | None:
+        consumer = self.consumer
+        if not consumer.flow_active:
+            return "faust's flow is stopped"
+        if TP(*tp) in consumer._paused_partitions:
+            return "paused by faust"
+        active = consumer._active_partitions
+        if active is not None and TP(*tp) not in active:
+            return "not among faust's active partitions"
+        return None
+
+    def release(self, tp: TopicPartition) -> None:
+        # Only called between rebalances (`_steady`), when faust itself holds nothing.
+        self.consumer.resume_partitions({TP(*tp)})
+        if not self.consumer.flow_active:
+            self.consumer.resume_flow()
 
 
 def _steady(app: faust.App, pipeline: Pipeline) -> bool:
@@ -305,12 +326,18 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
                 lags[tp.partition] = max(0, high - (done if done is not None else high))
         pipeline.metrics.set_lag(lags)
         if _steady(app, pipeline):
-            tracked, before = continuity.handling, continuity.reread
+            tracked = continuity.handling
+            before = continuity.reread, continuity.refetched
             await continuity.check(
                 (tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in tracked
             )
-            if continuity.reread > before:
-                pipeline.metrics.count({"records_reread": continuity.reread - before})
+            if (continuity.reread, continuity.refetched) != before:
+                pipeline.metrics.count(
+                    {
+                        "records_reread": continuity.reread - before[0],
+                        "partitions_refetched": continuity.refetched - before[1],
+                    }
+                )
 
     @app.timer(30.0)  # type: ignore[untyped-decorator]
     async def report() -> None:

@@ -1,45 +1,58 @@
-"""The continuity watch: every record the Kafka client consumed reaches its handler.
+"""The continuity watch: every record on an assigned partition reaches its handler.
 
 faust hands a new assignment's first records to the streams while it is still seeking
 the partitions to their committed offsets, and the rest of that fetch can then vanish:
 the client's position moves past records no handler ever sees (it happened in the
-restart tests, on the results topic, about one run in four under load). The ledger caps
-every commit, so none is committed past them; but they would wait for the next
-rebalance, and a workflow waiting for such a result would wait until its deadline.
+restart tests, on the results topic, about one run in four under load). Once, in CI, a
+partition's records also stayed on the broker unfetched, the position resting where the
+handler stopped. The ledger caps every commit, so nothing is committed past such
+records; but they would wait for the next rebalance, and a workflow waiting for such a
+result would wait until its deadline.
 
-So, every few seconds, for each partition whose handler is idle: if the client's
-position is past the next offset the handler expects, the partition is sought back
-there and the records come again (handlers are idempotent: a repeated result, approval
-or input finds its change applied). A gap Kafka itself leaves (transaction markers,
-compaction) reads as nothing new; after a few tries it is passed over.
+So, every few seconds, for each partition whose handler is idle and whose end lies past
+the next offset the handler expects:
+- consumed but never handled (the position is past it): the partition is sought back
+  there and the records come again (handlers are idempotent: a repeated result,
+  approval or input finds its change applied);
+- never consumed (the position rests there) on two checks in a row: the partition is
+  resumed in faust if faust holds it paused, and sought there, which makes the client
+  fetch it afresh.
+A gap Kafka itself leaves (transaction markers, compaction) reads as nothing new; after
+a few tries it is passed over. A handler busy on one record for a minute is reported.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from stream.runtime.offsets import OffsetLedger, TopicPartition
 
-__all__ = ["Continuity", "Handling"]
+__all__ = ["Client", "Continuity", "Handling"]
 
 log = logging.getLogger("stream.processor")
 
 _TRIES = 3  # re-reads of one gap before it counts as Kafka's own
+_BUSY_REPORT_S = 60.0  # a handler busy this long on one record is reported
 
 
 @dataclass(slots=True)
 class Handling:
-    """Whether a topic's handler is at work, and since when it waits for records."""
+    """Whether a topic's handler is at work, and since when it works or waits."""
 
     busy: int = 0
-    since: float = 0.0
+    since: float = 0.0  # when it last finished a record (idle since then)
+    started: float = 0.0  # when its current record began
+    reported: bool = False
 
     @contextmanager
     def one(self) -> Iterator[None]:
+        if not self.busy:
+            self.started, self.reported = time.monotonic(), False
         self.busy += 1
         try:
             yield
@@ -51,61 +64,103 @@ class Handling:
         return 0.0 if self.busy else now - self.since
 
 
-class Continuity:
-    """`highwater(tp)`: the end of the partition as last fetched (cheap, no round trip);
-    `position(tp)`: the client's consumed position; `start(tp)`: where reading of a
-    partition began (its committed offset, else its earliest); `seek(tp, offset)`."""
+class Client(Protocol):
+    """The watch's view of the Kafka consumer."""
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The end of the partition as last fetched (cheap, no round trip)."""
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        """The client's consumed position."""
+
+    async def start(self, tp: TopicPartition) -> int | None:
+        """Where reading of the partition began: its committed offset, else its earliest."""
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None: ...
+
+    def held(self, tp: TopicPartition) -> str | None:
+        """Why the client does not fetch the partition now (paused, flow stopped), or None."""
+
+    def release(self, tp: TopicPartition) -> None:
+        """Lets the client fetch the partition again."""
+
+
+class Continuity:
     def __init__(
-        self,
-        ledger: OffsetLedger,
-        topics: Iterable[str],
-        highwater: Callable[[TopicPartition], int | None],
-        position: Callable[[TopicPartition], Awaitable[int | None]],
-        start: Callable[[TopicPartition], Awaitable[int | None]],
-        seek: Callable[[TopicPartition, int], Awaitable[None]],
-        idle_s: float = 2.0,
+        self, ledger: OffsetLedger, topics: Iterable[str], client: Client, idle_s: float = 2.0
     ) -> None:
         self.ledger = ledger
         self.handling = {topic: Handling(since=time.monotonic()) for topic in topics}
-        self.highwater, self.position, self.start, self.seek = highwater, position, start, seek
+        self.client = client
         self.idle_s = idle_s
         self._tries: dict[TopicPartition, tuple[int, int]] = {}  # (offset, re-reads)
+        self._resting: dict[TopicPartition, int] = {}  # unfetched at this offset last check
         self.reread = 0  # records sought back to, for the metrics and tests
+        self.refetched = 0  # partitions made to fetch again
 
     async def check(self, assigned: Iterable[TopicPartition]) -> None:
-        """Seeks back every idle partition whose position passed records never seen."""
+        """Seeks back every idle partition whose records were consumed but never handled,
+        or were never fetched."""
         now = time.monotonic()
         for tp in assigned:
             handling = self.handling.get(tp[0])
-            if handling is None or handling.idle_for(now) < self.idle_s:
+            if handling is None:
                 continue
-            # The position and the start cost a round trip through faust's consumer
-            # thread: asked only where the partition's end lies past what was handled.
-            end, expected = self.highwater(tp), self.ledger.seen_next(tp)
-            if not end or (expected is not None and end <= expected):
+            busy_s = now - handling.started
+            if handling.busy and not handling.reported and busy_s >= _BUSY_REPORT_S:
+                handling.reported = True
+                log.warning("%s: its handler is busy on one record for %.0f s", tp[0], busy_s)
+            if handling.busy or handling.idle_for(now) < self.idle_s:
                 continue
-            position = await self.position(tp)
+            await self._check(tp)
+
+    async def _check(self, tp: TopicPartition) -> None:
+        # The position and the start cost a round trip through faust's consumer thread:
+        # asked only where the partition's end lies past what was handled.
+        end, expected = self.client.highwater(tp), self.ledger.seen_next(tp)
+        if not end or (expected is not None and end <= expected):
+            self._resting.pop(tp, None)
+            return
+        position = await self.client.position(tp)
+        if expected is None:
+            expected = await self.client.start(tp)
             if expected is None:
-                expected = await self.start(tp)
-                if position is not None and expected is not None and position <= expected:
-                    self.ledger.pass_over(tp, expected)  # the baseline: next time is cheap
-            if position is None or expected is None or position <= expected:
-                self._tries.pop(tp, None)
-                continue
-            at, tries = self._tries.get(tp, (expected, 0))
-            tries = tries if at == expected else 0
-            if tries >= _TRIES:
-                log.info("%s/%d: %d..%d hold no records; passed over", *tp, expected, position - 1)
-                self.ledger.pass_over(tp, position)
-                self._tries.pop(tp, None)
-                continue
-            self._tries[tp] = (expected, tries + 1)
-            log.warning(
-                "%s/%d: %d..%d were consumed but never handled; reading them again",
+                return
+            if position is not None and position <= expected:
+                self.ledger.pass_over(tp, expected)  # the baseline: next time is cheap
+        if position is None:
+            return
+        if position <= expected:
+            # Records wait on the broker and the client does not bring them: once may be
+            # a fetch under way, twice in a row (checks are seconds apart) is a stall.
+            if self._resting.get(tp) != expected:
+                self._resting[tp] = expected
+                return
+            held = self.client.held(tp)
+            what = f"were never fetched ({held or 'not held'})"
+        else:
+            what = "were consumed but never handled"
+        self._resting.pop(tp, None)
+        upto = (end if position <= expected else position) - 1
+        at, tries = self._tries.get(tp, (expected, 0))
+        tries = tries if at == expected else 0
+        if tries >= _TRIES:
+            log.info(
+                "%s/%d: %d..%d brought nothing after %d tries; passed over (uncommitted: "
+                "a restart or rebalance reads them again)",
                 *tp,
                 expected,
-                position - 1,
+                upto,
+                tries,
             )
+            self.ledger.pass_over(tp, upto + 1)
+            self._tries.pop(tp, None)
+            return
+        self._tries[tp] = (expected, tries + 1)
+        log.warning("%s/%d: %d..%d %s; reading them again", *tp, expected, upto, what)
+        if position <= expected:
+            self.client.release(tp)
+            self.refetched += 1
+        else:
             self.reread += position - expected
-            await self.seek(tp, expected)
+        await self.client.seek(tp, expected)

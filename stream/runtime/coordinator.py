@@ -106,11 +106,14 @@ class Coordinator:
         )
         for listed in owing:
             # Read again: the agents run meanwhile, and whatever this processor changed
-            # since (a redelivered result, an approval) is its own to finish.
+            # since (a turn it made ready, an outbox it wrote) is its own to finish. An
+            # outbox another processor wrote stays owed when a result changed the state
+            # here: a crash mid-publish can leave some of its records unpublished.
             st = self.workflow.store.get(listed.instance)
-            if st is None or st.owner == self.workflow.owner:
+            if st is None or not st.left(self.workflow.owner):
                 continue
-            if st.outbox:
+            turn_left = st.status == "ready" and st.owner != self.workflow.owner
+            if st.outbox and st.outbox_owner != self.workflow.owner:
                 key = st.instance.encode()
                 origin = position(st.source) if st.source else None
                 records = [
@@ -118,11 +121,11 @@ class Coordinator:
                     for o in st.outbox
                 ]
                 await self.delivery.sink.publish(records)
-                self.workflow.paid(st.instance)  # stamped ours: nobody takes it over twice
+                self.workflow.paid(st.instance, theirs=True)  # ours now: taken over once
                 log.info("recovery: %s owed %d records; published", st.instance, len(records))
                 self.metrics.count({"outbox_republished": len(records)})
                 st = self.workflow.store.get(st.instance)
-            nxt = self.workflow.next_turn(st) if st is not None else None
+            nxt = self.workflow.next_turn(st) if st is not None and turn_left else None
             if nxt is not None:
                 ready.append(nxt)
         await self.flush()

@@ -1,9 +1,12 @@
-"""The continuity watch re-reads records the client consumed but no handler saw, and
-passes over gaps Kafka itself leaves."""
+"""The continuity watch re-reads records the client consumed but no handler saw, makes
+the client fetch records it left on the broker, and passes over gaps Kafka itself
+leaves."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from stream.runtime.continuity import Continuity
 from stream.runtime.offsets import OffsetLedger, TopicPartition
@@ -16,6 +19,8 @@ class Client:
         self.pos = self.end = position
         self.first = start
         self.seeks: list[int] = []
+        self.holds: str | None = None
+        self.released = 0
 
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.end
@@ -29,17 +34,16 @@ class Client:
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append(offset)
 
+    def held(self, tp: TopicPartition) -> str | None:
+        return self.holds
+
+    def release(self, tp: TopicPartition) -> None:
+        self.holds = None
+        self.released += 1
+
 
 def _watch(ledger: OffsetLedger, client: Client, idle_s: float = 0.0) -> Continuity:
-    return Continuity(
-        ledger,
-        ["results"],
-        client.highwater,
-        client.position,
-        client.start,
-        client.seek,
-        idle_s=idle_s,
-    )
+    return Continuity(ledger, ["results"], client, idle_s=idle_s)
 
 
 async def test_records_consumed_but_never_handled_are_read_again() -> None:
@@ -90,3 +94,41 @@ async def test_a_quiet_partition_gets_its_baseline_once() -> None:
     ledger, client = OffsetLedger(), Client(position=7, start=7)
     await _watch(ledger, client).check([TP])
     assert client.seeks == [] and ledger.seen_next(TP) == 7
+
+
+async def test_records_left_unfetched_on_two_checks_are_fetched_again() -> None:
+    ledger, client = OffsetLedger(), Client(position=2)
+    for offset in (0, 1):
+        ledger.track(TP, offset, lambda: None)
+    client.end, client.holds = 4, "paused by faust"  # 2..3 on the broker, never fetched
+    watch = _watch(ledger, client)
+    await watch.check([TP])  # once may be a fetch under way
+    assert client.seeks == [] and client.released == 0
+    await watch.check([TP])
+    assert client.seeks == [2] and client.released == 1 and watch.refetched == 1
+
+
+async def test_records_that_arrive_between_checks_are_not_a_stall() -> None:
+    ledger, client = OffsetLedger(), Client(position=2)
+    for offset in (0, 1):
+        ledger.track(TP, offset, lambda: None)
+    client.end = 3
+    watch = _watch(ledger, client)
+    await watch.check([TP])
+    ledger.track(TP, 2, lambda: None)  # the fetch came and was handled
+    client.pos, client.end = 3, 5
+    await watch.check([TP])  # new records again: a first sighting, not a second
+    assert client.seeks == [] and client.released == 0
+
+
+async def test_a_handler_stuck_on_one_record_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    ledger, client = OffsetLedger(), Client(position=9)
+    watch = _watch(ledger, client)
+    with watch.handling["results"].one():
+        watch.handling["results"].started = time.monotonic() - 120
+        await watch.check([TP])
+        await watch.check([TP])
+    assert [r.message for r in caplog.records].count(
+        "results: its handler is busy on one record for 120 s"
+    ) == 1
+    assert client.seeks == []

@@ -64,3 +64,16 @@ def test_the_committed_offset_it_sought_to_is_kept_where_continuity_reads_it() -
     committed offset kept in `Consumer._committed_offset` by `perform_seek`."""
     assert "self._committed_offset.update(" in inspect.getsource(Consumer.perform_seek)
     assert "self._committed_offset = " in inspect.getsource(Consumer.__init__)
+
+
+def test_the_partition_holds_continuity_reports_are_where_it_reads_them() -> None:
+    """stream/runtime/app.py `_Watched.held` names why faust does not fetch a partition
+    from `flow_active`, `_paused_partitions` and `_active_partitions`, the sets faust's
+    own fetch reads."""
+    fetch = inspect.getsource(Consumer._wait_next_records)
+    assert "self.flow_active" in fetch and "self._get_active_partitions()" in fetch
+    active = inspect.getsource(Consumer._set_active_tps)
+    assert "self._active_partitions" in active and "self._paused_partitions" in active
+    assert "self._paused_partitions.difference_update" in inspect.getsource(
+        Consumer.resume_partitions
+    )

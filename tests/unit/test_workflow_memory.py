@@ -13,7 +13,7 @@ import orjson
 from stream.core.instance import Instance
 from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from stream.core.spec import Advisor, AgentSpec, load_spec
-from stream.core.state import MemoryStore
+from stream.core.state import MemoryStore, Outgoing
 from stream.core.validate import Opinion
 from stream.core.workflow import Workflow
 from stream.runtime.processor import Pipeline
@@ -197,3 +197,28 @@ async def test_recovery_takes_over_only_what_another_processor_left() -> None:
     store.put(left)  # left by an earlier process: recovered, and ours from then on
     resumed = await pipe.coordinator.recover(lambda _: True)
     assert [inst.id for inst in resumed] == [left.instance]
+
+
+async def test_an_outbox_left_by_a_crash_stays_owed_after_a_result_changed_its_state() -> None:
+    """A crash mid-publish leaves records unpublished; a result for one that did go out
+    changes the state here first. Recovery must still publish what the crash left."""
+    pipe, pub, store = _pipeline(load_spec(TICKETS))
+    await pipe.start()
+    src = SourcePosition(topic="items", partition=0, offset=0)
+    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
+    await _drain(pipe)
+    (st,) = store.items()
+    owed = [Outgoing(topic=r.topic, value=r.value.decode()) for r in pub.records]
+    assert st.pending and owed
+    earlier = "an-earlier-process"
+    store.put(st.model_copy(update={"outbox": owed, "outbox_owner": earlier, "owner": earlier}))
+    first = next(iter(st.pending))
+    result = ResultRecord(call_id=first, instance=st.instance, tool="lookupCustomer", value={})
+    await pipe.on_result(result.model_dump_json().encode(), None)
+    changed = store.get(st.instance)
+    assert changed is not None and changed.owner == pipe.worker and changed.outbox == owed
+    published = len(pub.records)
+    await pipe.coordinator.recover(lambda _: True)
+    assert len(pub.records) == published + len(owed)  # the crash's records, again
+    recovered = store.get(st.instance)
+    assert recovered is not None and recovered.outbox == []
