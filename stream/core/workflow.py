@@ -347,10 +347,19 @@ def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
     )
 
 
+# Compiled `_output` validators, by the schema object they were built from (kept here, so
+# its id stays its own): building one per result cost more than checking the result.
+_OUTPUT_CHECKS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
+
+
 def _output_error(tool: Tool, value: Any) -> str | None:
     if tool.output is None:
         return None
-    error = best_match(Draft202012Validator(tool.output).iter_errors(value))
+    known = _OUTPUT_CHECKS.get(id(tool.output))
+    if known is None or known[0] is not tool.output:
+        known = (tool.output, Draft202012Validator(tool.output))
+        _OUTPUT_CHECKS[id(tool.output)] = known
+    error = best_match(known[1].iter_errors(value))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(result)"

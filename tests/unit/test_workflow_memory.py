@@ -222,3 +222,17 @@ async def test_an_outbox_left_by_a_crash_stays_owed_after_a_result_changed_its_s
     assert len(pub.records) == published + len(owed)  # the crash's records, again
     recovered = store.get(st.instance)
     assert recovered is not None and recovered.outbox == []
+
+
+def test_a_result_that_breaks_its_output_schema_is_named_each_time() -> None:
+    flow = _started(load_spec(TICKETS), MemoryStore())
+    src = SourcePosition(topic="items", partition=0, offset=0)
+    inst = Instance("t-1", {"customer": "acme"}, src, 10, None, 1)
+    flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [])
+    bad = ResultRecord(call_id="c1", instance="t-1", tool="lookupCustomer", value={"vip": "yes"})
+    for _ in range(2):  # the second check uses the validator the first one built
+        problem = flow.result_problem(bad)
+        assert problem is not None and "lookupCustomer result breaks" in problem
+        assert "at vip" in problem
+    good = bad.model_copy(update={"value": {"plan": "pro", "vip": True}})
+    assert flow.result_problem(good) is None
