@@ -109,7 +109,12 @@ class Continuity:
             busy_s = now - handling.started
             if handling.busy and not handling.reported and busy_s >= _BUSY_REPORT_S:
                 handling.reported = True
-                log.warning("%s: its handler is busy on one record for %.0f s", tp[0], busy_s)
+                log.warning(
+                    "%s: its handler has been on one record for %.0f s (backpressure "
+                    "while the LLM is down looks like this; else it is stuck)",
+                    tp[0],
+                    busy_s,
+                )
             if handling.busy or handling.idle_for(now) < self.idle_s:
                 continue
             await self._check(tp)
