@@ -128,7 +128,7 @@ def build_app(
         # Without a plan or awaited calls there is no state to keep: writing every item
         # to the changelog would cost a publish per item for nothing.
         workflow = Workflow(
-            spec, TableStore(table), settings.pending_timeout_s, settings.state_retention_s
+            merged, TableStore(table), settings.pending_timeout_s, settings.state_retention_s
         )
     pipeline = Pipeline(
         settings,

@@ -135,6 +135,8 @@ class Pipeline:
         self.refused(refused)
         self.batcher.reconfigure(spec)
         self.builder.spec = self.spec = spec
+        if self.workflow is not None:
+            self.workflow.spec = spec  # a finish advisor from the context is heard too
 
     def refused(self, refused: Refused) -> None:
         """Says which context messages were refused, and why."""

@@ -236,3 +236,18 @@ def test_a_result_that_breaks_its_output_schema_is_named_each_time() -> None:
         assert "at vip" in problem
     good = bad.model_copy(update={"value": {"plan": "pro", "vip": True}})
     assert flow.result_problem(good) is None
+
+
+def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> None:
+    pipe, _, _ = _pipeline(load_spec(TICKETS))
+    assert pipe.workflow is not None
+    closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
+    pipe.reconfigure(pipe.spec.model_copy(update={"advisors": [closer]}), [])
+    src = SourcePosition(topic="items", partition=0, offset=0)
+    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
+    assert inst is not None
+    stop = Opinion(advisor="closer", token=None, fields={}, votes_raw='{"stop": 90, "go": 10}')
+    turn = pipe.workflow.turn(
+        inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop]
+    )
+    assert turn.done is not None and turn.done.status == "stopped"
