@@ -312,9 +312,8 @@ class Bench:
         result.notes.append(f"latency measured at {rate:.1f} items/s")
 
     async def passthrough(self, partitions: int = 4, runs: int = 3) -> Result:
-        """The machine's ceiling: consume each record and produce it on, acks=all. One
-        pass of a few thousand records lasts a fraction of a second and scatters by a
-        factor of three between runs, so the median of `runs` passes is reported."""
+        """The machine's ceiling: consume each record and produce it on, acks=all; the
+        median of `runs` passes (one lasts under a second and scatters threefold)."""
         prefix = f"bench-{secrets.token_hex(3)}."
         src, dsts = prefix + "items", [f"{prefix}copy{i}" for i in range(runs)]
         await ensure_topics(self.bootstrap, [src, *dsts], partitions)
