@@ -61,6 +61,14 @@ async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
     dep = await deploy()
     dep.sim.config.latency_ms = 300
     await dep.produce_items(_items(100, "k1"))
+    # The first must be a member before the second comes: else the second forms the
+    # group alone (seen once in CI on a slow start) and no take-over is tested.
+    for _ in range(240):
+        if "Executing _on_partitions_assigned" in dep.proc.tail(400):
+            break
+        await asyncio.sleep(0.25)
+    else:
+        pytest.fail(f"the first processor never joined the group:\n{dep.proc.tail()}")
     second = ProcessorProcess(
         {**dep.proc.env, "STREAM_WEB_PORT": str(_free_port())}, tmp_path / "second.log"
     )
