@@ -254,8 +254,9 @@ class _Watched:
     def consumer(self) -> Any:
         return self.app.consumer
 
-    def highwater(self, tp: TopicPartition) -> int | None:
-        return cast(int | None, self.consumer.highwater(TP(*tp)))
+    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        found = await self.consumer.highwaters(*(TP(*tp) for tp in tps))
+        return {(tp.topic, tp.partition): int(end) for tp, end in found.items()}
 
     async def position(self, tp: TopicPartition) -> int | None:
         return cast(int | None, await self.consumer.position(TP(*tp)))

@@ -67,8 +67,9 @@ class Handling:
 class Client(Protocol):
     """The watch's view of the Kafka consumer."""
 
-    def highwater(self, tp: TopicPartition) -> int | None:
-        """The end of the partition as last fetched (cheap, no round trip)."""
+    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where the partitions end on the broker now (one round trip for all: the end a
+        fetch last saw goes stale when the client stops fetching a partition)."""
 
     async def position(self, tp: TopicPartition) -> int | None:
         """The client's consumed position."""
@@ -102,6 +103,7 @@ class Continuity:
         """Seeks back every idle partition whose records were consumed but never handled,
         or were never fetched."""
         now = time.monotonic()
+        idle: list[TopicPartition] = []
         for tp in assigned:
             handling = self.handling.get(tp[0])
             if handling is None:
@@ -115,14 +117,16 @@ class Continuity:
                     tp[0],
                     busy_s,
                 )
-            if handling.busy or handling.idle_for(now) < self.idle_s:
-                continue
-            await self._check(tp)
+            if not handling.busy and handling.idle_for(now) >= self.idle_s:
+                idle.append(tp)
+        ends = await self.client.ends(idle) if idle else {}
+        for tp in idle:
+            await self._check(tp, ends.get(tp))
 
-    async def _check(self, tp: TopicPartition) -> None:
+    async def _check(self, tp: TopicPartition, end: int | None) -> None:
         # The position and the start cost a round trip through faust's consumer thread:
         # asked only where the partition's end lies past what was handled.
-        end, expected = self.client.highwater(tp), self.ledger.seen_next(tp)
+        expected = self.ledger.seen_next(tp)
         if not end or (expected is not None and end <= expected):
             self._resting.pop(tp, None)
             return
