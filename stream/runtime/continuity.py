@@ -139,7 +139,8 @@ class Continuity:
                 self.ledger.pass_over(tp, expected)  # the baseline: next time is cheap
         if position is None:
             return
-        if position <= expected:
+        unfetched = position <= expected
+        if unfetched:
             # Records wait on the broker and the client does not bring them: once may be
             # a fetch under way, twice in a row (checks are seconds apart) is a stall.
             if self._resting.get(tp) != expected:
@@ -150,7 +151,7 @@ class Continuity:
         else:
             what = "were consumed but never handled"
         self._resting.pop(tp, None)
-        upto = (end if position <= expected else position) - 1
+        upto = (end if unfetched else position) - 1
         at, tries = self._tries.get(tp, (expected, 0))
         tries = tries if at == expected else 0
         if tries >= _TRIES:
@@ -167,7 +168,7 @@ class Continuity:
             return
         self._tries[tp] = (expected, tries + 1)
         log.warning("%s/%d: %d..%d %s; reading them again", *tp, expected, upto, what)
-        if position <= expected:
+        if unfetched:
             self.client.release(tp)
             self.refetched += 1
         else:

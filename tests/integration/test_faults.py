@@ -19,30 +19,33 @@ from tests.conftest import Deployment
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
+JOINED = "Executing _on_partitions_assigned"  # faust's log line once a member holds partitions
 
 
 def _items(n: int, tag: str) -> list[dict[str, Any]]:
     return [{"_instance": f"{tag}-{i:04d}", "comment": f"fine remark {tag} {i}"} for i in range(n)]
 
 
+async def _logged(proc: ProcessorProcess, text: str, otherwise: str, tries: int = 120) -> None:
+    """Until `text` is in the processor's log (4 tries a second); else the test fails."""
+    for _ in range(tries):
+        if text in proc.tail(400):
+            return
+        await asyncio.sleep(0.25)
+    pytest.fail(f"{otherwise}:\n{proc.tail()}")
+
+
 async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) -> None:
     dep = await deploy()
     dep.sim.config.latency_ms = 300
     await dep.produce_items(_items(150, "rb1"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     second = ProcessorProcess(
-        {**dep.proc.env, "STREAM_WEB_PORT": str(port)}, tmp_path / "second.log"
+        {**dep.proc.env, "STREAM_WEB_PORT": str(_free_port())}, tmp_path / "second.log"
     )
     second.start()  # joins the group: partitions move while batches are in flight
     try:
-        for _ in range(120):  # until the second has joined and holds partitions
-            if "Executing _on_partitions_assigned" in second.tail(400):
-                break
-            await asyncio.sleep(0.25)
-        else:
-            pytest.fail(f"the second processor never joined the group:\n{second.tail()}")
+        # until the second has joined and holds partitions
+        await _logged(second, JOINED, "the second processor never joined the group")
         await dep.produce_items(_items(150, "rb2"))
         dep.proc.stop()  # the first leaves mid-flow: its partitions move again
         # the first exited on purpose: watch the second
@@ -63,31 +66,21 @@ async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
     await dep.produce_items(_items(100, "k1"))
     # The first must be a member before the second comes: else the second forms the
     # group alone (seen once in CI on a slow start) and no take-over is tested.
-    for _ in range(240):
-        if "Executing _on_partitions_assigned" in dep.proc.tail(400):
-            break
-        await asyncio.sleep(0.25)
-    else:
-        pytest.fail(f"the first processor never joined the group:\n{dep.proc.tail()}")
+    await _logged(dep.proc, JOINED, "the first processor never joined the group", 240)
     second = ProcessorProcess(
         {**dep.proc.env, "STREAM_WEB_PORT": str(_free_port())}, tmp_path / "second.log"
     )
     second.start()
     try:
-        for _ in range(120):
-            if "Executing _on_partitions_assigned" in second.tail(400):
-                break
-            await asyncio.sleep(0.25)
-        else:
-            pytest.fail(f"the second processor never joined the group:\n{second.tail()}")
-        joined = second.tail(2000).count("Executing _on_partitions_assigned")
+        await _logged(second, JOINED, "the second processor never joined the group")
+        joined = second.tail(2000).count(JOINED)
         await dep.produce_items(_items(100, "k2"))
         dep.proc.kill()  # kill -9: no goodbye; the group notices after the session timeout
         report = await wait_accounted(dep.bootstrap, dep.settings, dep.spec, 200, 150, second)
         # The second takes the dead member's partitions in a later rebalance, once the
         # group notices the death (the first may have finished everything before it).
         for _ in range(120):
-            if second.tail(4000).count("Executing _on_partitions_assigned") > joined:
+            if second.tail(4000).count(JOINED) > joined:
                 break
             await asyncio.sleep(0.25)
         else:
@@ -148,12 +141,7 @@ async def test_api_key_never_appears_in_logs_or_records(deploy: Deploy) -> None:
     dep.sim.config.api_key = "sk-somebody-else"  # the account now refuses our key: 401
     try:
         await dep.produce_items(_items(5, "late"))
-        for _ in range(80):
-            if "refuses our requests" in dep.proc.tail(400):
-                break
-            await asyncio.sleep(0.25)
-        else:
-            pytest.fail(f"a 401 was never reported:\n{dep.proc.tail()}")
+        await _logged(dep.proc, "refuses our requests", "a 401 was never reported", 80)
         dep.sim.config.api_key = canary  # the key is accepted again: the stream resumes
         report = await dep.settle(26)
     finally:
