@@ -88,15 +88,22 @@ def _faust_app(settings: Settings, bootstrap: str) -> _App:
 
 
 def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str]) -> None:
-    """Routes every commit faust computes for the tracked topics through the ledger."""
+    """Every commit of the tracked topics is the ledger's commit point, never faust's own.
+
+    faust proposes from its acked list, which holds records it skipped on its own, and it
+    removes what it proposed from that list: a proposal refused or cut short is never
+    made again, and an idle partition would stay uncommitted. So faust's list is drained
+    only when the ledger can answer, and the ledger's answer is what is committed."""
     consumer: Any = app.consumer  # faust exposes no public hook for this
     proposed = consumer._new_offset
 
     def capped(tp: Any) -> int | None:
-        offset = proposed(tp)
         if tp.topic not in tracked:
-            return cast(int | None, offset)
-        return ledger.cap((tp.topic, tp.partition), offset)
+            return cast(int | None, proposed(tp))
+        limit = ledger.commit_point((tp.topic, tp.partition))
+        if limit is not None:
+            proposed(tp)  # drains faust's acked list (it asks while that holds anything)
+        return limit
 
     consumer._new_offset = capped
 

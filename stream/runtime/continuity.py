@@ -1,24 +1,25 @@
 """The continuity watch: every record on an assigned partition reaches its handler.
 
-faust hands a new assignment's first records to the streams while it is still seeking
-the partitions to their committed offsets, and the rest of that fetch can then vanish:
-the client's position moves past records no handler ever sees (it happened in the
-restart tests, on the results topic, about one run in four under load). Once, in CI, a
-partition's records also stayed on the broker unfetched, the position resting where the
-handler stopped. The ledger caps every commit, so nothing is committed past such
-records; but they would wait for the next rebalance, and a workflow waiting for such a
-result would wait until its deadline.
+faust can drop records between the client and the handlers without a word (see
+stream/runtime/offsets.py): in the restart tests, the rest of a new assignment's first
+fetch vanished, records were skipped while later ones were handled, and once, in CI, a
+partition's records stayed on the broker unfetched. The ledger caps every commit below
+the first record its handler never saw, so nothing is lost; but such records would wait
+for the next restart, and a workflow waiting for one would wait until its deadline.
 
-So, every few seconds, for each partition whose handler is idle and whose end lies past
-the next offset the handler expects:
-- consumed but never handled (the position is past it): the partition is sought back
-  there and the records come again (handlers are idempotent: a repeated result,
-  approval or input finds its change applied);
-- never consumed (the position rests there) on two checks in a row: the partition is
-  resumed in faust if faust holds it paused, and sought there, which makes the client
-  fetch it afresh.
-A gap Kafka itself leaves (transaction markers, compaction) reads as nothing new; after
-a few tries it is passed over. A handler busy on one record for a minute is reported.
+So, every few seconds, for each tracked partition:
+- newly assigned: the ledger learns where reading began (its committed offset, else its
+  earliest), and commits nothing before that;
+- a gap (offsets never handled while later ones were) seen on two checks in a row: the
+  partition is sought back to it (handlers are idempotent: a repeated result, approval or
+  input finds its change applied); the first record that comes again shows where the
+  broker has data, so a gap Kafka itself leaves (transaction markers, compaction) closes;
+- idle, with its end past the next offset the handler expects: consumed but never
+  handled (the position is past it), it is sought back there; never consumed (the
+  position rests there) on two checks in a row, it is resumed in faust if faust holds it
+  paused, and sought there, which makes the client fetch it afresh. After a few tries
+  with nothing new, such a tail is left alone (uncommitted: a restart reads it again).
+A handler busy on one record for a minute is reported.
 """
 
 from __future__ import annotations
@@ -96,12 +97,15 @@ class Continuity:
         self.idle_s = idle_s
         self._tries: dict[TopicPartition, tuple[int, int]] = {}  # (offset, re-reads)
         self._resting: dict[TopicPartition, int] = {}  # unfetched at this offset last check
+        self._gaps: dict[TopicPartition, int] = {}  # a gap's start seen on the last check
+        self._passed: dict[TopicPartition, int] = {}  # a tail given up on, below this
         self.reread = 0  # records sought back to, for the metrics and tests
         self.refetched = 0  # partitions made to fetch again
 
     async def check(self, assigned: Iterable[TopicPartition]) -> None:
-        """Seeks back every idle partition whose records were consumed but never handled,
-        or were never fetched."""
+        """Learns where reading of new partitions began, seeks back gaps the handlers
+        never saw, and every idle partition whose records were consumed but never
+        handled, or were never fetched."""
         now = time.monotonic()
         idle: list[TopicPartition] = []
         for tp in assigned:
@@ -117,26 +121,60 @@ class Continuity:
                     tp[0],
                     busy_s,
                 )
-            if not handling.busy and handling.idle_for(now) >= self.idle_s:
-                idle.append(tp)
+            if not self.ledger.begun(tp):  # newly assigned
+                self._passed.pop(tp, None)
+                start = await self.client.start(tp)
+                if start is not None:
+                    self.ledger.begin(tp, start)
+            is_idle = not handling.busy and handling.idle_for(now) >= self.idle_s
+            gap = self.ledger.gap(tp)
+            if gap is not None:
+                await self._gap(tp, gap, is_idle)
+            else:
+                self._gaps.pop(tp, None)
+                if is_idle:
+                    idle.append(tp)
         ends = await self.client.ends(idle) if idle else {}
         for tp in idle:
             await self._check(tp, ends.get(tp))
 
+    async def _gap(self, tp: TopicPartition, gap: tuple[int, int], idle: bool) -> None:
+        # Seen once, the gap may be records read again on their way (after a rewind,
+        # records fetched before it can come first); twice at the same offset, it is not.
+        # A gap is never passed over: the commit waits below it, and a restart reads it.
+        start, end = gap
+        if self._gaps.get(tp) != start:
+            self._gaps[tp] = start
+            return
+        at, tries = self._tries.get(tp, (start, 0))
+        tries = tries if at == start else 0
+        if tries and not idle:
+            return  # sought already; the handler is still on the records before them
+        self._tries[tp] = (start, tries + 1)
+        if tries < _TRIES:
+            log.warning(
+                "%s/%d: %d..%d were never handled while later records were (the client "
+                "skipped them); reading them again",
+                *tp,
+                start,
+                end - 1,
+            )
+            self.reread += end - start
+        if self.client.held(tp) is not None:
+            self.client.release(tp)
+        self.ledger.sought(tp, start)
+        await self.client.seek(tp, start)
+
     async def _check(self, tp: TopicPartition, end: int | None) -> None:
-        # The position and the start cost a round trip through faust's consumer thread:
-        # asked only where the partition's end lies past what was handled.
+        # The position costs a round trip through faust's consumer thread: asked only
+        # where the partition's end lies past what was handled.
         expected = self.ledger.seen_next(tp)
-        if not end or (expected is not None and end <= expected):
+        if expected is not None:
+            expected = max(expected, self._passed.get(tp, expected))
+        if not end or expected is None or end <= expected:
             self._resting.pop(tp, None)
             return
         position = await self.client.position(tp)
-        if expected is None:
-            expected = await self.client.start(tp)
-            if expected is None:
-                return
-            if position is not None and position <= expected:
-                self.ledger.pass_over(tp, expected)  # the baseline: next time is cheap
         if position is None:
             return
         unfetched = position <= expected
@@ -163,7 +201,7 @@ class Continuity:
                 upto,
                 tries,
             )
-            self.ledger.pass_over(tp, upto + 1)
+            self._passed[tp] = upto + 1
             self._tries.pop(tp, None)
             return
         self._tries[tp] = (expected, tries + 1)

@@ -143,6 +143,15 @@ class Coordinator:
             return []
         if self.workflow is None:
             return []
+        st = self.workflow.store.get(rec.instance)
+        if st is None or rec.call_id not in st.pending:
+            # Normal for a result read again; said, so a workflow that waits on a result
+            # the topic holds can be told from one whose result never came.
+            log.info(
+                "result %s ignored: %s",
+                rec.call_id,
+                "no such workflow" if st is None else f"not awaited ({st.status})",
+            )
         problem = self.workflow.result_problem(rec)
         if problem is not None:
             # Said first (rule 2), then the result counts as the call's error.

@@ -80,14 +80,65 @@ async def test_a_busy_handler_is_not_second_guessed() -> None:
     assert client.seeks == []
 
 
-async def test_a_gap_that_never_fills_is_passed_over_after_a_few_tries() -> None:
-    ledger, client = OffsetLedger(), Client(position=5)
-    ledger.track(TP, 3, lambda: None)  # offset 4 is a transaction marker: nothing comes
+async def test_a_tail_that_never_fills_is_left_alone_after_a_few_tries() -> None:
+    ledger, client = OffsetLedger(), Client(position=5, start=3)
+    ledger.finish(ledger.track(TP, 3, lambda: None))  # 4 is a transaction marker
     watch = _watch(ledger, client)
     for _ in range(5):
         await watch.check([TP])
     assert client.seeks == [4, 4, 4]
-    assert ledger.seen_next(TP) == 5
+    assert ledger.commit_point(TP) == 4  # left alone, never committed past
+
+
+async def test_records_skipped_while_later_ones_were_handled_are_read_again() -> None:
+    ledger, client = OffsetLedger(), Client(position=7)
+    entries = [ledger.track(TP, offset, lambda: None) for offset in (0, 1, 5, 6)]
+    for entry in entries:
+        ledger.finish(entry)
+    watch = _watch(ledger, client)
+    await watch.check([TP])  # once may be records read again on their way
+    assert client.seeks == [] and ledger.commit_point(TP) == 2
+    await watch.check([TP])
+    assert client.seeks == [2] and watch.reread == 3
+    for offset in (2, 3, 4, 5, 6):
+        ledger.finish(ledger.track(TP, offset, lambda: None))
+    assert ledger.gap(TP) is None and ledger.commit_point(TP) == 7
+
+
+async def test_a_gap_kafka_itself_leaves_closes_on_the_first_record_read_again() -> None:
+    ledger, client = OffsetLedger(), Client(position=6)
+    for offset in (0, 1, 5):
+        ledger.finish(ledger.track(TP, offset, lambda: None))
+    watch = _watch(ledger, client)
+    await watch.check([TP])
+    await watch.check([TP])
+    assert client.seeks == [2]
+    ledger.finish(ledger.track(TP, 5, lambda: None))  # the broker holds nothing at 2..4
+    assert ledger.gap(TP) is None and ledger.commit_point(TP) == 6
+    await watch.check([TP])
+    assert client.seeks == [2]
+
+
+async def test_a_gap_sought_once_waits_while_its_handler_is_busy() -> None:
+    ledger, client = OffsetLedger(), Client(position=9)
+    for offset in (0, 8):
+        ledger.track(TP, offset, lambda: None)
+    watch = _watch(ledger, client)
+    await watch.check([TP])
+    await watch.check([TP])
+    with watch.handling["results"].one():
+        await watch.check([TP])  # backpressure: the re-read is queued, not lost
+    assert client.seeks == [1]
+    await watch.check([TP])  # idle again and still nothing: sought again
+    assert client.seeks == [1, 1] and ledger.commit_point(TP) == 0
+
+
+async def test_nothing_is_committed_before_where_reading_began_is_known() -> None:
+    ledger, client = OffsetLedger(), Client(position=6, start=2)
+    ledger.finish(ledger.track(TP, 5, lambda: None))  # 2..4 were dropped before it
+    assert ledger.commit_point(TP) is None
+    await _watch(ledger, client).check([TP])
+    assert ledger.commit_point(TP) == 2 and ledger.gap(TP) == (2, 5)
 
 
 async def test_a_quiet_partition_gets_its_baseline_once() -> None:

@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from types import SimpleNamespace
 
+from faust.types import TP
+
+from stream.runtime.app import _cap_commits
 from stream.runtime.offsets import OffsetLedger
 from stream.runtime.windowing import Windower
 
@@ -87,21 +91,21 @@ async def test_a_loose_bound_closes_windows_where_exact_counts_would() -> None:
     assert closed[-1] == ([26], "flush")
 
 
-def test_cap_keeps_faust_from_committing_past_unfinished_records() -> None:
+def test_the_commit_point_never_passes_unfinished_records() -> None:
     ledger = OffsetLedger()
     tp = ("t", 0)
-    assert ledger.cap(tp, 36) is None  # nothing finished here yet: commit nothing
+    assert ledger.commit_point(tp) is None  # nothing known here yet: commit nothing
     entries = [ledger.track(tp, o, lambda: None) for o in range(10, 14)]
     ledger.finish(entries[0])
+    assert ledger.commit_point(tp) is None  # nor before where reading began is known
+    ledger.begin(tp, 10)
     assert ledger.commit_point(tp) == 11
-    assert ledger.cap(tp, 36) == 11  # a stray ack at 35 must not carry the commit
     for e in entries[1:]:
         ledger.finish(e)
-    assert ledger.cap(tp, 36) == 14
-    assert ledger.cap(tp, 12) == 12
+    assert ledger.commit_point(tp) == 14
 
 
-def test_revoked_partition_that_comes_back_is_rewound_and_capped() -> None:
+def test_revoked_partition_that_comes_back_is_rewound_and_held() -> None:
     ledger = OffsetLedger()
     tp = ("t", 2)
     done = [ledger.track(tp, o, lambda: None) for o in range(38, 41)]
@@ -114,7 +118,26 @@ def test_revoked_partition_that_comes_back_is_rewound_and_capped() -> None:
     # records fetched before the rebalance may still arrive before the re-read ones
     late = ledger.track(tp, 60, lambda: None)
     again = ledger.track(tp, 41, lambda: None)
+    ledger.begin(tp, 41)  # the committed offset, learnt by the continuity watch
     ledger.finish(late)
-    assert ledger.cap(tp, 61) == 41  # never past the re-read record
+    assert ledger.commit_point(tp) == 41  # never past the re-read record
     ledger.finish(again)
-    assert ledger.cap(tp, 61) == 42  # 42..59 are re-read next: no further yet
+    assert ledger.commit_point(tp) == 42  # 42..59 are re-read next: no further yet
+
+
+def test_faust_commits_the_ledgers_point_and_keeps_its_acks_until_there_is_one() -> None:
+    drained: list[str] = []
+
+    def proposed(tp: TP) -> int | None:
+        drained.append(tp.topic)
+        return 99  # faust's own view (it counts records it skipped itself)
+
+    app = SimpleNamespace(consumer=SimpleNamespace(_new_offset=proposed))
+    ledger = OffsetLedger()
+    _cap_commits(app, ledger, {"items"})  # type: ignore[arg-type]
+    new_offset = app.consumer._new_offset
+    ledger.finish(ledger.track(("items", 0), 4, lambda: None))
+    assert new_offset(TP("items", 0)) is None and drained == []  # asked again later
+    ledger.begin(("items", 0), 4)
+    assert new_offset(TP("items", 0)) == 5 and drained == ["items"]
+    assert new_offset(TP("other", 0)) == 99  # untracked topics are faust's alone
