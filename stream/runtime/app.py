@@ -268,14 +268,19 @@ class _Watched:
     async def position(self, tp: TopicPartition) -> int | None:
         return cast(int | None, await self.consumer.position(TP(*tp)))
 
-    async def start(self, tp: TopicPartition) -> int | None:
+    async def starts(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         # faust keeps the committed offset it sought to (None for none, and for 0);
         # without one, reading began at the earliest offset (auto_offset_reset).
-        committed = self.consumer._committed_offset.get(TP(*tp))
-        if committed is not None:
-            return cast(int, committed)
-        earliest = await self.consumer.earliest_offsets(TP(*tp))
-        return cast(int | None, earliest.get(TP(*tp)))
+        found: dict[TopicPartition, int] = {}
+        for tp in tps:
+            committed = self.consumer._committed_offset.get(TP(*tp))
+            if committed is not None:
+                found[tp] = int(committed)
+        rest = [TP(*tp) for tp in tps if tp not in found]
+        if rest:
+            earliest = await self.consumer.earliest_offsets(*rest)
+            found.update({(tp.topic, tp.partition): int(o) for tp, o in earliest.items()})
+        return found
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         await self.consumer.seek(TP(*tp), offset)

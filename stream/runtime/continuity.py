@@ -75,8 +75,9 @@ class Client(Protocol):
     async def position(self, tp: TopicPartition) -> int | None:
         """The client's consumed position."""
 
-    async def start(self, tp: TopicPartition) -> int | None:
-        """Where reading of the partition began: its committed offset, else its earliest."""
+    async def starts(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where reading of the partitions began: the committed offset, else the earliest
+        (one round trip for all that have none)."""
 
     async def seek(self, tp: TopicPartition, offset: int) -> None: ...
 
@@ -107,11 +108,15 @@ class Continuity:
         never saw, and every idle partition whose records were consumed but never
         handled, or were never fetched."""
         now = time.monotonic()
+        assigned = [tp for tp in assigned if tp[0] in self.handling]
+        new = [tp for tp in assigned if not self.ledger.begun(tp)]
+        if new:
+            for tp, start in (await self.client.starts(new)).items():
+                self._passed.pop(tp, None)
+                self.ledger.begin(tp, start)
         idle: list[TopicPartition] = []
         for tp in assigned:
-            handling = self.handling.get(tp[0])
-            if handling is None:
-                continue
+            handling = self.handling[tp[0]]
             busy_s = now - handling.started
             if handling.busy and not handling.reported and busy_s >= _BUSY_REPORT_S:
                 handling.reported = True
@@ -121,11 +126,6 @@ class Continuity:
                     tp[0],
                     busy_s,
                 )
-            if not self.ledger.begun(tp):  # newly assigned
-                self._passed.pop(tp, None)
-                start = await self.client.start(tp)
-                if start is not None:
-                    self.ledger.begin(tp, start)
             is_idle = not handling.busy and handling.idle_for(now) >= self.idle_s
             gap = self.ledger.gap(tp)
             if gap is not None:

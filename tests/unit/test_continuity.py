@@ -28,8 +28,8 @@ class Client:
     async def position(self, tp: TopicPartition) -> int | None:
         return self.pos
 
-    async def start(self, tp: TopicPartition) -> int | None:
-        return self.first
+    async def starts(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {} if self.first is None else dict.fromkeys(tps, self.first)
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append(offset)
