@@ -149,7 +149,17 @@ def build_app(
         probe=probe,
     )
     pipeline.refused(refused)
-    app.drain = lambda: pipeline.drain(settings.drain_s)
+    continuity = _continuity(app, settings, pipeline)
+
+    async def drain() -> None:
+        await pipeline.drain(settings.drain_s)
+        # The commit that follows needs where reading began (a worker stopped within
+        # seconds of its assignment may not have learnt it yet); only known once faust
+        # has sought the partitions to their committed offsets.
+        if _steady(app, pipeline):
+            await continuity.begin(_tracked(app, continuity))
+
+    app.drain = drain
     web = WebServer(
         metrics,
         # Ready means decisions flow: not while the endpoint refuses us or keeps failing.
@@ -161,7 +171,6 @@ def build_app(
     if overrides is not None:
         topic = settings.topics.context
         follower = OverrideFollower(bootstrap, topic, spec, messages, ends, pipeline.reconfigure)
-    continuity = _continuity(app, settings, pipeline)
     _agents(app, settings, pipeline, web, follower, continuity)
     _timers(app, settings, pipeline, continuity)
     _rebalances(app, pipeline)
@@ -303,6 +312,15 @@ class _Watched:
             self.consumer.resume_flow()
 
 
+def _tracked(app: faust.App, continuity: Continuity) -> list[TopicPartition]:
+    """The assigned partitions of the topics whose records the ledger tracks."""
+    return [
+        (tp.topic, tp.partition)
+        for tp in app.consumer.assignment()
+        if tp.topic in continuity.handling
+    ]
+
+
 def _steady(app: faust.App, pipeline: Pipeline) -> bool:
     """No rebalance under way, the tables recovered, the pipeline started: what the
     timers that act on owned partitions wait for."""
@@ -318,6 +336,7 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
         # workflow that moved in a rebalance is driven by its new owner alone.
         if not _steady(app, pipeline):
             return
+        await continuity.begin(_tracked(app, continuity))  # commits wait for it
         owned = {
             tp.partition for tp in app.consumer.assignment() if tp.topic == settings.topics.input
         }
@@ -339,11 +358,8 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
                 lags[tp.partition] = max(0, high - (done if done is not None else high))
         pipeline.metrics.set_lag(lags)
         if _steady(app, pipeline):
-            tracked = continuity.handling
             before = continuity.reread, continuity.refetched
-            await continuity.check(
-                (tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in tracked
-            )
+            await continuity.check(_tracked(app, continuity))
             if (continuity.reread, continuity.refetched) != before:
                 pipeline.metrics.count(
                     {

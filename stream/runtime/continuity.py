@@ -103,17 +103,22 @@ class Continuity:
         self.reread = 0  # records sought back to, for the metrics and tests
         self.refetched = 0  # partitions made to fetch again
 
+    async def begin(self, assigned: Iterable[TopicPartition]) -> None:
+        """Tells the ledger where reading of newly assigned partitions began (nothing of
+        theirs is committed before)."""
+        new = [tp for tp in assigned if tp[0] in self.handling and not self.ledger.begun(tp)]
+        if new:
+            for tp, start in (await self.client.starts(new)).items():
+                self._passed.pop(tp, None)
+                self.ledger.begin(tp, start)
+
     async def check(self, assigned: Iterable[TopicPartition]) -> None:
         """Learns where reading of new partitions began, seeks back gaps the handlers
         never saw, and every idle partition whose records were consumed but never
         handled, or were never fetched."""
         now = time.monotonic()
         assigned = [tp for tp in assigned if tp[0] in self.handling]
-        new = [tp for tp in assigned if not self.ledger.begun(tp)]
-        if new:
-            for tp, start in (await self.client.starts(new)).items():
-                self._passed.pop(tp, None)
-                self.ledger.begin(tp, start)
+        await self.begin(assigned)
         idle: list[TopicPartition] = []
         for tp in assigned:
             handling = self.handling[tp[0]]

@@ -165,15 +165,15 @@ class OffsetLedger:
     def commit_point(self, tp: TopicPartition) -> int | None:
         """The highest offset that may be committed: the oldest unfinished record, or the
         first offset from where reading began that was never delivered; None while where
-        reading began is not known.
+        reading began is not known, or nothing was delivered.
 
         faust also acks on its own (it skips records of an older consumer generation that
         were queued before a rebalance) and commits past a hole when its committed offset
         is 0 or unknown; so this, not faust's proposal, is what the processor commits."""
         seen = self._seen.get(tp)
-        frontier = None if seen is None else seen.frontier()
+        frontier = None if seen is None or not seen.runs else seen.frontier()
         if frontier is None:
-            return None
+            return None  # nothing delivered since the assignment: nothing to commit
         queue = self._open.get(tp)
         # Not queue[0]: after a rewind, re-read older offsets queue behind newer ones.
         return min(frontier, min(e.offset for e in queue)) if queue else frontier
