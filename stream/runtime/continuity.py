@@ -14,9 +14,9 @@ So, every few seconds, for each tracked partition:
   partition is sought back to it (handlers are idempotent: a repeated result, approval or
   input finds its change applied); the first record that comes again shows where the
   broker has data, so a gap Kafka itself leaves (transaction markers, compaction) closes;
-- idle, with its end past the next offset the handler expects: consumed but never
-  handled (the position is past it), it is sought back there; never consumed (the
-  position rests there) on two checks in a row, it is resumed in faust if faust holds it
+- idle, with its end past the next offset the handler expects, on two checks in a row:
+  consumed but never handled (the position is past it), it is sought back there; never
+  consumed (the position rests there), it is resumed in faust if faust holds it
   paused, and sought there, which makes the client fetch it afresh. After a few tries
   with nothing new, such a tail is left alone (uncommitted: a restart reads it again).
 A handler busy on one record for a minute is reported.
@@ -97,7 +97,7 @@ class Continuity:
         self.client = client
         self.idle_s = idle_s
         self._tries: dict[TopicPartition, tuple[int, int]] = {}  # (offset, re-reads)
-        self._resting: dict[TopicPartition, int] = {}  # unfetched at this offset last check
+        self._resting: dict[TopicPartition, int] = {}  # a tail seen at this offset last check
         self._gaps: dict[TopicPartition, int] = {}  # a gap's start seen on the last check
         self._passed: dict[TopicPartition, int] = {}  # a tail given up on, below this
         self.reread = 0  # records sought back to, for the metrics and tests
@@ -183,12 +183,12 @@ class Continuity:
         if position is None:
             return
         unfetched = position <= expected
+        # Once may be a record on its way (a fetch under way, or one consumed and queued
+        # in faust for the handler): twice in a row (checks are seconds apart) is a stall.
+        if self._resting.get(tp) != expected:
+            self._resting[tp] = expected
+            return
         if unfetched:
-            # Records wait on the broker and the client does not bring them: once may be
-            # a fetch under way, twice in a row (checks are seconds apart) is a stall.
-            if self._resting.get(tp) != expected:
-                self._resting[tp] = expected
-                return
             held = self.client.held(tp)
             what = f"were never fetched ({held or 'not held'})"
         else:

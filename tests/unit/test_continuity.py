@@ -51,13 +51,17 @@ async def test_records_consumed_but_never_handled_are_read_again() -> None:
     for offset in (0, 1):
         ledger.track(TP, offset, lambda: None)
     watch = _watch(ledger, client)
+    await watch.check([TP])  # once may be a record consumed and on its way to the handler
+    assert client.seeks == []
     await watch.check([TP])
     assert client.seeks == [2] and watch.reread == 2
 
 
 async def test_nothing_seen_since_assignment_reads_from_where_reading_began() -> None:
     ledger, client = OffsetLedger(), Client(position=6, start=3)
-    await _watch(ledger, client).check([TP])
+    watch = _watch(ledger, client)
+    await watch.check([TP])
+    await watch.check([TP])
     assert client.seeks == [3]
 
 
@@ -84,7 +88,7 @@ async def test_a_tail_that_never_fills_is_left_alone_after_a_few_tries() -> None
     ledger, client = OffsetLedger(), Client(position=5, start=3)
     ledger.finish(ledger.track(TP, 3, lambda: None))  # 4 is a transaction marker
     watch = _watch(ledger, client)
-    for _ in range(5):
+    for _ in range(10):
         await watch.check([TP])
     assert client.seeks == [4, 4, 4]
     assert ledger.commit_point(TP) == 4  # left alone, never committed past
