@@ -77,9 +77,11 @@ class FakePublisher:
     async def stop(self) -> None:
         return None
 
-    async def publish(self, records: list[Any]) -> None:
+    async def publish(self, records: list[Any], sent: Any = None) -> None:
         from stream.runtime.publish import PublishError
 
+        if sent is not None:
+            sent.handed()
         if self.refuse_next and records:
             # As the broker does: the first record is refused for good, the rest land.
             self.refuse_next -= 1

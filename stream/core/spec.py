@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -294,7 +295,16 @@ class AgentSpec(_Strict):
         return [a for a in self.advisors if a.on is None]
 
     def tool(self, name: str) -> Tool | None:
-        return next((t for t in self.tools if t.name == name), None)
+        # Looked up for every call of every answer: a scan per call showed in profiles.
+        tools, by_name = self._tools_by_name
+        if tools is not self.tools:  # a copy with other tools carries this cache along
+            del self.__dict__["_tools_by_name"]
+            tools, by_name = self._tools_by_name
+        return by_name.get(name)
+
+    @cached_property
+    def _tools_by_name(self) -> tuple[list[Tool], dict[str, Tool]]:
+        return self.tools, {t.name: t for t in self.tools}
 
 
 _OPINION_FIELDS = {"id", "calls", "_instance"}

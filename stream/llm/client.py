@@ -120,8 +120,11 @@ class LLM:
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "response_format": response_format,
             "temperature": self.temperature,
+            # As extra body, which the SDK sends as given: as a typed parameter it walks
+            # the whole answer schema on every request (about 4% of the processor's time
+            # with a fast model), to change nothing in it.
+            "extra_body": {"response_format": response_format},
         }
         caps = [c for c in (self.max_output_tokens, max_tokens) if c is not None]
         if caps:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import faust
@@ -19,7 +19,6 @@ import mode
 import orjson
 from faust.types import TP
 
-from stream.core.messages import SourcePosition
 from stream.core.overrides import Messages, apply_overrides
 from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec
@@ -29,13 +28,13 @@ from stream.llm.factory import build_llm
 from stream.ops.metrics import Metrics
 from stream.ops.web import WebServer
 from stream.runtime.continuity import Continuity
+from stream.runtime.feed import Feed
 from stream.runtime.offsets import Entry, OffsetLedger, TopicPartition
 from stream.runtime.overrides import OverrideFollower
 from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import Pipeline, limiter_for
 from stream.runtime.publish import Publisher
 from stream.runtime.security import faust_credentials
-from stream.runtime.tracing import TRACES
 from stream.settings import Settings
 
 __all__ = ["build_app", "run_processor"]
@@ -87,15 +86,27 @@ def _faust_app(settings: Settings, bootstrap: str) -> _App:
     )
 
 
-def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str]) -> None:
+def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str], fed: str) -> None:
     """Every commit of the tracked topics is the ledger's commit point, never faust's own.
 
     faust proposes from its acked list, which holds records it skipped on its own, and it
     removes what it proposed from that list: a proposal refused or cut short is never
     made again, and an idle partition would stay uncommitted. So faust's list is drained
-    only when the ledger can answer, and the ledger's answer is what is committed."""
+    only when the ledger can answer, and the ledger's answer is what is committed. The
+    `fed` topic's records never reach faust (stream/runtime/feed.py): its partitions are
+    offered for a commit on every round, not only when faust holds acks for them."""
     consumer: Any = app.consumer  # faust exposes no public hook for this
     proposed = consumer._new_offset
+    pending = consumer._filter_tps_with_pending_acks
+
+    def with_fed(topics: Any = None) -> Iterator[Any]:
+        found = set(pending(topics))
+        found.update(
+            tp
+            for tp in consumer.assignment()
+            if tp.topic == fed and (topics is None or tp in topics or fed in topics)
+        )
+        return iter(found)
 
     def capped(tp: Any) -> int | None:
         if tp.topic not in tracked:
@@ -106,6 +117,7 @@ def _cap_commits(app: faust.App, ledger: OffsetLedger, tracked: set[str]) -> Non
         return limit
 
     consumer._new_offset = capped
+    consumer._filter_tps_with_pending_acks = with_fed
 
 
 def build_app(
@@ -171,9 +183,10 @@ def build_app(
     if overrides is not None:
         topic = settings.topics.context
         follower = OverrideFollower(bootstrap, topic, spec, messages, ends, pipeline.reconfigure)
-    _agents(app, settings, pipeline, web, follower, continuity)
+    feed = Feed(settings.topics.input, continuity.handling[settings.topics.input])
+    _agents(app, settings, pipeline, web, follower, continuity, feed)
     _timers(app, settings, pipeline, continuity)
-    _rebalances(app, pipeline)
+    _rebalances(app, pipeline, feed)
     return app
 
 
@@ -184,6 +197,7 @@ def _agents(
     web: WebServer,
     follower: OverrideFollower | None,
     continuity: Continuity,
+    feed: Feed,
 ) -> None:
     topics = settings.topics
 
@@ -207,41 +221,21 @@ def _agents(
 
     @app.agent(topic(topics.input), concurrency=1)
     async def process(stream: Any) -> None:
-        _cap_commits(app, pipeline.ledger, {topics.input, topics.results, topics.approvals})
+        # The input's records come through the feed, never through this stream; the
+        # agent only makes faust subscribe to the topic and balance it with the table.
+        tracked = {topics.input, topics.results, topics.approvals}
+        _cap_commits(app, pipeline.ledger, tracked, topics.input)
         await pipeline.start()
         await _serve(web)
         if follower is not None:
             await follower.start()
         try:
-            async for event in stream.noack().events():
-                msg = event.message
-                source = SourcePosition(
-                    topic=msg.topic,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                    key=_shown_key(msg.key),
-                    timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
-                )
-                TRACES.remember((msg.topic, msg.partition, msg.offset), msg.headers)
-                with continuity.handling[msg.topic].one():
-                    await pipeline.offer(msg.value, msg.key, source, event.ack)
+            await feed.run(pipeline.offer)
         finally:
             await web.stop()
             if follower is not None:
                 await follower.stop()
             await pipeline.stop()
-
-
-_KEY_KEEP = 256  # characters of a record key copied into every output's `source`
-
-
-def _shown_key(key: bytes | None) -> str | None:
-    """The key as outputs show it: a huge key would be copied into every output record
-    and make them too large for the broker, so it is cut (the id rule refuses it anyway)."""
-    if key is None:
-        return None
-    text = key[: _KEY_KEEP * 4].decode("utf-8", "replace")
-    return text if len(key) <= _KEY_KEEP else f"{text[:_KEY_KEEP]}... ({len(key)} bytes)"
 
 
 async def _serve(web: WebServer) -> None:
@@ -379,9 +373,10 @@ def _timers(app: faust.App, settings: Settings, pipeline: Pipeline, continuity: 
         )
 
 
-def _rebalances(app: faust.App, pipeline: Pipeline) -> None:
+def _rebalances(app: faust.App, pipeline: Pipeline, feed: Feed) -> None:
     async def on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked = args[0] if args else kwargs.get("revoked", set())
+        feed.revoked(revoked)
         dropped = pipeline.ledger.drop((tp.topic, tp.partition) for tp in revoked)
         if dropped:
             log.info(
@@ -391,6 +386,9 @@ def _rebalances(app: faust.App, pipeline: Pipeline) -> None:
 
     async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         assigned = args[0] if args else kwargs.get("assigned", set())
+        # Before the first fetch of the new assignment: no input record reaches faust.
+        feed.tap(app.consumer, app.monitor)
+        feed.assigned(assigned)
         back = pipeline.ledger.rewinds((tp.topic, tp.partition) for tp in assigned)
         for tp in assigned:
             offset = back.get((tp.topic, tp.partition))

@@ -1,10 +1,12 @@
-"""The batcher: records in, windows out, one task per batch, delivered in batch order.
+"""The batcher: records in, windows out, one task per batch, published in batch order.
 
 Flow per record: track its offset -> parse (a bad record: dead letter) -> window ->
-batch task (a bounded number in flight) -> solve -> wait for the previous batch's
-delivery -> deliver (stream/runtime/delivery.py). Delivering in batch order keeps each
-instance's outputs in its input order, and the ledger acks each partition's offsets in
-offset order, so commits never pass unfinished work.
+batch task (a bounded number in flight) -> solve -> wait until the previous batch has
+handed its records to the producer -> deliver (stream/runtime/delivery.py). Sending in
+batch order keeps each instance's outputs in its input order (the producer keeps the
+order of sends per partition) while the acknowledgements of several batches are awaited
+side by side; the ledger acks each partition's offsets in offset order, so commits never
+pass unfinished work.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from stream.runtime.delivery import BATCH_TRIES, Delivery, retried
 from stream.runtime.intake import parse_item
 from stream.runtime.offsets import Entry, OffsetLedger
 from stream.runtime.probe import Probe
+from stream.runtime.publish import Order
 from stream.runtime.records import Planned, RecordBuilder, bad_record
 from stream.runtime.windowing import Windower
 from stream.settings import Settings
@@ -101,7 +104,7 @@ class Batcher:
         )
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
-        self._last_delivery: asyncio.Future[None] | None = None
+        self._last: Order | None = None  # the latest batch's place among the publishes
         self._queued_turns: set[str] = set()  # instances whose next turn is on its way
         self._draining = asyncio.Event()  # set on shutdown: take no more records
 
@@ -206,12 +209,10 @@ class Batcher:
         await self.limiter.acquire()
         self.batches += 1
         batch_id = f"{self.worker}-{self.batches}"
-        previous = self._last_delivery
-        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last_delivery = delivered
+        order = self._last = Order(self._last)
         self.metrics.observe_batch(len(items), reason)
         self.metrics.batch_started()
-        task = asyncio.create_task(self._run(batch_id, items, previous, delivered), name=batch_id)
+        task = asyncio.create_task(self._run(batch_id, items, order), name=batch_id)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -219,22 +220,23 @@ class Batcher:
         self,
         batch_id: str,
         items: list[Item],
-        previous: asyncio.Future[None] | None,
-        delivered: asyncio.Future[None],
+        order: Order,
     ) -> None:
         instances = [item.instance for item in items]
         failed = False
         try:
             planned = await self._solved(batch_id, instances)
-            if previous is not None:
-                # Deliver in batch order so each instance's outputs keep its input order.
-                await asyncio.shield(previous)
+            # Publish in batch order so each instance's outputs keep its input order
+            # (stream/runtime/publish.py, Order).
+            order.keys = {r.key for r in planned.records if r.key is not None}
+            await order.turn()
             await self.delivery.deliver(
                 batch_id,
                 instances,
                 [item.entry for item in items],
                 planned,
                 self.coordinator,
+                order,
             )
             for inst in instances:
                 self._queued_turns.discard(inst.id)
@@ -246,8 +248,8 @@ class Batcher:
             failed = True
             await self.delivery.fatal(batch_id, exc)
         finally:
-            if not failed and not delivered.done():
-                delivered.set_result(None)
+            if not failed:
+                order.finish()
             self.limiter.release()
             self.metrics.batch_ended()
 

@@ -19,7 +19,7 @@ from stream.ops.metrics import Metrics
 from stream.retry import RetryPolicy
 from stream.runtime.offsets import Entry, OffsetLedger
 from stream.runtime.probe import Probe
-from stream.runtime.publish import OutRecord, PublishError
+from stream.runtime.publish import Order, OutRecord, PublishError
 from stream.runtime.records import Planned, RecordBuilder, TurnChange, oversized, position
 
 __all__ = ["BATCH_TRIES", "Delivery", "Fatal", "Keeper", "Sink", "retried"]
@@ -52,7 +52,7 @@ class Sink(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def publish(self, records: list[OutRecord]) -> None: ...
+    async def publish(self, records: list[OutRecord], sent: Order | None = None) -> None: ...
 
 
 async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
@@ -112,10 +112,12 @@ class Delivery:
         entries: Sequence[Entry | None],
         planned: Planned,
         keeper: Keeper,
+        order: Order | None = None,
     ) -> None:
         """Stores a batch's turns (with the records they owe), publishes its records, then
         finishes its offsets. Turns first: a result can come back before the whole batch
-        is published, and must find its call pending (stream/runtime/coordinator.py)."""
+        is published, and must find its call pending (stream/runtime/coordinator.py).
+        `order`: the batch's place among the publishes (stream/runtime/publish.py)."""
         self.count(planned)
 
         async def publish() -> None:
@@ -127,7 +129,7 @@ class Delivery:
             keeper.store(turns, records)
             await keeper.flush()
             self.probe.at("after_state")  # state durable, its records not yet published
-            await self._publish_or_dead_letter(batch_id, instances, records)
+            await self._publish_or_dead_letter(batch_id, instances, records, order)
             keeper.paid(turns)
             self.probe.at("after_publish")  # published, offsets not yet finished
 
@@ -142,14 +144,18 @@ class Delivery:
                 self.ledger.finish(entry)
 
     async def _publish_or_dead_letter(
-        self, batch_id: str, instances: list[Instance], records: list[OutRecord]
+        self,
+        batch_id: str,
+        instances: list[Instance],
+        records: list[OutRecord],
+        order: Order | None,
     ) -> None:
         """Publishes; a record too large for the broker (checked before it is sent) or
         refused by it is replaced by a dead letter for its item, and its batch-mates go on."""
         fits = [r for r in records if _size(r) <= self.max_output_bytes]
         refused = [(r, "") for r in records if _size(r) > self.max_output_bytes]
         try:
-            await self.sink.publish(fits)
+            await self.sink.publish(fits, order)
         except PublishError as exc:
             log.error("batch %s: %s", batch_id, exc.message, extra={"batch_id": batch_id})
             refused += [(r, exc.message) for r in exc.refused]

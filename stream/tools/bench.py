@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,11 @@ from stream.testing.broker import free_port
 from stream.testing.simulator import MODEL_NAME
 from stream.tools.demo import ProcessorProcess
 from stream.tools.load import Tally, all_ready, bench_items, passthrough, produce_items, rss_mb
+from stream.tools.report import Endpoint, Result
 from stream.tools.target import SimProcess, Target, llm_target, processor_usage
 
 __all__ = [
     "Bench",
-    "Endpoint",
-    "Result",
     "bench_session",
     "bench_spec",
     "results_json",
@@ -52,60 +52,9 @@ __all__ = [
 
 log = logging.getLogger("stream.bench")
 
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """The simulated account. Defaults: a fast hosted small model."""
-
-    latency_ms: float = 500.0
-    per_output_token_ms: float = 2.0
-    concurrency: int = 8
-    tokens_per_minute: int = 2_000_000
-    instant: bool = False
-
-    def config(self) -> dict[str, Any]:
-        if self.instant:
-            # Nothing to wait for and nothing expensive to compute: what is left to
-            # measure is the processor (the classifier would be the bottleneck).
-            return {
-                "latency_ms": 0.0,
-                "per_output_token_ms": 0.0,
-                "max_concurrency": 0,
-                "tokens_per_minute": 0,
-                "classifier": False,
-            }
-        return {
-            "latency_ms": self.latency_ms,
-            "per_output_token_ms": self.per_output_token_ms,
-            "max_concurrency": self.concurrency,
-            "tokens_per_minute": self.tokens_per_minute,
-            "classifier": True,
-        }
-
-
-@dataclass(slots=True)
-class Result:
-    name: str
-    window: int | None
-    processes: int
-    partitions: int
-    items: int
-    seconds: float
-    items_per_s: float
-    requests_per_item: float | None = None
-    refused_per_item: float | None = None
-    prompt_per_item: float | None = None
-    completion_per_item: float | None = None
-    cached_share: float | None = None  # of prompt tokens, as the endpoint reported
-    cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
-    mean_batch: float | None = None
-    ceiling_per_s: float | None = None
-    p50_ms: float | None = None
-    p99_ms: float | None = None
-    rss_start_mb: float | None = None
-    rss_end_mb: float | None = None
-    capped: bool = False
-    notes: list[str] = field(default_factory=list)
+# Records of the rows that measure the machine (the passthrough, the instant endpoint)
+# whatever --items says: a pass over a few thousand lasted a fraction of a second.
+MACHINE_ITEMS = 20_000
 
 
 @dataclass(slots=True)
@@ -120,6 +69,7 @@ class Bench:
     cap_s: float
     paced_s: float
     results: list[Result] = field(default_factory=list)
+    n: int = 0  # items of an LLM-bound run (`items` may hold more: see MACHINE_ITEMS)
 
     def _spec_file(self, window: int, in_flight: int, model: dict[str, Any]) -> Path:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
@@ -191,7 +141,7 @@ class Bench:
         settings, outcome_topics, procs = await self.deploy(
             window, in_flight, partitions, processes, model
         )
-        load = self.items[: items or len(self.items)]
+        load = self.items[: items or self.n or len(self.items)]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
         try:
             async with Tally(self.bootstrap, outcome_topics) as tally:
@@ -364,21 +314,23 @@ async def bench_session(
     spec: dict[str, Any],
     llm: str = "simulator",
     model: str | None = None,
+    machine_items: int = MACHINE_ITEMS,
 ) -> AsyncIterator[Bench]:
     """The simulator as its own process (so its work does not share our GIL), or the
     real model `llm` names (see stream.tools.target)."""
-    items = bench_items(n)
+    items = bench_items(max(n, machine_items))
     with _workdir() as workdir:
+        bench = partial(Bench, bootstrap, workdir=workdir, spec=spec, items=items, n=n)
+        bench = partial(bench, endpoint=endpoint, cap_s=cap_s, paced_s=paced_s)
         if llm != "simulator":
             with llm_target(llm, model=model) as target:
-                yield Bench(bootstrap, None, target, workdir, spec, items, endpoint, cap_s, paced_s)
+                yield bench(None, target)
             return
         sim = SimProcess(workdir)
         sim.start()
         try:
             await sim.ready()
-            target = Target("simulator", f"{sim.url}/v1", MODEL_NAME)
-            yield Bench(bootstrap, sim, target, workdir, spec, items, endpoint, cap_s, paced_s)
+            yield bench(sim, Target("simulator", f"{sim.url}/v1", MODEL_NAME))
         finally:
             sim.stop()
 
@@ -397,16 +349,24 @@ async def run_bench(
     llm: str = "simulator",
     model: str | None = None,
     variants: tuple[str, ...] = (),
+    machine_items: int = MACHINE_ITEMS,
 ) -> list[Result]:
     """`variants`: model settings such as "reasoning=off" or "answer=protocol", each run
     at the largest window besides the spec's own (what each setting costs)."""
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
-    session = bench_session(bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model)
+    session = bench_session(
+        bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model, machine_items
+    )
     async with session as bench:
         await bench.passthrough(partitions)
         if bench.sim is not None:
-            await bench.product("instant simulator, window 50", 50, endpoint=Endpoint(instant=True))
+            await bench.product(
+                "instant simulator, window 50",
+                50,
+                endpoint=Endpoint(instant=True),
+                items=len(bench.items),
+            )
         # The AIMD ceiling: it finds the account's limit.
         in_flight = endpoint.concurrency * 2 if bench.sim else 2 * (bench.target.slots or 4)
         await bench.product("baseline (window 1)", 1, in_flight=in_flight, partitions=partitions)

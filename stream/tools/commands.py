@@ -13,7 +13,7 @@ import orjson
 
 from stream.errors import StreamError
 from stream.settings import Settings
-from stream.tools.bench import Endpoint
+from stream.tools.report import Endpoint
 
 __all__ = ["bench", "evaluate", "soak"]
 

@@ -1,12 +1,68 @@
-"""Renders `stream bench` results: one markdown table with the ratios, and PNG plots."""
+"""What `stream bench` measures (a `Result` per run, against an `Endpoint`, the simulated
+account), rendered as one markdown table with the ratios, and PNG plots."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from stream.tools.bench import Endpoint, Result
+__all__ = ["Endpoint", "Result", "markdown", "plots"]
 
-__all__ = ["markdown", "plots"]
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """The simulated account. Defaults: a fast hosted small model."""
+
+    latency_ms: float = 500.0
+    per_output_token_ms: float = 2.0
+    concurrency: int = 8
+    tokens_per_minute: int = 2_000_000
+    instant: bool = False
+
+    def config(self) -> dict[str, Any]:
+        if self.instant:
+            # Nothing to wait for and nothing expensive to compute: what is left to
+            # measure is the processor (the classifier would be the bottleneck).
+            return {
+                "latency_ms": 0.0,
+                "per_output_token_ms": 0.0,
+                "max_concurrency": 0,
+                "tokens_per_minute": 0,
+                "classifier": False,
+            }
+        return {
+            "latency_ms": self.latency_ms,
+            "per_output_token_ms": self.per_output_token_ms,
+            "max_concurrency": self.concurrency,
+            "tokens_per_minute": self.tokens_per_minute,
+            "classifier": True,
+        }
+
+
+@dataclass(slots=True)
+class Result:
+    name: str
+    window: int | None
+    processes: int
+    partitions: int
+    items: int
+    seconds: float
+    items_per_s: float
+    requests_per_item: float | None = None
+    refused_per_item: float | None = None
+    prompt_per_item: float | None = None
+    completion_per_item: float | None = None
+    cached_share: float | None = None  # of prompt tokens, as the endpoint reported
+    cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
+    mean_batch: float | None = None
+    ceiling_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    rss_start_mb: float | None = None
+    rss_end_mb: float | None = None
+    capped: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 def _f(value: float | None, digits: int = 1) -> str:

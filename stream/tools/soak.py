@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stream.tools.bench import Bench, Endpoint, bench_session, bench_spec
+from stream.tools.bench import Bench, bench_session, bench_spec
 from stream.tools.load import Tally, produce_items, rss_mb
+from stream.tools.report import Endpoint
 
 __all__ = ["Sample", "SoakResult", "markdown", "plot", "run_soak", "soak"]
 

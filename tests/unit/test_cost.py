@@ -6,8 +6,7 @@ import pytest
 
 from stream.core.spec import ModelEndpoint
 from stream.ops.metrics import Metrics
-from stream.tools.bench import Endpoint, Result
-from stream.tools.report import markdown
+from stream.tools.report import Endpoint, Result, markdown
 
 _PRICES = ModelEndpoint(
     price_input_per_million=0.15,

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 from faust.types import TP
 
@@ -132,12 +134,27 @@ def test_faust_commits_the_ledgers_point_and_keeps_its_acks_until_there_is_one()
         drained.append(tp.topic)
         return 99  # faust's own view (it counts records it skipped itself)
 
-    app = SimpleNamespace(consumer=SimpleNamespace(_new_offset=proposed))
+    def pending(topics: Any = None) -> Iterator[TP]:
+        return iter([TP("results", 0)])  # faust holds acks for results only
+
+    assigned = {TP("items", 0), TP("items", 1), TP("results", 0), TP("other", 0)}
+    app = SimpleNamespace(
+        consumer=SimpleNamespace(
+            _new_offset=proposed,
+            _filter_tps_with_pending_acks=pending,
+            assignment=lambda: assigned,
+        )
+    )
     ledger = OffsetLedger()
-    _cap_commits(app, ledger, {"items"})  # type: ignore[arg-type]
+    _cap_commits(app, ledger, {"items", "results"}, "items")  # type: ignore[arg-type]
     new_offset = app.consumer._new_offset
     ledger.finish(ledger.track(("items", 0), 4, lambda: None))
     assert new_offset(TP("items", 0)) is None and drained == []  # asked again later
     ledger.begin(("items", 0), 4)
     assert new_offset(TP("items", 0)) == 5 and drained == ["items"]
     assert new_offset(TP("other", 0)) == 99  # untracked topics are faust's alone
+    # The fed topic's records never reach faust, so it holds no acks for them: every
+    # assigned partition of it is offered for a commit all the same.
+    offered = set(app.consumer._filter_tps_with_pending_acks())
+    assert offered == {TP("results", 0), TP("items", 0), TP("items", 1)}
+    assert set(app.consumer._filter_tps_with_pending_acks({"results"})) == {TP("results", 0)}

@@ -132,7 +132,7 @@ async def test_a_batch_that_cannot_be_delivered_at_all_crashes_the_worker() -> N
 
     pipe, pub = _pipeline(on_fatal=crash)
 
-    async def refuse(records: list[Any]) -> None:
+    async def refuse(records: list[Any], sent: Any = None) -> None:
         raise RuntimeError("the publisher is broken")
 
     pub.publish = refuse  # type: ignore[method-assign]

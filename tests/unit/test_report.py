@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.tools.bench import Endpoint, Result
-from stream.tools.report import markdown, plots
+from stream.tools.report import Endpoint, Result, markdown, plots
 from stream.tools.soak import Sample, SoakResult
 from stream.tools.soak import markdown as soak_markdown
 from stream.tools.soak import plot as soak_plot
