@@ -38,7 +38,15 @@ from stream.settings import DEFAULT_SPEC, Settings
 from stream.testing.broker import free_port
 from stream.testing.simulator import MODEL_NAME
 from stream.tools.demo import ProcessorProcess
-from stream.tools.load import Tally, all_ready, bench_items, passthrough, produce_items, rss_mb
+from stream.tools.load import (
+    Tally,
+    all_ready,
+    bench_items,
+    cpu_s,
+    passthrough,
+    produce_items,
+    rss_mb,
+)
 from stream.tools.report import Endpoint, Result
 from stream.tools.target import SimProcess, Target, llm_target, processor_usage
 
@@ -148,15 +156,19 @@ class Bench:
                 await self._warm_up(tally, settings, procs, load[0])
                 result.rss_start_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
                 before = await self._usage(procs)
+                cpu_before = _cpu(procs)
                 tally.restart()
                 await produce_items(self.bootstrap, settings.topics.input, load)
                 result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
                 after = await self._usage(procs)
+                cpu_after = _cpu(procs)
                 assert tally.first_at is not None
                 result.seconds = max(tally.last_at - tally.first_at, 1e-6)
                 result.items = len(tally.done) - tally.base
                 result.items_per_s = tally.rate()
                 self._llm_figures(result, before, after, endpoint, in_flight * processes)
+                if cpu_before is not None and cpu_after is not None and result.items:
+                    result.cpu_ms_per_item = 1000 * (cpu_after - cpu_before) / result.items
                 result.rss_end_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
         finally:
             for proc in procs:
@@ -281,6 +293,13 @@ class Bench:
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
+
+
+def _cpu(procs: list[ProcessorProcess]) -> float | None:
+    """The processors' CPU seconds so far: their own overhead, whatever else the machine
+    runs (the broker, the simulator and this process share its cores)."""
+    found = [cpu_s(p.proc.pid) if p.proc else None for p in procs]
+    return None if None in found else sum(c for c in found if c is not None)
 
 
 def _line(r: Result) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -19,7 +20,15 @@ from stream.tools.demo import ProcessorProcess
 
 _MIN_SPAN_S = 2.0  # outcomes spread over less than this: too few waves for a slope
 
-__all__ = ["Tally", "all_ready", "bench_items", "passthrough", "produce_items", "rss_mb"]
+__all__ = [
+    "Tally",
+    "all_ready",
+    "bench_items",
+    "cpu_s",
+    "passthrough",
+    "produce_items",
+    "rss_mb",
+]
 
 
 def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
@@ -31,6 +40,15 @@ def bench_items(n: int, seed: int = 11) -> list[dict[str, str]]:
         extra = " ".join(rng.choice(pool) for _ in range(rng.randint(0, 3)))
         out.append({**item, "_instance": f"b-{i:06d}", "comment": f"{item['comment']} {extra}"})
     return out
+
+
+def cpu_s(pid: int) -> float | None:
+    """The process's CPU time so far (user and system), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float | None:

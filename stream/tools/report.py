@@ -61,6 +61,7 @@ class Result:
     p99_ms: float | None = None
     rss_start_mb: float | None = None
     rss_end_mb: float | None = None
+    cpu_ms_per_item: float | None = None  # the processors' own CPU time per item
     capped: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -114,8 +115,9 @@ def markdown(
         "",
         "| run | items | items/s | vs baseline | vs LLM ceiling | vs passthrough "
         "| requests/item | refused/item | prompt tok/item | cached | completion tok/item "
-        "| USD/item | cost vs baseline | mean batch | p50 ms | p99 ms | RSS start→end MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| USD/item | cost vs baseline | mean batch | p50 ms | p99 ms | RSS start→end MB "
+        "| processor CPU ms/item |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rss = (
@@ -132,7 +134,7 @@ def markdown(
             f"| {_f(r.completion_per_item)} | {_usd(r.cost_per_item_usd)} "
             f"| {_fraction(r.cost_per_item_usd, base.cost_per_item_usd if base else None)} "
             f"| {_f(r.mean_batch)} "
-            f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} |"
+            f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} | {_f(r.cpu_ms_per_item, 3)} |"
         )
     if base is not None:
         lines += ["", "Against the per-item baseline:"]

@@ -39,6 +39,9 @@ async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
     assert win.p50_ms is not None and win.p99_ms is not None and win.p50_ms <= win.p99_ms
     assert win.ceiling_per_s is not None and win.ceiling_per_s > 0
     assert base.rss_start_mb and base.rss_end_mb
+    # The processor's own CPU per item: what a window saves besides requests.
+    assert base.cpu_ms_per_item and win.cpu_ms_per_item
+    assert win.cpu_ms_per_item < base.cpu_ms_per_item
     # Dollars, cached prompt tokens at their price: the answer's diet makes the window cheap.
     assert base.cost_per_item_usd and win.cost_per_item_usd
     assert win.cost_per_item_usd < base.cost_per_item_usd / 3
