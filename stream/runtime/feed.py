@@ -18,7 +18,6 @@ the results and approvals topics are still read while the LLM is slow or down.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,8 +28,6 @@ from stream.runtime.continuity import Handling
 from stream.runtime.tracing import TRACES
 
 __all__ = ["Feed", "Offer"]
-
-log = logging.getLogger("stream.processor")
 
 # value, key, where it came from, its ack: the pipeline's `offer`.
 Offer = Callable[
@@ -46,7 +43,7 @@ def _acked() -> None:
     """The ledger acks in offset order and commits its own point: faust is told nothing."""
 
 
-def shown_key(key: bytes | None) -> str | None:
+def _shown_key(key: bytes | None) -> str | None:
     """The key as outputs show it: a huge key would be copied into every output record
     and make them too large for the broker, so it is cut (the id rule refuses it anyway)."""
     if key is None:
@@ -151,7 +148,7 @@ class Feed:
                 topic=rec.topic,
                 partition=rec.partition,
                 offset=rec.offset,
-                key=shown_key(rec.key),
+                key=_shown_key(rec.key),
                 timestamp_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else None,
             )
             if rec.headers:
