@@ -126,7 +126,7 @@ class Continuity:
             if handling.busy and not handling.reported and busy_s >= _BUSY_REPORT_S:
                 handling.reported = True
                 log.warning(
-                    "%s: its handler has been on one record for %.0f s (backpressure "
+                    "%s: its handler has been on the same records for %.0f s (backpressure "
                     "while the LLM is down looks like this; else it is stuck)",
                     tp[0],
                     busy_s,
