@@ -183,6 +183,6 @@ async def test_a_handler_stuck_on_one_record_is_reported(caplog: pytest.LogCaptu
         watch.handling["results"].started = time.monotonic() - 120
         await watch.check([TP])
         await watch.check([TP])
-    stuck = [r.message for r in caplog.records if "on one record for 120 s" in r.message]
+    stuck = [r.message for r in caplog.records if "on the same records for 120 s" in r.message]
     assert len(stuck) == 1 and stuck[0].startswith("results: its handler has been")
     assert client.seeks == []
