@@ -70,7 +70,6 @@ class Order:
     def __init__(self, previous: Order | None = None) -> None:
         self.sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.previous = previous
         self.keys: set[bytes] = set()  # the instances of its records, once built
         # The batches launched so far and not finished, oldest first, shared by all.
         self.unfinished: list[Order] = previous.unfinished if previous is not None else []
@@ -83,13 +82,14 @@ class Order:
     async def turn(self) -> None:
         """Until this batch may send: the batch before has handed its records over, and
         every earlier batch with one of its instances has finished."""
-        if self.previous is not None:
-            await asyncio.shield(self.previous.sent)
-        for earlier in list(self.unfinished):
-            if earlier is self:
-                break
-            if earlier.keys & self.keys:
-                await asyncio.shield(earlier.done)
+        earlier = self.unfinished[: self.unfinished.index(self)]
+        if earlier:
+            # Batches hand over in launch order: the last one still unfinished before
+            # this one is the one to wait for (those that finished have handed over).
+            await asyncio.shield(earlier[-1].sent)
+        for before in earlier:
+            if before.keys & self.keys:
+                await asyncio.shield(before.done)
 
     def finish(self) -> None:
         """Finished: acknowledged, or nothing to send. Not called for a batch that failed
@@ -100,7 +100,6 @@ class Order:
             self.done.set_result(None)
         if self in self.unfinished:
             self.unfinished.remove(self)
-        self.previous = None  # finished batches are not kept alive by later ones
 
 
 _PARTITIONER = DefaultPartitioner()  # the producer's own choice for a keyed record

@@ -339,8 +339,17 @@ async def bench_session(
     real model `llm` names (see stream.tools.target)."""
     items = bench_items(max(n, machine_items))
     with _workdir() as workdir:
-        bench = partial(Bench, bootstrap, workdir=workdir, spec=spec, items=items, n=n)
-        bench = partial(bench, endpoint=endpoint, cap_s=cap_s, paced_s=paced_s)
+        bench = partial(
+            Bench,
+            bootstrap,
+            workdir=workdir,
+            spec=spec,
+            items=items,
+            endpoint=endpoint,
+            cap_s=cap_s,
+            paced_s=paced_s,
+            n=n,
+        )
         if llm != "simulator":
             with llm_target(llm, model=model) as target:
                 yield bench(None, target)
