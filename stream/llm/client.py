@@ -20,6 +20,7 @@ import time
 from typing import Any, Protocol
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from stream.core.model import Completion
 from stream.errors import LLMError
@@ -115,22 +116,21 @@ class LLM:
         max_tokens: int | None = None,
     ) -> Completion:
         started = time.perf_counter()
-        # Built as a plain dict: the SDK's typed overloads cannot express a schema we
-        # generate at run time.
-        request: dict[str, Any] = {
+        # The client's generic `post` (the SDK's documented way to any endpoint), not
+        # `chat.completions.create`: that walks its forty typed parameters and a typed
+        # `response_format` on every request and changes nothing in them, 8% of the
+        # processor's time with a fast model. The wire body is the same.
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "temperature": self.temperature,
-            # As extra body, which the SDK sends as given: as a typed parameter it walks
-            # the whole answer schema on every request (about 4% of the processor's time
-            # with a fast model), to change nothing in it.
-            "extra_body": {"response_format": response_format},
+            "response_format": response_format,
         }
         caps = [c for c in (self.max_output_tokens, max_tokens) if c is not None]
         if caps:
-            request["max_tokens"] = min(caps)
+            body["max_tokens"] = min(caps)
         try:
-            resp = await self.client.chat.completions.create(**request)
+            resp = await self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
         except Exception as exc:  # every failure is classified, none escapes raw
             raise _classify(exc) from exc
         if not resp.choices:

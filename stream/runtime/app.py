@@ -10,6 +10,7 @@ crashed agent crashes the worker (`CrashingSupervisor`) so the group redelivers.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
@@ -436,5 +437,12 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     # Faust's terminal spinner sets the root logger to DEBUG at WARNING and above, so
     # every library's debug record gets built: a service has no terminal to spin on.
     worker.spinner = None
+    # The libraries and the app built above are about 140,000 objects that live as long
+    # as the process. Frozen, the collector's full passes no longer walk them, and with
+    # a larger first generation it passes less often: 10% of the processor's CPU over
+    # an instant drain went to the collector before.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000)
     worker.execute_from_commandline()
     return 0

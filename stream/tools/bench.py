@@ -158,7 +158,12 @@ class Bench:
                 before = await self._usage(procs)
                 cpu_before = _cpu(procs)
                 tally.restart()
-                await produce_items(self.bootstrap, settings.topics.input, load)
+                # A backlog, as the passthrough drains one: loading it must not share
+                # the cores with the drain it measures.
+                with contextlib.ExitStack() as held:
+                    for proc in procs:
+                        held.enter_context(proc.held())
+                    await produce_items(self.bootstrap, settings.topics.input, load)
                 result.capped = await tally.wait_for(tally.base + len(load), self.cap_s, procs)
                 after = await self._usage(procs)
                 cpu_after = _cpu(procs)
