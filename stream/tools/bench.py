@@ -10,8 +10,9 @@ limit and a tokens-per-minute limit. Then, on the same machine and in the same r
   ceiling), and this product with an instant simulator against it;
 - with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions.
 
-Each product run drains a preloaded backlog (throughput, requests and tokens per item,
-counted by the simulator, refused requests included), then a short paced phase at 60%
+Each product run drains a backlog, loaded while its processors are held stopped as the
+passthrough's is loaded before it starts (throughput, requests and tokens per item,
+counted by the simulator, refused requests included), then a short paced phase at half
 of that throughput measures produce-to-activity latency, as a user at steady load sees
 it. Results go to a markdown table and PNG plots.
 """
