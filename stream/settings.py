@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         "before the worker stops (keep it below the pod's terminationGracePeriodSeconds)",
     )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
+    delivery: Literal["exactly_once", "at_least_once"] = Field(
+        "at_least_once",
+        description="exactly_once: one Kafka transaction per input partition carries the "
+        "outputs and the offsets (read_committed consumers see each outcome once); "
+        "at_least_once: duplicates possible after a crash, deduplicated by call_id",
+    )
     log_level: str = Field("INFO", description="Log level of the processor")
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per line, with batch and instance ids"

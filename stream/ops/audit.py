@@ -66,6 +66,12 @@ class AuditReport(BaseModel):
     no_action: int
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
     item_dead_letters: int = Field(description="Items that ended in a dead letter")
+    outcomes_per_input_max: int = Field(
+        0,
+        description="The most copies of one outcome (a call_id, a no-action, an item's dead "
+        "letter) on the topics, read committed: 1 when every outcome was written once",
+    )
+    duplicate_outcomes: int = Field(0, description="Outcome records beyond the first copy")
     instances_in_calls: list[str] = Field(default_factory=list, exclude=True)
 
     @property
@@ -111,6 +117,13 @@ async def audit(
     duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
     instances: list[str] = []
     lettered: set[tuple[object, object, object]] = set()
+    # Every outcome by what it is, not by its bytes (a redone batch has another batch id):
+    # exactly once means each appears once.
+    copies: Counter[tuple[object, ...]] = Counter()
+
+    def origin(rec: dict[str, Any]) -> tuple[object, object, object]:
+        src = rec.get("source") or {}
+        return (src.get("topic"), src.get("partition"), src.get("offset"))
 
     def mark(source: dict[str, object] | None) -> None:
         nonlocal unexpected
@@ -141,6 +154,7 @@ async def audit(
             instances.append(str(rec.get("instance")))
             mark(rec.get("source"))
     async for rec in outcomes(topics.no_action):
+        copies["no_action", *origin(rec), rec.get("instance")] += 1
         no_action += 1
         mark(rec.get("source"))
     async for rec in outcomes(topics.proposals):
@@ -148,6 +162,8 @@ async def audit(
         mark(rec.get("source"))
     async for rec in outcomes(topics.dead_letter):
         letters[rec.get("code", "?")] += 1
+        call = rec.get("call") or {}
+        copies["letter", *origin(rec), rec.get("code"), rec.get("scope"), orjson.dumps(call)] += 1
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
             # Items, not records: a batch redone after a crash repeats its dead letters.
             src = rec.get("source") or {}
@@ -170,4 +186,6 @@ async def audit(
         dead_letters=dict(letters),
         item_dead_letters=item_letters,
         instances_in_calls=instances,
+        outcomes_per_input_max=max(copies.values(), default=0),
+        duplicate_outcomes=sum(n - 1 for n in copies.values()),
     )

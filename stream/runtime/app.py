@@ -428,6 +428,10 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         return await load_overrides(bootstrap, settings.topics.context)
 
     overrides = asyncio.run(prepare())
+    if settings.delivery == "exactly_once":
+        from stream.runtime.service import run_units
+
+        return run_units(settings, spec, bootstrap, llm_url, overrides, probe)
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = build_app(settings, spec, bootstrap, llm_url, overrides, probe=probe)

@@ -20,8 +20,10 @@ __all__ = ["admin", "consumer", "producer"]
 # acks=all and idempotence: a publish counts only once every in-sync replica has it, and
 # a send retried after a lost acknowledgement is not written twice.
 _PRODUCER: dict[str, Any] = {"acks": "all", "enable_idempotence": True}
-# Offsets are committed by the processor's ledger or not at all, never on a timer.
-_CONSUMER: dict[str, Any] = {"enable_auto_commit": False}
+# Offsets are committed by the processor or not at all, never on a timer; and every
+# consumer of the product reads committed records only (DESIGN.md section 8): an aborted
+# transaction's records are never decided, counted or shown.
+_CONSUMER: dict[str, Any] = {"enable_auto_commit": False, "isolation_level": "read_committed"}
 
 
 def producer(bootstrap: str, **options: Any) -> AIOKafkaProducer:

@@ -90,6 +90,8 @@ class Tally:
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             fetch_max_wait_ms=50,
+            # what a user's consumer sees: an aborted transaction's records never count
+            isolation_level="read_committed",
         )
         await consumer.start()
         self._task = asyncio.create_task(self._run(consumer))

@@ -1,0 +1,247 @@
+"""The stager: consumed records in, cross-partition windows out, each solved batch staged
+onto the units of its items' partitions (DESIGN.md section 8).
+
+Batches still span every partition this process owns (fewer, fuller LLM requests); what
+binds an item to exactly-once delivery is its slot on its partition's unit. Once a batch
+is solved, each item's records go onto its own slot and the slot is finished; the unit
+commits its finished, contiguous prefix in one transaction. An item whose unit was
+dropped meanwhile (revoked, fenced, failed) stages nothing: its partition's next owner
+redoes it, from the last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from stream.core.instance import Instance
+from stream.core.messages import SourcePosition
+from stream.core.model import Model
+from stream.core.spec import AgentSpec
+from stream.core.tokenizer import Tokenizer
+from stream.errors import BadRecord
+from stream.llm.limiter import Limiter
+from stream.ops.metrics import Metrics
+from stream.runtime.batcher import make_solver
+from stream.runtime.budget import Budget
+from stream.runtime.delivery import BATCH_TRIES, retried
+from stream.runtime.intake import parse_item
+from stream.runtime.probe import Probe
+from stream.runtime.publish import OutRecord
+from stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
+from stream.runtime.unit import Slot, Unit
+from stream.runtime.windowing import Windower
+from stream.settings import Settings
+
+__all__ = ["Staged", "Stager"]
+
+log = logging.getLogger("stream.processor")
+
+
+@dataclass(slots=True, eq=False)
+class Staged:
+    """An instance in a window, with the unit and slot its outcome is staged on."""
+
+    instance: Instance
+    unit: Unit
+    slot: Slot
+    text: bytes
+    tokens: int | None = None
+
+
+class Stager:
+    def __init__(
+        self,
+        settings: Settings,
+        spec: AgentSpec,
+        llm: Model,
+        *,
+        limiter: Limiter,
+        metrics: Metrics,
+        builder: RecordBuilder,
+        probe: Probe,
+        worker: str,
+    ) -> None:
+        self.settings = settings
+        self.llm = llm
+        self.solver = make_solver(llm, spec, settings)
+        self.limiter = limiter
+        self.metrics = metrics
+        self.builder = builder
+        self.probe = probe
+        self.worker = worker
+        self.tokenizer = Tokenizer(spec.model.name)
+        self.budget = Budget(spec, self.tokenizer, self.solver.prompt.system, limiter)
+        self.windower: Windower[Staged] = Windower(
+            max_items=spec.window.max_items,
+            max_wait_s=spec.window.max_wait_ms / 1000,
+            max_tokens=self.budget.item_tokens,
+            on_close=self._launch,
+            tokens_of=self._tokens_of,
+            capacity=self.budget.capacity,
+            bound_of=self._bound_of,
+        )
+        self.batches = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.draining = False
+
+    def reconfigure(self, spec: AgentSpec) -> None:
+        """A new spec (from the context topic); batches in flight finish as asked."""
+        solver = make_solver(self.llm, spec, self.settings)
+        self.budget.reconfigure(spec, solver.prompt.system)
+        self.solver = solver
+        self.windower.max_tokens = self.budget.item_tokens
+
+    def start(self) -> None:
+        self.windower.start()
+
+    async def drain(self, deadline_s: float) -> int:
+        """Stops taking records, launches the open window, gives the batches in flight
+        `deadline_s` to be staged; returns how many did not make it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        with contextlib.suppress(TimeoutError):  # launching the window waits for a slot
+            await asyncio.wait_for(self.windower.flush("drain"), deadline_s)
+        pending = set(self.tasks)
+        if pending:
+            log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, end - loop.time()))
+        return len(pending)
+
+    async def stop(self) -> None:
+        await self.windower.stop()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ intake
+
+    async def offer(
+        self, unit: Unit, source: SourcePosition, key: bytes | None, value: bytes | None, slot: Slot
+    ) -> None:
+        """One consumed input record, tracked on `slot` of its unit. Awaits while every
+        batch slot is busy (the caller pauses fetching meanwhile)."""
+        self.metrics.items_in.inc()
+        try:
+            instance = parse_item(value, key, source, self.settings.max_record_bytes)
+            assert value is not None  # parse_item refuses a missing value
+            item = Staged(instance, unit, slot, value)
+            room = self.budget.item_tokens
+            if self._bound_of(item) > room and (tokens := self._tokens_of(item)) > room:
+                raise BadRecord(
+                    "too_large",
+                    f"record is about {tokens} tokens; a request has room for "
+                    f"{room} (window.max_input_tokens less the instructions, tools and "
+                    "advisors)",
+                )
+        except BadRecord as exc:
+            log.warning(
+                "dead letter %s at %s/%d/%d: %s",
+                exc.code,
+                source.topic,
+                source.partition,
+                source.offset,
+                exc.message,
+                extra={"code": exc.code, "partition": source.partition, "offset": source.offset},
+            )
+            letter = self.builder.letter(bad_record(exc, source, value))
+            self._count(letter)
+            unit.finish(slot, letter.records)
+            return
+        await self.windower.add(item)
+
+    def _tokens_of(self, item: Staged) -> int:
+        if item.tokens is None:
+            item.tokens = self.tokenizer.count(item.text.decode("utf-8", "replace"))
+        return item.tokens
+
+    def _bound_of(self, item: Staged) -> int:
+        return self.tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens
+
+    # ------------------------------------------------------------------ batches
+
+    async def _launch(self, items: list[Staged], reason: str) -> None:
+        await self.limiter.acquire()
+        self.batches += 1
+        batch_id = f"{self.worker}-{self.batches}"
+        self.metrics.observe_batch(len(items), reason)
+        self.metrics.batch_started()
+        task = asyncio.create_task(self._run(batch_id, items), name=batch_id)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, batch_id: str, items: list[Staged]) -> None:
+        try:
+            live = [i for i in items if i.unit.alive]
+            if not live:
+                return  # every item's partition moved on: its new owner redoes them
+            planned = await self._solved(batch_id, [i.instance for i in live])
+            self.probe.at("after_llm")
+            self._stage(batch_id, live, planned)
+        finally:
+            self.limiter.release()
+            self.metrics.batch_ended()
+
+    async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
+        """The batch's records; an unexpected error retries it, then dead-letters its
+        items with the error, so nothing is committed without an outcome."""
+
+        async def solve() -> Planned:
+            outcome = await self.solver.solve(instances)
+            self.probe.at("solved")
+            self.budget.learn(outcome, len(instances))
+            self.metrics.observe_tokens(
+                outcome.prompt_tokens,
+                outcome.completion_tokens,
+                outcome.cached_tokens,
+                len({id(a.instance) for a in outcome.answers}),
+            )
+            return self.builder.batch(batch_id, outcome, None)
+
+        planned = await retried(batch_id, "solving", solve)
+        if isinstance(planned, Exception):
+            return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
+        return planned
+
+    def _stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
+        """Each item's records onto its own slot; a record too large for the broker is
+        replaced by a dead letter for its item before it is staged."""
+        by_origin = {position(i.instance.source): i for i in items}
+        owned: dict[int, list[OutRecord]] = defaultdict(list)
+        loose: list[OutRecord] = []  # about the batch, not one item (a whole-batch opinion)
+        for rec in planned.records:
+            item = by_origin.get(rec.origin) if rec.origin else None
+            if item is None:
+                loose.append(rec)
+                continue
+            if len(rec.value) + len(rec.key or b"") > self.settings.max_output_bytes:
+                letter = oversized(rec, item.instance, self.settings.max_output_bytes, batch_id)
+                too_large = self.builder.letter(letter)
+                self._count(too_large)
+                owned[id(item)].extend(too_large.records)
+                continue
+            owned[id(item)].append(rec)
+        self._count(planned)
+        staged = 0
+        for item in items:
+            if item.unit.alive:
+                item.unit.finish(item.slot, owned.get(id(item), []))
+                staged += 1
+        if loose:
+            alive = next((i.unit for i in items if i.unit.alive), None)
+            if alive is not None:
+                alive.stage(loose)
+        if staged < len(items):
+            log.info(
+                "batch %s: %d items of partitions no longer owned here are left to their owner",
+                batch_id,
+                len(items) - staged,
+            )
+
+    def _count(self, planned: Planned) -> None:
+        self.metrics.count(planned.events)
+        self.metrics.decisions.extend(planned.decisions)
