@@ -141,6 +141,7 @@ async def audit(
 
     for topic in [*activity_topics, topics.review]:
         async for rec in outcomes(topic):
+            copies["call", rec.get("call_id")] += 1
             if rec.get("call_id") in seen_ids:
                 duplicates += 1
                 continue
