@@ -56,6 +56,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         transactional_prefix: str,
         session_timeout_s: float,
         on_open: OnOpen | None = None,
+        on_close: Callable[[Unit], None] | None = None,
         client_id: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
@@ -66,6 +67,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.transactional_prefix = transactional_prefix
         self.session_timeout_s = session_timeout_s
         self.on_open = on_open
+        self.on_close = on_close
         self.client_id = client_id
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
@@ -100,7 +102,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def stop(self) -> None:
         """Commits what every unit finished, drops them, leaves the group."""
         for p in sorted(self.units):
-            await self.units.pop(p).close(commit=True)
+            await self._close(self.units.pop(p), commit=True)
         if self.consumer is not None:
             await self.consumer.stop()
         if self._shared is not None:
@@ -115,7 +117,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         for p in gone:
             unit = self.units.pop(p, None)
             if unit is not None:
-                await unit.close(commit=True)
+                await self._close(unit, commit=True)
         for tp in revoked:
             self._next.pop(tp, None)
         if gone:
@@ -175,6 +177,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.consumer.seek(tp, at)
             self._next[tp] = at
 
+    async def _close(self, unit: Unit, *, commit: bool) -> None:
+        await unit.close(commit=commit)
+        if self.on_close is not None:
+            self.on_close(unit)
+
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         assert self.consumer is not None
         await self.consumer.commit(offsets)
@@ -188,7 +195,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
             self.units.pop(p)
-            await unit.close(commit=False)
+            await self._close(unit, commit=False)
             await self._open([p])
 
     # ------------------------------------------------------------------ fetching

@@ -18,10 +18,12 @@ from typing import Any
 
 import orjson
 
+from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
 from stream.core.overrides import Messages, apply_overrides
+from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec
-from stream.errors import StreamError
+from stream.core.workflow import Workflow
 from stream.llm.factory import build_llm
 from stream.ops.metrics import Metrics
 from stream.ops.web import WebServer
@@ -31,6 +33,10 @@ from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import limiter_for
 from stream.runtime.records import RecordBuilder
 from stream.runtime.stager import Stager
+from stream.runtime.store import Stores
+from stream.runtime.topics import state_changelog
+from stream.runtime.unit import Unit
+from stream.runtime.workflows import Flows
 from stream.settings import Settings
 
 __all__ = ["run_units"]
@@ -68,6 +74,22 @@ class _Service:
         self.metrics.context_refused.set(len(refused))
         self.worker = secrets.token_hex(3)
         self.builder = RecordBuilder(merged, topics, self.llm.model)
+        self.bootstrap = bootstrap
+        self.flows: Flows | None = None
+        if PromptBuilder(merged).stateful:
+            stores = Stores()
+            workflow = Workflow(
+                merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
+            )
+            self.flows = Flows(
+                workflow,
+                stores,
+                self.builder,
+                self.metrics,
+                self.worker,
+                state_changelog(settings),
+                settings.max_output_bytes,
+            )
         self.stager = Stager(
             settings,
             merged,
@@ -77,7 +99,9 @@ class _Service:
             builder=self.builder,
             probe=probe,
             worker=self.worker,
+            flows=self.flows,
         )
+        self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
         group = settings.topic_prefix + settings.app_id
         self.membership = Membership(
             bootstrap,
@@ -87,6 +111,8 @@ class _Service:
             transactional_prefix=f"{group}.{topics.input}",
             session_timeout_s=settings.session_timeout_s,
             client_id=f"{group}-{self.worker}",
+            on_open=self._opened if self.flows is not None else None,
+            on_close=self._closed if self.flows is not None else None,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
@@ -100,6 +126,29 @@ class _Service:
         self.started = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=1)
         self.stopping = asyncio.Event()
+
+    async def _opened(self, unit: Unit) -> None:
+        """A stateful unit: its store restored before it takes work; the workflows that
+        wait for a turn resume."""
+        assert self.flows is not None
+        store = self.flows.store_for(unit.partition)
+        states = await store.restore(self.bootstrap)
+        ready = self.flows.ready(unit.partition)
+        log.info(
+            "partition %d: %d states restored, %d workflows resume their next turn",
+            unit.partition,
+            states,
+            len(ready),
+        )
+        self._ready(unit, ready)
+
+    def _closed(self, unit: Unit) -> None:
+        assert self.flows is not None
+        self.flows.stores.drop(unit.partition)
+
+    def _ready(self, unit: Unit, ready: list[Instance]) -> None:
+        for inst in ready:
+            self.turns.put_nowait((unit, inst))
 
     def _reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
         for key, reason in refused:
@@ -125,7 +174,9 @@ class _Service:
         intake.add_done_callback(self._intake_ended)
         tasks = [
             intake,
+            asyncio.create_task(self._next_turns(), name="turns"),
             asyncio.create_task(_every(5.0, self._lag), name="lag"),
+            asyncio.create_task(_every(1.0, self._expire), name="expire"),
             asyncio.create_task(_every(30.0, self._report), name="report"),
         ]
         try:
@@ -176,11 +227,33 @@ class _Service:
             log.critical("the intake failed, stopping: %r", task.exception())
             self.stopping.set()
 
+    async def _next_turns(self) -> None:
+        while True:
+            unit, inst = await self.turns.get()
+            if unit.alive and not self.stager.draining:
+                await self.stager.offer_turn(unit, inst)
+
     def _other(self, got: Fetched) -> None:
-        """Results and approvals: a stateless spec has nothing awaiting them. They are
-        read and committed, never decided."""
-        self.metrics.count({"results_ignored": 1})
-        got.unit.finish(got.slot)
+        """A result or an approval: its change staged on its slot. A stateless spec has
+        nothing awaiting them: they are read and committed, never decided."""
+        if self.flows is None:
+            self.metrics.count({"results_ignored": 1})
+            got.unit.finish(got.slot)
+            return
+        rec, topics = got.record, self.settings.topics
+        if rec.topic == topics.results:
+            change = self.flows.on_result(rec.value, rec.partition)
+        else:
+            change = self.flows.on_approval(rec.value, rec.partition)
+        self._ready(got.unit, self.stager.staged(got.unit, got.slot, change))
+
+    async def _expire(self) -> None:
+        if self.flows is None or self.membership.rebalancing:
+            return
+        for partition, change in self.flows.expire().items():
+            unit = self.membership.units.get(partition)
+            if unit is not None and unit.alive:
+                self._ready(unit, self.stager.staged(unit, None, change))
 
     async def _lag(self) -> None:
         self.metrics.set_lag(await self.membership.lag())
@@ -216,13 +289,6 @@ def run_units(
     probe: Probe = NO_PROBE,
 ) -> int:
     """`stream process` with `STREAM_DELIVERY=exactly_once`: runs until stopped."""
-    from stream.core.prompt import PromptBuilder
-
-    if PromptBuilder(spec).stateful:
-        raise StreamError(
-            "STREAM_DELIVERY=exactly_once runs stateless specs only for now (this spec has "
-            "a plan or awaited calls): use STREAM_DELIVERY=at_least_once"
-        )
 
     async def main() -> None:
         service = _Service(settings, spec, bootstrap, llm_url, overrides, probe)

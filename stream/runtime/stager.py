@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import orjson
 
 from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
@@ -34,6 +36,7 @@ from stream.runtime.publish import OutRecord
 from stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
 from stream.runtime.unit import Slot, Unit
 from stream.runtime.windowing import Windower
+from stream.runtime.workflows import Flows, Staging
 from stream.settings import Settings
 
 __all__ = ["Staged", "Stager"]
@@ -47,9 +50,10 @@ class Staged:
 
     instance: Instance
     unit: Unit
-    slot: Slot
+    slot: Slot | None  # None: a workflow's next turn (its input was committed before)
     text: bytes
     tokens: int | None = None
+    changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
 
 
 class Stager:
@@ -64,8 +68,11 @@ class Stager:
         builder: RecordBuilder,
         probe: Probe,
         worker: str,
+        flows: Flows | None = None,
     ) -> None:
         self.settings = settings
+        self.flows = flows
+        self._queued_turns: set[str] = set()  # instances whose next turn is on its way
         self.llm = llm
         self.solver = make_solver(llm, spec, settings)
         self.limiter = limiter
@@ -152,7 +159,23 @@ class Stager:
             self._count(letter)
             unit.finish(slot, letter.records)
             return
+        if self.flows is not None:
+            admitted, item.changes = self.flows.admit(instance)
+            if admitted is None:  # its turn was committed before: nothing to redo
+                self.metrics.count({"redelivered_skipped": 1})
+                unit.finish(slot, item.changes)
+                return
+            item.instance = admitted
         await self.windower.add(item)
+
+    async def offer_turn(self, unit: Unit, inst: Instance) -> None:
+        """A workflow's next turn joins the window like any item."""
+        if inst.id in self._queued_turns or not unit.alive:
+            return
+        self._queued_turns.add(inst.id)
+        self.metrics.count({"turns": 1})
+        text = orjson.dumps([inst.payload, inst.state])
+        await self.windower.add(Staged(inst, unit, None, text))
 
     def _tokens_of(self, item: Staged) -> int:
         if item.tokens is None:
@@ -200,7 +223,8 @@ class Stager:
                 outcome.cached_tokens,
                 len({id(a.instance) for a in outcome.answers}),
             )
-            return self.builder.batch(batch_id, outcome, None)
+            flow = self.flows.rehearsal() if self.flows is not None else None
+            return self.builder.batch(batch_id, outcome, flow)
 
         planned = await retried(batch_id, "solving", solve)
         if isinstance(planned, Exception):
@@ -226,11 +250,23 @@ class Stager:
                 continue
             owned[id(item)].append(rec)
         self._count(planned)
+        turns = {t.instance.id: t for t in planned.turns}
         staged = 0
         for item in items:
-            if item.unit.alive:
-                item.unit.finish(item.slot, owned.get(id(item), []))
-                staged += 1
+            self._queued_turns.discard(item.instance.id)
+            if not item.unit.alive:
+                continue  # its partition's store is gone too: the new owner redoes it
+            records = [*item.changes, *owned.get(id(item), [])]
+            turn = turns.get(item.instance.id)
+            if self.flows is not None and turn is not None:
+                change = self.flows.apply(turn)
+                self._count(change.planned)
+                records += change.records
+            if item.slot is None:
+                item.unit.stage(records)
+            else:
+                item.unit.finish(item.slot, records)
+            staged += 1
         if loose:
             alive = next((i.unit for i in items if i.unit.alive), None)
             if alive is not None:
@@ -241,6 +277,16 @@ class Stager:
                 batch_id,
                 len(items) - staged,
             )
+
+    def staged(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
+        """A trigger's change (a result, an approval, a deadline) onto its unit; returns
+        the next turns it made ready."""
+        self._count(change.planned)
+        if slot is None:
+            unit.stage(change.records)
+        else:
+            unit.finish(slot, change.records)
+        return change.ready
 
     def _count(self, planned: Planned) -> None:
         self.metrics.count(planned.events)

@@ -1,0 +1,203 @@
+"""Workflows on units: what each trigger (an input's admission, a turn's answer, a result,
+an approval, a deadline) changes in state, and which records go with that change.
+
+Every change is made in one synchronous step on the unit's store, and the changelog
+records it queued are taken at once and handed back with the trigger's output records:
+the caller stages them together on the trigger's slot (or, for a next turn or a deadline,
+with the unit's next commit), so state and outputs commit in one transaction or not at
+all. There is no outbox and no rehearsal-then-publish ordering to get right: a crash
+before the commit leaves neither; the next owner restores the store and redoes the
+trigger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pydantic import ValidationError
+
+from stream.core.instance import Instance
+from stream.core.messages import ApprovalRecord, ResultRecord
+from stream.core.workflow import Workflow
+from stream.errors import BadRecord
+from stream.ops.metrics import Metrics
+from stream.runtime.publish import OutRecord
+from stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result
+from stream.runtime.store import Stores, UnitStore
+
+__all__ = ["Flows", "Staging"]
+
+log = logging.getLogger("stream.processor")
+
+
+class Staging:
+    """What a trigger changed: its output records (with what they mean, counted by the
+    caller), its changelog records, and the next turns it made ready."""
+
+    def __init__(self) -> None:
+        self.planned = Planned()
+        self.changes: list[OutRecord] = []
+        self.ready: list[Instance] = []
+
+    @property
+    def records(self) -> list[OutRecord]:
+        return [*self.planned.records, *self.changes]
+
+
+class Flows:
+    def __init__(
+        self,
+        workflow: Workflow,
+        stores: Stores,
+        builder: RecordBuilder,
+        metrics: Metrics,
+        worker: str,
+        changelog: str,
+        max_bytes: int,
+    ) -> None:
+        self.workflow = workflow
+        self.stores = stores
+        self.builder = builder
+        self.metrics = metrics
+        self.worker = worker
+        self.changelog = changelog
+        self.max_bytes = max_bytes
+
+    def store_for(self, partition: int) -> UnitStore:
+        store = UnitStore(self.changelog, partition, self.max_bytes)
+        self.stores.add(store)
+        return store
+
+    def ready(self, partition: int) -> list[Instance]:
+        """After a restore: the instances of `partition` waiting for a turn."""
+        out = []
+        for st in self.stores.by_partition[partition].states():
+            nxt = self.workflow.next_turn(st)
+            if nxt is not None:
+                out.append(nxt)
+        return out
+
+    def _changes(self, partition: int) -> list[OutRecord]:
+        return self.stores.take([partition]).get(partition, [])
+
+    # ------------------------------------------------------------------ turns
+
+    def admit(self, inst: Instance) -> tuple[Instance | None, list[OutRecord]]:
+        """An input starts (or restarts) its instance's workflow; the change to stage."""
+        admitted = self.workflow.admit(inst)
+        return admitted, self._changes(inst.source.partition)
+
+    def rehearsal(self) -> Workflow:
+        return self.workflow.rehearsal()
+
+    def apply(self, turn: TurnChange) -> Staging:
+        """A batch's turn for one instance, into its store."""
+        out = Staging()
+        partition = turn.instance.source.partition
+        try:
+            if turn.failed is not None:
+                self.workflow.fail(turn.instance, *turn.failed)
+            else:
+                self.workflow.turn(turn.instance, turn.calls, turn.batch, turn.opinions)
+        except BadRecord as exc:  # the state would pass the broker's limit
+            self._changes(partition)
+            out.planned.add(self._letter(turn.instance, exc))
+            self.workflow.fail(turn.instance, exc.code, exc.message)
+        out.changes += self._changes(partition)
+        return out
+
+    def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
+        from stream.core.messages import DeadLetter
+
+        return self.builder.letter(
+            DeadLetter(
+                code=exc.code,
+                reason=exc.message,
+                scope="item",
+                instance=inst.id,
+                source=inst.source,
+            )
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def on_result(self, value: bytes | None, partition: int) -> Staging:
+        out = Staging()
+        try:
+            rec = ResultRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not a result record: %s", exc.errors()[:1])
+            self.metrics.count({"results_bad": 1})
+            return out
+        st = self.workflow.store.get(rec.instance)
+        if st is None or rec.call_id not in st.pending:
+            log.info(
+                "result %s ignored: %s",
+                rec.call_id,
+                "no such workflow" if st is None else f"not awaited ({st.status})",
+            )
+        problem = self.workflow.result_problem(rec)
+        if problem is not None:
+            out.planned.add(self.builder.letter(bad_result(rec, problem)))
+            rec = rec.model_copy(update={"value": None, "error": problem})
+        try:
+            nxt, done = self.workflow.on_result(rec)
+        except (ValueError, BadRecord) as exc:  # a value the state cannot take
+            self._changes(partition)
+            out.planned.add(self.builder.letter(bad_result(rec, str(exc))))
+            nxt, done = None, None
+        if done is not None:
+            out.planned.add(self.builder.done(done))
+        if nxt is not None:
+            out.ready.append(nxt)
+        out.changes += self._changes(partition)
+        self.metrics.count({"results": 1})
+        return out
+
+    def on_approval(self, value: bytes | None, partition: int) -> Staging:
+        out = Staging()
+        try:
+            rec = ApprovalRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not an approval record: %s", exc.errors()[:1])
+            self.metrics.count({"approvals_bad": 1})
+            return out
+        st = self.workflow.store.get(rec.instance)
+        if st is None or st.status != "awaiting_approval":
+            self.workflow.results_ignored += 1
+            return out
+        proposal, done = self.workflow.on_approval(rec)
+        out.planned.add(self.builder.approved(st, proposal, self.worker))
+        if done is not None:
+            out.planned.add(self.builder.done(done))
+        st = self.workflow.store.get(rec.instance)
+        nxt = self.workflow.next_turn(st) if st is not None else None
+        if nxt is not None:
+            out.ready.append(nxt)
+        out.changes += self._changes(partition)
+        return out
+
+    # ------------------------------------------------------------------ deadlines
+
+    def expire(self, now: float | None = None) -> dict[int, Staging]:
+        """Awaited calls past their deadline, workflows past their retention: per
+        partition, the records to stage with the unit's next commit."""
+        settled = self.workflow.expire(time.time() if now is None else now)
+        out: dict[int, Staging] = {}
+        for nxt, done in settled:
+            where = nxt or done
+            if where is None:
+                continue
+            source = nxt.source if nxt is not None else (done.source if done else None)
+            if source is None:
+                continue
+            staging = out.setdefault(source.partition, Staging())
+            if done is not None:
+                staging.planned.add(self.builder.done(done))
+            if nxt is not None:
+                staging.ready.append(nxt)
+        for partition, changes in self.stores.take().items():
+            if changes:
+                out.setdefault(partition, Staging()).changes += changes
+        return out
