@@ -58,6 +58,7 @@ class Deployment:
     proc: ProcessorProcess
     web: str = ""
     positions: list[tuple[int, int]] = field(default_factory=list)
+    extra: list[ProcessorProcess] = field(default_factory=list)  # more of the same group
 
     async def produce_to(
         self, topic: str, records: list[tuple[bytes | None, bytes | None]]
@@ -141,6 +142,8 @@ async def deploy(
     yield make
     for dep in started:
         dep.proc.stop()
+        for more in dep.extra:
+            more.stop()
         print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")
 
 

@@ -1,6 +1,7 @@
-"""`stream demo --chaos N`: the processor is killed with SIGKILL N times at random moments
+"""`stream demo --chaos N`: processors are killed with SIGKILL N times at random moments
 while the demo runs, and restarted each time, so a user can watch the guarantees hold:
-the audit afterwards still finds every item accounted for."""
+the audit afterwards still finds every item accounted for. With two processors in the
+group, every kill and restart also moves partitions between them (a rebalance)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ class Process(Protocol):
 
 @dataclass(slots=True)
 class Chaos:
-    """Kills `proc` `kills` times, the first within `first_s` of the start and each next
-    one after the restarted processor has had `between_s` to get going again."""
+    """Kills one of `procs` (chosen at random) `kills` times, the first within `first_s` of
+    the start and each next one after the restarted processor has had `between_s` to get
+    going again."""
 
-    proc: Process
+    procs: list[Process]
     kills: int
     say: Callable[[str], None]
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**32))
@@ -40,13 +42,18 @@ class Chaos:
         for k in range(self.kills):
             if k:
                 await asyncio.sleep(rng.uniform(*self.between_s))
-            await asyncio.to_thread(self.proc.kill)  # SIGKILL: no drain, no commit
+            victim = rng.randrange(len(self.procs))
+            await asyncio.to_thread(self.procs[victim].kill)  # SIGKILL: no drain, no commit
             self.done.append(round(time.monotonic() - started, 1))
-            self.say(f"chaos: SIGKILL {k + 1} of {self.kills} at {self.done[-1]}s; restarting")
-            self.proc.start()
+            self.say(
+                f"chaos: SIGKILL {k + 1} of {self.kills} (processor {victim + 1}) at "
+                f"{self.done[-1]}s; restarting"
+            )
+            self.procs[victim].start()
 
     def summary(self) -> dict[str, Any]:
         return {
+            "processors": len(self.procs),
             "kills_asked": self.kills,
             "kills_done": len(self.done),
             "at_s": self.done,

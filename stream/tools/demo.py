@@ -193,9 +193,18 @@ async def _demo(
         # A 135M model on two CPU cores writes ~30 tokens/s: a window of the example takes
         # minutes, not the seconds its spec allows a hosted model.
         **({"STREAM_LLM_TIMEOUT_S": "300"} if target.kind == "local" else {}),
-        # Under chaos the group must notice a killed member soon, not after 15 s.
-        **({"STREAM_SESSION_TIMEOUT_S": "6"} if chaos else {}),
+        # Under chaos the group must notice a killed member soon, not after 15 s; and
+        # chaos shows exactly once, whatever the default delivery is.
+        **({"STREAM_SESSION_TIMEOUT_S": "6", "STREAM_DELIVERY": "exactly_once"} if chaos else {}),
     )
+    procs = [proc]
+    if chaos:  # a second processor of the same group: kills and restarts rebalance
+        second = ProcessorProcess(
+            {**proc.env, "STREAM_WEB_PORT": str(free_port())},
+            proc.log_path.with_name("processor-2.log"),
+        )
+        second.start()
+        procs.append(second)
     prefix = settings.topic_prefix
     activities: Activities = load_activities(str(EXAMPLES / example / "activities.py"))
     stop = asyncio.Event()
@@ -210,9 +219,15 @@ async def _demo(
         for i, (key, value, _) in enumerate(bad):
             records.insert((i + 1) * len(records) // (len(bad) + 1), (key, value))
         say(f"publishing {n} items ({len(bad)} malformed on purpose) to {settings.topics.input}")
-        monkey = Chaos(proc, chaos, say)
+        monkey = Chaos(list(procs), chaos, say)
         monkey_task = asyncio.create_task(monkey.run()) if chaos else None
-        await produce(bootstrap, settings.topics.input, records)
+        # Under chaos the items come in waves, one per kill, so kills find work in flight.
+        waves = chaos + 1 if chaos else 1
+        for wave in range(waves):
+            if wave:
+                await asyncio.sleep(monkey.between_s[0])
+            part = records[wave * len(records) // waves : (wave + 1) * len(records) // waves]
+            await produce(bootstrap, settings.topics.input, part)
         if monkey_task is not None:
             await monkey_task  # every kill done before the outcomes are counted
         report = await wait_accounted(bootstrap, settings, spec, n, wait_s, proc)
@@ -233,7 +248,8 @@ async def _demo(
         )
     finally:
         stop.set()
-        proc.stop()
+        for each in procs:
+            each.stop()
         await asyncio.gather(worker, return_exceptions=True)
     if report.unaccounted:
         say(f"processor log (last lines):\n{proc.tail()}")
@@ -284,13 +300,23 @@ async def _demo(
         "audit": report.summary(),
         "topics_prefix": prefix,
         "llm": target.summary(),
-        **({"chaos": monkey.summary()} if chaos else {}),
-        **(
-            {"workflows": (await audit_workflows(bootstrap, settings)).summary()}
-            if spec.plan
-            else {}
-        ),
+        **({"chaos": monkey.summary(), "exactly_once": _exactly_once(report)} if chaos else {}),
+        **(await _workflows(bootstrap, settings) if spec.plan else {}),
     }
+
+
+def _exactly_once(report: AuditReport) -> dict[str, int]:
+    """What a read_committed reader of every outcome topic found (`stream audit`)."""
+    return {
+        "outcomes_per_input_max": report.outcomes_per_input_max,
+        "duplicate_call_ids": report.duplicate_calls,
+        "missing": report.unaccounted,
+    }
+
+
+async def _workflows(bootstrap: str, settings: Settings) -> dict[str, Any]:
+    summary = (await audit_workflows(bootstrap, settings)).summary()
+    return {"workflows": summary, "workflows_unended": summary.get("pending", 0)}
 
 
 def run_demo(

@@ -12,21 +12,26 @@ import secrets
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from stream.activities.worker import load_activities
 from stream.ops.audit import AuditReport
 from stream.runtime.security import options_for
+from stream.testing.samples import tickets
 from stream.tools.demo import ProcessorProcess
-from tests.conftest import Deployment, committed_offsets
+from tests.conftest import Deployment, committed_offsets, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 EO = {"STREAM_DELIVERY": "exactly_once"}
+TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets"
+TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
 
 
 def _items(n: int, tag: str) -> list[dict[str, Any]]:
@@ -75,35 +80,137 @@ async def test_items_end_once_with_one_processor(deploy: Deploy) -> None:
     assert "delivery exactly_once" in dep.proc.log_path.read_text()
 
 
+async def _churn(
+    dep: Deployment,
+    make: Callable[[int], list[dict[str, Any]]],
+    rounds: int,
+    step: Callable[[list[ProcessorProcess], random.Random], Awaitable[bool]],
+) -> int:
+    """Items produced in `rounds` waves while `step` kills, stops or starts processors of
+    one group between them; returns how many items were produced."""
+    rng = random.Random(_seed())
+    dep.sim.config.latency_ms = 120  # several batches in flight at every step
+    procs = [dep.proc, _second(dep, "second")]
+    procs[1].start()
+    produced, done = 0, 0
+    deadline = time.monotonic() + 240
+    try:
+        while done < rounds:
+            assert time.monotonic() < deadline, f"only {done} of {rounds} steps in time"
+            items = make(done)
+            await dep.produce_items(items)
+            produced += len(items)
+            await asyncio.sleep(rng.uniform(0.5, 2.5))
+            done += await step(procs, rng)
+        for proc in procs:
+            if proc.proc is None or proc.proc.poll() is not None:
+                proc.start()  # the survivors finish what is left
+        return produced
+    finally:
+        dep.extra = procs[1:]  # stopped with the deployment
+
+
+async def _kill(procs: list[ProcessorProcess], rng: random.Random) -> bool:
+    victim = procs[rng.randrange(len(procs))]
+    assert victim.proc is not None
+    killed = victim.proc.poll() is None
+    if killed:
+        victim.kill()
+        assert victim.proc.returncode == -signal.SIGKILL
+    victim.start()
+    return killed
+
+
 async def test_random_sigkills_of_two_processors(deploy: Deploy) -> None:
     """At least 20 SIGKILLs, at random moments, of two processors in one group while
     items flow (each kill also rebalances the survivor); then every input has exactly
     one outcome on the read_committed topics."""
-    rng = random.Random(_seed())
     dep = await deploy(**EO)
-    dep.sim.config.latency_ms = 120  # several batches in flight at every kill
-    procs = [dep.proc, _second(dep, "second")]
-    procs[1].start()
-    kills = 0
-    produced = 0
-    deadline = time.monotonic() + 200
-    while kills < 20:
-        assert time.monotonic() < deadline, f"only {kills} kills in time"
-        await dep.produce_items(_items(15, f"k{kills}"))
-        produced += 15
-        await asyncio.sleep(rng.uniform(0.5, 2.5))
-        victim = procs[rng.randrange(2)]
-        assert victim.proc is not None
-        if victim.proc.poll() is None:
-            victim.kill()
-            assert victim.proc.returncode == -signal.SIGKILL
-            kills += 1
-        victim.start()
+    produced = await _churn(dep, lambda k: _items(15, f"k{k}"), 20, _kill)
     report = await dep.settle(produced, 150)
-    for proc in procs:
-        proc.stop()
-    print(f"{kills} kills; {report.summary()}")
+    print(report.summary())
     _exactly_once(report)
+
+
+async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
+    """The same on the stateful tickets example (two turns, awaited calls answered by a
+    worker): no turn asked twice into the outputs, every workflow ended exactly once."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
+    registry = load_activities(str(TICKETS / "activities.py"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    try:
+        made: list[dict[str, Any]] = []
+
+        def wave(k: int) -> list[dict[str, Any]]:
+            items = [{**t, "_instance": f"w{k}-{t['_instance']}"} for t in tickets(8)]
+            made.extend(items)
+            return items
+
+        produced = await _churn(dep, wave, 20, _kill)
+        report = await dep.settle(produced, 150)
+        done = await _all_done(dep, {i["_instance"] for i in made}, 180)
+    finally:
+        stop.set()
+        await worker
+    _exactly_once(report)
+    assert len(done) == len(made)
+    for records in done.values():
+        assert len(records) == 1, records  # one done record per workflow
+        assert [t["turn"] for t in records[0]["trace"]] == [1, 2]
+
+
+async def test_scale_out_and_in_mid_workflow(deploy: Deploy) -> None:
+    """A live owner losing partitions (a second processor started, later stopped with
+    SIGTERM, several times) while turns are in flight: no turn runs twice."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
+    registry = load_activities(str(TICKETS / "activities.py"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+
+    async def toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
+        second = procs[1]
+        if second.proc is not None and second.proc.poll() is None:
+            await asyncio.to_thread(second.stop)  # SIGTERM: a graceful leave
+        else:
+            second.start()
+        return True
+
+    try:
+        made: list[dict[str, Any]] = []
+
+        def wave(k: int) -> list[dict[str, Any]]:
+            items = [{**t, "_instance": f"s{k}-{t['_instance']}"} for t in tickets(8)]
+            made.extend(items)
+            return items
+
+        produced = await _churn(dep, wave, 8, toggle)
+        report = await dep.settle(produced, 150)
+        done = await _all_done(dep, {i["_instance"] for i in made}, 180)
+    finally:
+        stop.set()
+        await worker
+    _exactly_once(report)
+    assert len(done) == len(made)
+    for records in done.values():
+        assert len(records) == 1, records
+        assert [t["turn"] for t in records[0]["trace"]] == [1, 2]
+
+
+async def _all_done(
+    dep: Deployment, instances: set[str], wait_s: float
+) -> dict[str, list[dict[str, Any]]]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        done: dict[str, list[dict[str, Any]]] = {}
+        for rec in await dep.records(dep.settings.topics.done):
+            done.setdefault(rec["instance"], []).append(rec)
+        if set(done) >= instances:
+            return done
+        assert time.monotonic() < deadline, (
+            f"{len(instances - set(done))} workflows unended:\n" + await stuck_report(dep, TOOLS)
+        )
+        await asyncio.sleep(1.0)
 
 
 async def test_upstream_transactions(deploy: Deploy) -> None:
