@@ -36,6 +36,7 @@ from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import Pipeline, limiter_for
 from stream.runtime.publish import Publisher
 from stream.runtime.security import faust_credentials
+from stream.runtime.service import run_units
 from stream.settings import Settings
 
 __all__ = ["build_app", "run_processor"]
@@ -46,8 +47,7 @@ Handler = Callable[[bytes | None, Entry | None], Awaitable[None]]
 
 
 class _App(faust.App):
-    """faust's app, with a drain before it stops: faust stops its consumer first, and
-    offsets finished after that could no longer be committed."""
+    """faust's app, with a drain before it stops (faust stops its consumer first)."""
 
     drain: Callable[[], Awaitable[None]] | None = None
 
@@ -429,8 +429,6 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
 
     overrides = asyncio.run(prepare())
     if settings.delivery == "exactly_once":
-        from stream.runtime.service import run_units
-
         return run_units(settings, spec, bootstrap, llm_url, overrides, probe)
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())

@@ -25,6 +25,7 @@ from typing import Any
 
 from stream.core.messages import SourcePosition
 from stream.runtime.continuity import Handling
+from stream.runtime.intake import source_of
 from stream.runtime.tracing import TRACES
 
 __all__ = ["Feed", "Offer"]
@@ -36,20 +37,10 @@ Offer = Callable[
 Fetch = Callable[..., Awaitable[dict[Any, list[Any]]]]
 
 _HELD_FETCH_S = 0.05  # a fetch's wait while the input is held back
-_KEY_KEEP = 256  # characters of a record key copied into every output's `source`
 
 
 def _acked() -> None:
     """The ledger acks in offset order and commits its own point: faust is told nothing."""
-
-
-def _shown_key(key: bytes | None) -> str | None:
-    """The key as outputs show it: a huge key would be copied into every output record
-    and make them too large for the broker, so it is cut (the id rule refuses it anyway)."""
-    if key is None:
-        return None
-    text = key[: _KEY_KEEP * 4].decode("utf-8", "replace")
-    return text if len(key) <= _KEY_KEEP else f"{text[:_KEY_KEEP]}... ({len(key)} bytes)"
 
 
 class Feed:
@@ -144,13 +135,7 @@ class Feed:
                 # Fetched before its partition was revoked: its next owner reads it.
                 self.left += 1
                 continue
-            source = SourcePosition(
-                topic=rec.topic,
-                partition=rec.partition,
-                offset=rec.offset,
-                key=_shown_key(rec.key),
-                timestamp_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else None,
-            )
+            source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
             if rec.headers:
                 TRACES.remember((rec.topic, rec.partition, rec.offset), rec.headers)
             await offer(rec.value, rec.key, source, _acked)

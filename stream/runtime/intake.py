@@ -10,9 +10,10 @@ from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
 from stream.errors import BadRecord
 
-__all__ = ["MAX_DEPTH", "parse_item"]
+__all__ = ["MAX_DEPTH", "parse_item", "source_of"]
 
 _MAX_ID = 512
+_KEY_KEEP = 256  # characters of a record key that outputs show
 # orjson reads JSON nested up to 1024 levels but writes at most 254, and every request,
 # call record and state write re-serialises the item one or two levels deeper: a
 # deeper item would fail its whole batch at the prompt. Real data stays far below this.
@@ -73,3 +74,22 @@ def parse_item(
     if kind not in ("input", "state"):
         payload["type"] = "input"
     return Instance(id=instance, payload=payload, source=source, size=len(value))
+
+
+def source_of(
+    topic: str, partition: int, offset: int, key: bytes | None, ts: int
+) -> SourcePosition:
+    """Where a consumed record came from, as every output of it shows. A huge key would
+    be copied into every output record and make them too large for the broker, so it is
+    cut (the id rule refuses it anyway)."""
+    shown = None
+    if key is not None:
+        text = key[: _KEY_KEEP * 4].decode("utf-8", "replace")
+        shown = text if len(key) <= _KEY_KEEP else f"{text[:_KEY_KEEP]}... ({len(key)} bytes)"
+    return SourcePosition(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=shown,
+        timestamp_ms=ts if ts and ts > 0 else None,
+    )

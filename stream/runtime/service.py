@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 
 from stream.core.instance import Instance
-from stream.core.messages import SourcePosition
 from stream.core.overrides import Messages, apply_overrides
 from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec
@@ -27,6 +26,7 @@ from stream.core.workflow import Workflow
 from stream.llm.factory import build_llm
 from stream.ops.metrics import Metrics
 from stream.ops.web import WebServer
+from stream.runtime.intake import source_of
 from stream.runtime.membership import Fetched, Membership
 from stream.runtime.overrides import OverrideFollower
 from stream.runtime.probe import NO_PROBE, Probe
@@ -219,7 +219,7 @@ class _Service:
                 if not got.unit.alive or self.stager.draining:
                     continue  # its partition's next owner (or this one, reopened) redoes it
                 rec = got.record
-                source = SourcePosition(topic=rec.topic, partition=rec.partition, offset=rec.offset)
+                source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
                 await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
 
     def _intake_ended(self, task: asyncio.Task[None]) -> None:

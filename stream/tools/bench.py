@@ -8,6 +8,7 @@ limit and a tokens-per-minute limit. Then, on the same machine and in the same r
 - this product at windows 10, 25, 50, 100;
 - a raw aiokafka consume-and-produce passthrough of the same records (the machine's
   ceiling), and this product with an instant simulator against it;
+- both delivery modes at window 50, LLM-bound and with the instant simulator;
 - with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions.
 
 Each product run drains a backlog, loaded while its processors are held stopped as the
@@ -34,7 +35,7 @@ import orjson
 import yaml
 
 from stream.core.spec import ModelEndpoint, load_spec
-from stream.runtime.topics import activity_topics, ensure_product_topics, ensure_topics
+from stream.runtime.topics import activity_topics, ensure_product_topics
 from stream.settings import DEFAULT_SPEC, Settings
 from stream.testing.broker import free_port
 from stream.testing.simulator import MODEL_NAME
@@ -44,20 +45,14 @@ from stream.tools.load import (
     all_ready,
     bench_items,
     cpu_s,
-    passthrough,
+    passthrough_row,
     produce_items,
     rss_mb,
 )
 from stream.tools.report import Endpoint, Result
 from stream.tools.target import SimProcess, Target, llm_target, processor_usage
 
-__all__ = [
-    "Bench",
-    "bench_session",
-    "bench_spec",
-    "results_json",
-    "run_bench",
-]
+__all__ = ["Bench", "bench_session", "bench_spec", "results_json", "run_bench"]
 
 log = logging.getLogger("stream.bench")
 
@@ -95,6 +90,7 @@ class Bench:
         partitions: int,
         processes: int,
         model: dict[str, Any] | None = None,
+        delivery: str = "at_least_once",
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
         """Fresh topics and `processes` processor processes (not started yet); `model`
         overrides the spec's model settings (reasoning, answer form)."""
@@ -124,6 +120,7 @@ class Bench:
                     "STREAM_DATA_DIR": str(run_dir / f"data{k}"),
                     "STREAM_WEB_PORT": str(free_port()),
                     "STREAM_LOG_LEVEL": "WARNING",
+                    "STREAM_DELIVERY": delivery,
                 },
                 run_dir / f"processor{k}.log",
             )
@@ -143,15 +140,17 @@ class Bench:
         items: int | None = None,
         paced: bool = True,
         model: dict[str, Any] | None = None,
+        delivery: str = "at_least_once",
     ) -> Result:
         endpoint = endpoint or self.endpoint
         if self.sim is not None:
             await self.sim.configure(endpoint.config())
         settings, outcome_topics, procs = await self.deploy(
-            window, in_flight, partitions, processes, model
+            window, in_flight, partitions, processes, model, delivery
         )
         load = self.items[: items or self.n or len(self.items)]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
+        result.delivery = delivery
         try:
             async with Tally(self.bootstrap, outcome_topics) as tally:
                 await self._warm_up(tally, settings, procs, load[0])
@@ -182,7 +181,7 @@ class Bench:
         if paced and result.items_per_s > 0:
             # On fresh topics and processors: the drain's backlog must not queue ahead.
             settings, outcome_topics, procs = await self.deploy(
-                window, in_flight, partitions, processes, model
+                window, in_flight, partitions, processes, model, delivery
             )
             try:
                 async with Tally(self.bootstrap, outcome_topics) as tally:
@@ -282,20 +281,7 @@ class Bench:
     async def passthrough(self, partitions: int = 4, runs: int = 3) -> Result:
         """The machine's ceiling: consume each record and produce it on, acks=all; the
         median of `runs` passes (one lasts under a second and scatters threefold)."""
-        prefix = f"bench-{secrets.token_hex(3)}."
-        src, dsts = prefix + "items", [f"{prefix}copy{i}" for i in range(runs)]
-        await ensure_topics(self.bootstrap, [src, *dsts], partitions)
-        await produce_items(self.bootstrap, src, self.items)
-        passes = sorted(
-            [await passthrough(self.bootstrap, src, dst, len(self.items)) for dst in dsts],
-            key=lambda p: p[0] / max(p[1], 1e-9),
-        )
-        moved, seconds = passes[len(passes) // 2]
-        result = Result(
-            "aiokafka passthrough", None, 1, partitions, moved, seconds, moved / seconds
-        )
-        rates = ", ".join(f"{m / s:,.0f}" for m, s in passes)
-        result.notes.append(f"median of {runs} passes ({rates} items/s)")
+        result = await passthrough_row(self.bootstrap, self.items, partitions, runs)
         self.results.append(result)
         log.warning("%s", _line(result))
         return result
@@ -407,6 +393,23 @@ async def run_bench(
         for window in windows:
             await bench.product(
                 f"window {window}", window, in_flight=in_flight, partitions=partitions
+            )
+        # Both delivery modes side by side (DESIGN.md section 8): LLM-bound at window 50,
+        # and bound by the processor itself with the instant simulator.
+        await bench.product(
+            "window 50, exactly once",
+            50,
+            in_flight=in_flight,
+            partitions=partitions,
+            delivery="exactly_once",
+        )
+        if bench.sim is not None:
+            await bench.product(
+                "instant simulator, window 50, exactly once",
+                50,
+                endpoint=Endpoint(instant=True),
+                items=len(bench.items),
+                delivery="exactly_once",
             )
         for variant in variants:
             key, _, value = variant.partition("=")

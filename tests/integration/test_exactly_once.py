@@ -24,7 +24,7 @@ from stream.ops.audit import AuditReport
 from stream.runtime.security import options_for
 from stream.testing.samples import tickets
 from stream.tools.demo import ProcessorProcess
-from tests.conftest import Deployment, committed_offsets, stuck_report
+from tests.conftest import Deployment, committed_offsets, demo_json, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -257,3 +257,25 @@ async def _ends(dep: Deployment) -> dict[int, int]:
     finally:
         await consumer.stop()
     return {tp.partition: end for tp, end in ends.items() if end > 0}
+
+
+@pytest.mark.parametrize(
+    ("args", "stateful"),
+    [(("--items", "300"), False), (("--example", "tickets", "--items", "60"), True)],
+    ids=["moderation", "tickets"],
+)
+def test_demo_chaos_reports_exactly_once(
+    bootstrap: str, args: tuple[str, ...], stateful: bool
+) -> None:
+    """What a user runs (issue 24's "done when"): six SIGKILLs across two processors."""
+    result = demo_json(bootstrap, *args, "--chaos", "6", timeout=300)
+    assert result["unaccounted"] == 0
+    assert result["chaos"]["kills_done"] == 6 and result["chaos"]["processors"] == 2
+    assert result["exactly_once"] == {
+        "outcomes_per_input_max": 1,
+        "duplicate_call_ids": 0,
+        "missing": 0,
+    }
+    if stateful:
+        assert result["workflows_unended"] == 0
+        assert result["done"] == 56  # 60 items, 4 malformed on purpose

@@ -22,7 +22,7 @@ import yaml
 
 from stream.activities.worker import load_activities
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, demo_json, stuck_report
+from tests.conftest import Deployment, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -135,13 +135,3 @@ async def test_kill_9_between_approval_and_publish_runs_the_approved_calls(
         await asyncio.sleep(0.5)
     assert [r["instance"] for r in ran] == ["t-000001"]
     assert ran[0]["call_id"] in proposals["t-000001"]["call_ids"]
-
-
-def test_chaos_demo_kills_the_processor_and_every_workflow_still_ends(bootstrap: str) -> None:
-    args = ["--example", "tickets", "--items", "30", "--chaos", "2"]
-    result = demo_json(bootstrap, *args, timeout=280)
-    assert result["chaos"]["kills_done"] == 2
-    assert result["unaccounted"] == 0
-    assert result["done"] + result["dead_letters"] == 30  # 26 workflows, 4 malformed items
-    flows = result["workflows"]
-    assert flows["pending"] == 0 and flows["done"] == 26, flows
