@@ -1,0 +1,167 @@
+"""The unit's commit rules, on an in-memory producer: what a transaction holds, in what
+order, and what happens when it cannot commit. The same rules on a real broker:
+tests/integration/test_exactly_once.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError, ProducerFenced
+from aiokafka.structs import TopicPartition
+
+from stream.runtime.publish import OutRecord
+from stream.runtime.unit import Unit, UnitGone
+
+IN, RES = "items", "stream.results"
+
+
+class FakeProducer:
+    """Records what a transactional producer was asked to do."""
+
+    def __init__(self, fail_send: BaseException | None = None) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_send = fail_send
+
+    async def begin_transaction(self) -> None:
+        self.calls.append(("begin",))
+
+    async def send(self, topic: str, value: bytes, **kw: Any) -> asyncio.Future[None]:
+        if self.fail_send is not None:
+            raise self.fail_send
+        self.calls.append(("send", topic, value, kw.get("headers")))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group: str) -> None:
+        self.calls.append(("offsets", dict(offsets), group))
+
+    async def commit_transaction(self) -> None:
+        self.calls.append(("commit",))
+
+    async def abort_transaction(self) -> None:
+        self.calls.append(("abort",))
+
+    async def stop(self) -> None:
+        self.calls.append(("stop",))
+
+    def sent(self) -> list[bytes]:
+        return [c[2] for c in self.calls if c[0] == "send"]
+
+    def offsets(self) -> list[dict[Any, int]]:
+        return [c[1] for c in self.calls if c[0] == "offsets"]
+
+
+def _rec(value: bytes) -> OutRecord:
+    return OutRecord("activity.x", b"k", value)
+
+
+def _unit(producer: FakeProducer) -> Unit:
+    return Unit(3, producer, group_id="g", transactional=True)  # type: ignore[arg-type]
+
+
+async def test_commits_only_the_finished_contiguous_prefix_in_offset_order() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    slots = [unit.track(IN, offset) for offset in (10, 11, 12)]
+    unit.finish(slots[2], [_rec(b"c")])
+    unit.finish(slots[0], [_rec(b"a")])
+    await unit.commit()
+    assert producer.sent() == [b"a"]
+    assert producer.offsets() == [{TopicPartition(IN, 3): 11}]
+    unit.finish(slots[1], [_rec(b"b")])
+    await unit.commit()
+    assert producer.sent() == [b"a", b"b", b"c"]  # each instance's outputs in input order
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 13}
+    assert [c[0] for c in producer.calls].count("commit") == 2
+
+
+async def test_each_topic_commits_its_own_prefix_and_free_records_go_with_any() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    held = unit.track(IN, 0)  # an input still with the model
+    result = unit.track(RES, 5)
+    unit.finish(result, [_rec(b"done")])
+    unit.stage([_rec(b"next turn")])
+    await unit.commit()
+    assert producer.sent() == [b"done", b"next turn"]
+    assert producer.offsets() == [{TopicPartition(RES, 3): 6}]
+    assert unit.oldest_open(IN) == 0
+    unit.finish(held)
+    await unit.commit()
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
+
+
+async def test_commit_passes_markers_when_nothing_is_open() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    unit.finish(unit.track(IN, 7))
+    unit.seen(IN, 9)  # offset 8: an upstream transaction's commit marker
+    await unit.commit()
+    assert producer.offsets() == [{TopicPartition(IN, 3): 9}]
+    open_slot = unit.track(IN, 9)
+    unit.seen(IN, 11)
+    await unit.commit()  # 9 is open: nothing to commit past it
+    assert len(producer.offsets()) == 1
+    unit.finish(open_slot)
+    await unit.commit()
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 11}
+
+
+async def test_traceparent_of_the_consumed_record_goes_on_its_outputs() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    trace = (("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"),)
+    unit.finish(unit.track(IN, 0, trace), [_rec(b"a")])
+    await unit.commit()
+    assert producer.calls[1][3] == list(trace)
+
+
+async def test_a_failed_transaction_aborts_and_voids_the_unit() -> None:
+    producer = FakeProducer(fail_send=KafkaTimeoutError())
+    unit = _unit(producer)
+    unit.finish(unit.track(IN, 0), [_rec(b"a")])
+    with pytest.raises(KafkaTimeoutError):
+        await unit.commit()
+    assert ("abort",) in producer.calls and ("commit",) not in producer.calls
+    assert not unit.alive
+    with pytest.raises(UnitGone):
+        unit.track(IN, 1)
+
+
+async def test_a_fenced_unit_is_dropped_without_an_abort() -> None:
+    producer = FakeProducer(fail_send=ProducerFenced())
+    unit = _unit(producer)
+    unit.finish(unit.track(IN, 0), [_rec(b"a")])
+    with pytest.raises(ProducerFenced):
+        await unit.commit()
+    assert not unit.alive and ("abort",) not in producer.calls
+
+
+async def test_at_least_once_commits_offsets_after_the_sends() -> None:
+    producer = FakeProducer()
+    committed: list[dict[TopicPartition, int]] = []
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        assert producer.sent() == [b"a"]  # acknowledged before the offsets move
+        committed.append(offsets)
+
+    unit = Unit(1, producer, group_id="g", transactional=False, commit_offsets=commit)
+    unit.finish(unit.track(IN, 4), [_rec(b"a")])
+    await unit.commit()
+    assert committed == [{TopicPartition(IN, 1): 5}]
+    assert not [c for c in producer.calls if c[0] in ("begin", "commit")]
+
+
+async def test_close_commits_what_is_finished_and_stops_its_producer() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    unit.start()
+    unit.finish(unit.track(IN, 0), [_rec(b"a")])
+    unit.track(IN, 1)  # unfinished: redone by the next owner
+    await unit.close(commit=True)
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
+    assert producer.calls[-1] == ("stop",)
+    assert not unit.alive
