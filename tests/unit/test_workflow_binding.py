@@ -130,7 +130,7 @@ async def test_state_input_is_refused_unless_the_spec_opts_in() -> None:
     await pipe.offer(record, None, src, lambda: None)
     await drain(pipe)
     st = store.get("t-1")
-    assert st is not None and st.state == {"vip": True}
+    assert st is not None and st.state["vip"] is True
     assert not on(pub, "deadletter")
     await pipe.windower.stop()
 
@@ -138,7 +138,8 @@ async def test_state_input_is_refused_unless_the_spec_opts_in() -> None:
 def test_stream_approve_offers_only_what_is_pending_now() -> None:
     def proposal(instance: str, turn: int, offset: int = 0) -> dict[str, Any]:
         pid = f"items/0/{offset}/t{turn}/proposal"
-        return {"instance": instance, "turn": turn, "proposal_id": pid, "batch": {"id": "b"}}
+        src = {"topic": "items", "partition": 0, "offset": offset}
+        return {"instance": instance, "turn": turn, "proposal_id": pid, "source": src}
 
     proposals = [
         proposal("a", 1),
@@ -148,6 +149,14 @@ def test_stream_approve_offers_only_what_is_pending_now() -> None:
         proposal("d", 1, 3),
     ]
     approvals = [{"instance": "b", "proposal_id": "items/0/1/t1/proposal", "turn": 1}]
-    done = [{"instance": "c", "turns": 1, "source": {"offset": 2}}]
+    ended = {"topic": "items", "partition": 0, "offset": 2}
+    done = [{"instance": "c", "turns": 1, "source": ended}]
     pending = pending_proposals(proposals, approvals, done)
     assert {p["instance"]: p["turn"] for p in pending} == {"a": 2, "d": 1}
+    # A done record of an earlier input of the same instance ends nothing pending now.
+    restarted = [*proposals, proposal("c", 1, 9)]
+    pending = pending_proposals(restarted, approvals, done)
+    assert {p["instance"]: p["turn"] for p in pending} == {"a": 2, "c": 1, "d": 1}
+    # A proposal from before the binding (no id) cannot be answered: not offered.
+    legacy = {k: v for k, v in proposal("e", 1, 4).items() if k != "proposal_id"}
+    assert "e" not in {p["instance"] for p in pending_proposals([legacy], [], [])}
