@@ -196,11 +196,15 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     await dep.produce_items(items)
     report = await dep.settle(6)  # turn 1 published; no worker yet, so all awaited calls wait
     assert report.unaccounted == 0
+    waiting: list[str] = []
     for _ in range(40):
         states = await workflow_states(dep)
-        if sum(s["status"] == "pending" for s in states.values()) == 6:
+        waiting = sorted(k for k, s in states.items() if s["status"] == "pending")
+        if len(waiting) == 6:
             break
         await asyncio.sleep(0.5)
+    # The precondition of what follows: the kill must come while every workflow waits.
+    assert waiting == sorted(i["_instance"] for i in items), await stuck_report(dep, TOOLS)
     dep.proc.kill()  # kill -9 while every workflow waits for its results
     dep.proc.start()
     _, stop, task = await _worker(dep)
