@@ -156,8 +156,9 @@ class Coordinator:
             return []
         problem = self.workflow.result_problem(rec)
         if problem is not None:
-            # Said first (rule 2), then the result counts as the call's error.
-            await self.delivery.publish(self.builder.letter(bad_result(rec, problem)))
+            # Said first (rule 2), then the result counts as the call's error. The letter
+            # holds the value: it goes through the size guard too.
+            await self._publish(self.builder.letter(bad_result(rec, problem)))
             rec = rec.model_copy(update={"value": None, "error": problem})
         _, done = self.workflow.rehearsal().on_result(rec)
         if done is not None:

@@ -102,3 +102,23 @@ async def test_a_done_record_over_the_limit_is_refused_before_it_is_published() 
     assert "stream.done" in letter["reason"]
     st = store.get("t-1")
     assert st is not None and st.status == "done"  # it ended all the same
+
+
+async def test_a_bad_result_letter_over_the_limit_is_refused_too() -> None:
+    """The bad_result letter carries the value: a huge value that breaks `_output`
+    must not make a letter the broker refuses."""
+    pipe, pub, store = pipeline(tickets_spec(), max_output_bytes=LIMIT)
+    assert pipe.workflow is not None
+    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    assert inst is not None
+    call = Call.model_validate(
+        {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
+    )
+    pipe.workflow.turn(inst, [("c1", call)], BATCH, [])
+    value = {"plan": "x" * 5000, "vip": "yes"}  # vip must be a boolean
+    bad = {"call_id": "c1", "instance": "t-1", "tool": "lookupCustomer", "turn": 1}
+    await pipe.on_result(orjson.dumps({**bad, "value": value}), None)
+    assert all(len(r.value) <= LIMIT for r in pub.records)
+    assert [x["code"] for x in on(pub, "deadletter")] == ["too_large"]
+    st = store.get("t-1")
+    assert st is not None and "breaks its _output" in st.state["errors"]["c1"]
