@@ -221,6 +221,33 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     assert sorted({r["instance"] for r in routed}) == sorted(done)
 
 
+async def test_finished_workflows_are_deleted_after_the_retention(deploy: Deploy) -> None:
+    """#24: with a healthy system (no awaited call ever times out) the finished
+    workflows stayed in the table and its changelog for ever."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_STATE_RETENTION_S="3")
+    _, stop, task = await _worker(dep)
+    items = tickets(4)
+    names = {i["_instance"] for i in items}
+    try:
+        await dep.produce_items(items)
+        done = await _done(dep, 4)
+    finally:
+        stop.set()
+        await task
+    assert set(done) == names, await stuck_report(dep, TOOLS)
+    latest: dict[str, bytes | None] = {}
+    for _ in range(60):  # retention 3 s, the expiry timer ticks every second
+        latest = {}
+        async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
+            if rec.key:
+                latest[rec.key.decode()] = rec.value
+        if set(latest) >= names and all(latest[n] is None for n in names):
+            break
+        await asyncio.sleep(0.5)
+    left = sorted(n for n in names if latest.get(n) is not None)
+    assert not left, f"finished workflows still stored after their retention: {left}"
+
+
 def test_demo_runs_the_stateful_example(bootstrap: str) -> None:
     result = demo_json(bootstrap, "--example", "tickets", "--items", "30", timeout=240)
     assert result["unaccounted"] == 0
