@@ -221,6 +221,69 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     assert sorted({r["instance"] for r in routed}) == sorted(done)
 
 
+async def test_a_replayed_approval_does_not_approve_the_next_proposal(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    """#24's reproduction: the byte-identical first approval, sent again once turn 2 is
+    proposed, approved turn 2 within milliseconds. Bound to turn 1's proposal, it does
+    nothing; a forged one is dead-lettered; only the approval naming turn 2 runs it."""
+    lazy = _spec(
+        tmp_path,
+        TICKETS / "agent.yaml",
+        plan={"mode": "lazy", "steps": ["look up", "route"], "maxTurns": 4},
+    )
+    dep = await deploy(spec_path=lazy)
+    _, stop, task = await _worker(dep)
+    topics = dep.settings.topics
+    try:
+        await dep.produce_items(tickets(1))
+        await dep.settle(1)
+        done = await dep.cli("approve", "--instance", "t-000001", STREAM_SPEC=str(lazy))
+        assert done.returncode == 0, done.stderr
+        turns: list[int] = []
+        for _ in range(120):  # the worker answers turn 1's calls: turn 2 is proposed
+            turns = [p["turn"] for p in await dep.records(topics.proposals)]
+            if 2 in turns:
+                break
+            await asyncio.sleep(0.5)
+        assert turns == [1, 2], await stuck_report(dep, TOOLS)
+        first: bytes | None = None
+        async for rec in read_topic(dep.bootstrap, topics.approvals):
+            first = rec.value
+        assert first is not None and orjson.loads(first)["turn"] == 1
+        forged = {"instance": "t-000001", "proposal_id": "a guess", "turn": 2, "approve": True}
+        await dep.produce_to(
+            topics.approvals, [(b"t-000001", first), (b"t-000001", orjson.dumps(forged))]
+        )
+        letters: list[dict[str, Any]] = []
+        for _ in range(120):  # read in order: once the forged one is refused, both were read
+            letters = [
+                x
+                for x in await dep.records(topics.dead_letter)
+                if x["code"] == "unexpected_approval"
+            ]
+            if letters:
+                break
+            await asyncio.sleep(0.5)
+        assert len(letters) == 1 and "a guess" in letters[0]["reason"], letters
+        assert not await dep.records(dep.activity_topic("routeTicket"))  # turn 2 never ran
+        listed = await dep.cli("approve", "--list", STREAM_SPEC=str(lazy))
+        (pending,) = [orjson.loads(line) for line in listed.stdout.splitlines()]
+        assert pending["turn"] == 2 and pending["instance"] == "t-000001"
+        done = await dep.cli("approve", "--instance", "t-000001", STREAM_SPEC=str(lazy))
+        assert done.returncode == 0, done.stderr
+        routed: list[dict[str, Any]] = []
+        for _ in range(120):
+            routed = await dep.records(dep.activity_topic("routeTicket"))
+            if routed:
+                break
+            await asyncio.sleep(0.5)
+        assert [r["turn"] for r in routed] == [2]
+    finally:
+        stop.set()
+        await task
+
+
 async def test_finished_workflows_are_deleted_after_the_retention(deploy: Deploy) -> None:
     """#24: with a healthy system (no awaited call ever times out) the finished
     workflows stayed in the table and its changelog for ever."""
