@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import ValidationError
@@ -38,7 +38,7 @@ from stream.ops.metrics import WorkerMetrics
 from stream.ops.web import WebServer, claim_port
 from stream.retry import RetryPolicy
 from stream.runtime import clients
-from stream.runtime.publish import OutRecord, Publisher
+from stream.runtime.publish import OutRecord, Publisher, PublishError
 from stream.runtime.tracing import Headers, traceparent_of
 from stream.settings import Settings
 
@@ -59,6 +59,12 @@ _BACKOFF = RetryPolicy(base_s=0.2, cap_s=5.0)  # a handler that raised
 Handler = Callable[[Call, Tool, list[dict[str, Any]]], Awaitable[Any]]
 
 _TRIES = 3
+
+
+class Sink(Protocol):
+    """Where the worker's records go (a `Publisher`; a fake in tests)."""
+
+    async def publish(self, records: list[OutRecord]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +195,7 @@ class Activities:
         value: bytes | None,
         tool: Tool,
         settings: Settings,
-        publisher: Publisher,
+        publisher: Sink,
         trace: Headers = (),
     ) -> None:
         try:
@@ -218,16 +224,7 @@ class Activities:
                 call=record.call.wire(),
                 attempts=_TRIES,
             )
-            await publisher.publish(
-                [
-                    OutRecord(
-                        settings.topics.dead_letter,
-                        record.instance.encode(),
-                        orjson.dumps(letter.model_dump(mode="json", exclude_none=True)),
-                        headers=trace,
-                    )
-                ]
-            )
+            await publisher.publish([_letter(letter, settings, trace)])
             return
         if record.call.output_path:
             await self._answer(record, result, None, settings, publisher, trace)
@@ -238,11 +235,15 @@ class Activities:
         result: Any,
         error: str | None,
         settings: Settings,
-        publisher: Publisher,
+        publisher: Sink,
         trace: Headers = (),
     ) -> None:
         """Publishes an awaited call's result, to the partition of the instance's input:
-        the processor that owns that partition owns the instance's state."""
+        the processor that owns that partition owns the instance's state. A result too
+        large for the broker (over `max_output_bytes`, or refused by it) is dead-lettered
+        `too_large` and answered with an error instead: the workflow learns the call
+        failed, and the worker goes on (raising here stopped it, and every restart redid
+        the side effects of its whole uncommitted fetch)."""
         chosen, value = (
             (result.path, result.value) if isinstance(result, Branch) else (None, result)
         )
@@ -254,20 +255,55 @@ class Activities:
             path=chosen,
             error=error,
             source=record.source,
+            turn=record.turn,
         )
-        await publisher.publish(
-            [
-                OutRecord(
-                    settings.topics.results,
-                    record.instance.encode(),
-                    answer.model_dump_json(exclude_none=True).encode(),
-                    partition=record.source.partition,
-                    headers=trace,
-                )
-            ]
-        )
+        out = self._result(answer, settings, trace)
+        limit = settings.max_output_bytes
+        too_large = None
+        if len(out.value) + len(out.key or b"") > limit:
+            too_large = f"the broker takes at most {limit} (max_output_bytes)"
+        else:
+            try:
+                await publisher.publish([out])
+            except PublishError as exc:
+                too_large = f"the broker refused it: {exc.message}"
+        if too_large is not None:
+            size = len(out.value)
+            log.error("activity %s: result of %s too large", record.tool, record.call_id)
+            letter = DeadLetter(
+                code="too_large",
+                reason=f"the result of {record.call_id} is {size} bytes; {too_large}",
+                scope="call",
+                instance=record.instance,
+                source=record.source,
+                call=record.call.wire(),
+            )
+            failed = answer.model_copy(
+                update={"value": None, "path": None, "error": f"result too large: {too_large}"}
+            )
+            await publisher.publish([_letter(letter, settings, trace)])
+            await publisher.publish([self._result(failed, settings, trace)])
         self.answered += 1
         self.metrics.results.inc()
+
+    @staticmethod
+    def _result(answer: ResultRecord, settings: Settings, trace: Headers) -> OutRecord:
+        return OutRecord(
+            settings.topics.results,
+            answer.instance.encode(),
+            answer.model_dump_json(exclude_none=True).encode(),
+            partition=answer.source.partition if answer.source else None,
+            headers=trace,
+        )
+
+
+def _letter(letter: DeadLetter, settings: Settings, trace: Headers) -> OutRecord:
+    return OutRecord(
+        settings.topics.dead_letter,
+        letter.instance.encode() if letter.instance else None,
+        orjson.dumps(letter.model_dump(mode="json", exclude_none=True)),
+        headers=trace,
+    )
 
 
 def serve_forever(

@@ -110,9 +110,13 @@ class ResultRecord(_Record):
     """An activity's answer to an awaited call (one with `_outputPath`), on the results
     topic, keyed by instance id."""
 
-    call_id: str
+    call_id: str = Field(description="The awaited call this result answers")
     instance: str
     tool: str
+    turn: int = Field(
+        description="The instance's turn that made the call (the activity record's `turn`): "
+        "a result for a call that is not pending at that turn is refused"
+    )
     value: Any = None
     path: str | None = Field(
         None, description="The alternative the activity chose, for a branching output path"
@@ -137,6 +141,9 @@ class ProposalRecord(_Record):
     """Lazy plans: the calls the model proposes; nothing runs until approved."""
 
     instance: str
+    proposal_id: str = Field(
+        description="Deterministic per input and turn; an approval names it to answer it"
+    )
     turn: int
     batch: BatchRef
     calls: list[dict[str, Any]]
@@ -146,9 +153,13 @@ class ProposalRecord(_Record):
 
 
 class ApprovalRecord(_Record):
-    """A person's answer to a proposal, keyed by instance id."""
+    """A person's answer to one proposal, keyed by instance id. It names the proposal
+    (id and turn) it answers: one that names anything but the proposal pending now (an
+    older one, a replay, a guess) is refused with a dead letter, never applied."""
 
     instance: str
+    proposal_id: str = Field(description="The `proposal_id` of the proposal it answers")
+    turn: int = Field(description="The `turn` of the proposal it answers")
     approve: bool
     reason: str | None = None
 
@@ -205,6 +216,8 @@ ItemCode = Literal[
     "llm_rejected",
     "llm_timeout",
     "internal_error",
+    # a `type: state` record on the input topic, and the spec does not accept state input
+    "state_input_refused",
 ]
 DeadLetterCode = Literal[
     ItemCode,
@@ -218,8 +231,11 @@ DeadLetterCode = Literal[
     "bad_scopes",
     # an activity handler kept failing on a published call
     "activity_failed",
-    # an awaited call's result broke its tool's `_output` schema
+    # an awaited call's result broke its tool's `_output` schema, or cannot be written
     "bad_result",
+    # a result or an approval that answers nothing pending (wrong call, turn or proposal)
+    "unexpected_result",
+    "unexpected_approval",
 ]
 
 ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))

@@ -261,6 +261,13 @@ class AgentSpec(_Strict):
         "for specs where ids carry meaning (the seeds' employee_B); calls still name the "
         "token, which stays the only way back to the id",
     )
+    accept_state_input: bool = Field(
+        False,
+        description="true: a `type: state` record on the input topic writes its fields into "
+        "its instance's state; false (default): state comes only from the processor's own "
+        "turns and awaited results, and such a record is dead-lettered state_input_refused "
+        "(anyone who can produce to the input topic could otherwise rewrite any workflow)",
+    )
     silence: Literal["reask", "no_action"] = Field(
         "reask",
         description="What an instance without any call in a valid answer means: reask "

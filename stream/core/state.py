@@ -26,6 +26,7 @@ __all__ = [
     "StateStore",
     "TableStore",
     "alternatives",
+    "path_problem",
     "read_path",
     "write_path",
 ]
@@ -67,6 +68,9 @@ class InstanceState(BaseModel):
     status: Status = "new"
     pending: dict[str, Pending] = Field(default_factory=dict)
     proposal: list[dict[str, Any]] = Field(default_factory=list)
+    proposal_id: str = Field(
+        default="", description="The pending proposal's id: only an approval naming it counts"
+    )
     trace: list[TraceEntry] = Field(default_factory=list)
     applied: list[str] = Field(
         default_factory=list, description="Recent triggers already applied (idempotence)"
@@ -115,14 +119,25 @@ def alternatives(output_path: str) -> list[str]:
     return [p.strip() for p in output_path.split("||") if p.strip()]
 
 
-def write_path(state: dict[str, Any], path: str, value: Any) -> None:
-    """Writes `value` at a `†state.a.b` path; `†state` alone merges an object in."""
+def path_problem(path: str, value: Any) -> str | None:
+    """Why `value` cannot be written at `path`, or None. Checked before `write_path`: a
+    result is data from outside, and refusing it must never be an exception."""
     if not path.startswith("†state"):
-        raise ValueError(f"output paths must start with †state, got {path!r}")
+        return f"output paths must start with †state, got {path!r}"
+    root = not [k for k in path.removeprefix("†state").split(".") if k]
+    if root and not isinstance(value, dict):
+        return f"only an object can be written to †state itself, not {type(value).__name__}"
+    return None
+
+
+def write_path(state: dict[str, Any], path: str, value: Any) -> None:
+    """Writes `value` at a `†state.a.b` path; `†state` alone merges an object in.
+    Raises ValueError where `path_problem` names a problem."""
+    problem = path_problem(path, value)
+    if problem is not None:
+        raise ValueError(problem)
     keys = [k for k in path.removeprefix("†state").split(".") if k]
     if not keys:
-        if not isinstance(value, dict):
-            raise ValueError("only an object can be written to †state itself")
         state.update(value)
         return
     node = state

@@ -45,13 +45,20 @@ def _path_ok(path: str, root: str) -> bool:
 
 def output_path_problem(tool: Tool, output_path: str) -> str | None:
     """Why a call's `_outputPath` cannot be honoured, or None. Each alternative must be a
-    †state path among the tool's declared paths (any †state path when it declares
-    none); a latent call must name one: the model writes the output, so it chooses."""
+    †state path among the tool's declared paths (any †state.key path when it declares
+    none: †state itself only when declared, since a result merged into the whole state
+    must be an object, and only a declared path is that promise); a latent call must
+    name one: the model writes the output, so it chooses."""
     paths = [p.strip() for p in output_path.split("||")]
     if not all(paths) or not all(_path_ok(p, _STATE) for p in paths):
         return f"_outputPath {output_path!r}: each alternative must be {_STATE} or {_STATE}.key"
     if tool.paths and not set(paths) <= set(tool.paths):
         return f"_outputPath {output_path!r}: {tool.name} writes only to {tool.paths}"
+    if _STATE in paths and _STATE not in tool.paths and tool.kind == "activity":
+        return (
+            f"_outputPath {output_path!r}: {tool.name} declares no {_STATE} path, so its "
+            f"result may not replace the whole state; write it to {_STATE}.<key>"
+        )
     if tool.kind == "latent" and len(paths) > 1:
         return (
             f"_outputPath {output_path!r}: a latent call writes its own output, so it names "

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
+from stream.core import binding
 from stream.core.advice import Vote as _Vote
 from stream.core.advice import aggregate, parse_votes
+from stream.core.binding import Unbound
+from stream.core.expiry import DueIndex
 from stream.core.instance import Instance
 from stream.core.messages import (
     ApprovalRecord,
@@ -35,7 +35,7 @@ from stream.core.messages import (
     ResultRecord,
     TraceEntry,
 )
-from stream.core.spec import AgentSpec, Tool
+from stream.core.spec import AgentSpec
 from stream.core.state import (
     Ended,
     InstanceState,
@@ -44,6 +44,7 @@ from stream.core.state import (
     StagedStore,
     StateStore,
     alternatives,
+    path_problem,
     write_path,
 )
 from stream.core.validate import Opinion
@@ -77,6 +78,7 @@ class Workflow:
         self.retention_s = retention_s
         self.results_ignored = 0
         self.expired = 0
+        self.index = DueIndex(retention_s)  # kept by `_put` and the deletions
 
     @property
     def iterative(self) -> bool:
@@ -164,7 +166,7 @@ class Workflow:
         elif st.pending:
             st.status = "pending"
         else:
-            out.done = self._maybe_done(st, awaited, opinions)
+            out.done = _maybe_done(self.spec, st, awaited)
         if owed is not None:
             st.owe(owed, self.owner)
         self._put(st)
@@ -183,6 +185,13 @@ class Workflow:
     def _put(self, st: InstanceState) -> None:
         st.owner = self.owner
         self.store.put(st)
+        self.index.update(st)
+
+    def due(self, now: float, owns: Callable[[int], bool] = lambda _: True) -> list[str]:
+        """Owned instances past a deadline or their retention (`owing` rebuilds the index)."""
+        if not self.index.built:
+            self.index.rebuild(self.store.items())
+        return self.index.due(now, owns)
 
     def paid(self, instance: str, *, theirs: bool = False) -> None:
         """The outbox's records were acknowledged by the broker. `theirs`: recovery
@@ -196,24 +205,9 @@ class Workflow:
     def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
         """States of owned partitions left by another processor (a restart, a rebalance)
         that owe records or wait for a turn nobody will offer."""
-        return [st for st in self.store.items() if owns(st.partition) and st.left(self.owner)]
-
-    def _maybe_done(
-        self, st: InstanceState, awaited: bool, opinions: list[Opinion]
-    ) -> DoneRecord | None:
-        if not self.iterative:
-            st.status = "done"
-            return None  # single-turn: nothing more to report than the calls themselves
-        assert self.spec.plan is not None
-        reason: tuple[str, str] | None = None
-        if not awaited:
-            reason = ("done", "the model made no more awaited calls")
-        elif st.turn >= self.spec.plan.max_turns:
-            reason = ("turn_limit", f"turn limit {self.spec.plan.max_turns} reached")
-        if reason is None:
-            st.status = "ready"
-            return None
-        return _finish(st, *reason)
+        states = list(self.store.items())
+        self.index.rebuild(states)  # the same scan: recovery runs after every restore
+        return [st for st in states if owns(st.partition) and st.left(self.owner)]
 
     def next_turn(self, st: InstanceState) -> Instance | None:
         """The instance's next turn, when its workflow is ready for one."""
@@ -223,59 +217,65 @@ class Workflow:
             st.instance, st.input or {"type": "input"}, st.source, 256, dict(st.state), st.turn + 1
         )
 
-    def result_problem(self, rec: ResultRecord) -> str | None:
-        """Why an awaited call's result breaks its tool's `_output` schema, or None (also
-        for results the workflow will ignore, and errors, which carry no value)."""
+    def refusal(self, rec: ResultRecord | ApprovalRecord) -> Unbound | None:
+        """None when `rec` answers what is pending now, else why not (`core/binding.py`)."""
         st = self.store.get(rec.instance)
-        pending = st.pending.get(rec.call_id) if st is not None else None
-        tool = self.spec.tool(pending.tool) if pending is not None else None
-        return None if tool is None or rec.error is not None else _output_error(tool, rec.value)
+        if st is None:
+            return Unbound(f"no workflow of instance {rec.instance!r} is stored here")
+        if isinstance(rec, ResultRecord):
+            return binding.result_refusal(st, rec)
+        return binding.approval_refusal(st, rec)
+
+    def result_problem(self, rec: ResultRecord) -> str | None:
+        """Why a result breaks its `_output` schema or cannot be written (`core/binding.py`)."""
+        st = self.store.get(rec.instance)
+        return None if st is None else binding.result_problem(self.spec, st, rec)
 
     def on_result(self, rec: ResultRecord) -> tuple[Instance | None, DoneRecord | None]:
-        """Writes an awaited call's result into state. Unknown or repeated results are
-        ignored (at-least-once delivery makes them normal)."""
+        """Writes an awaited call's result into state; one that cannot be written is the
+        call's error, never raised. Unbound ones are ignored (refused first: `refusal`)."""
         st = self.store.get(rec.instance)
-        if st is None or rec.call_id not in st.pending:
+        if st is None or binding.result_refusal(st, rec) is not None:
             self.results_ignored += 1
             return None, None
         pending = st.pending.pop(rec.call_id)
+        st.mark(binding.answered(rec.call_id))
         path = rec.path or pending.paths[0]
         if rec.error is not None:
-            st.state.setdefault("errors", {})[rec.call_id] = rec.error
+            error: str | None = rec.error
         elif path not in pending.paths:
-            st.state.setdefault("errors", {})[rec.call_id] = (
-                f"activity chose {path!r}, which is not one of {pending.paths}"
-            )
+            error = f"activity chose {path!r}, which is not one of {pending.paths}"
         else:
+            error = path_problem(path, rec.value)
+        if error is None:
             write_path(st.state, path, rec.value)
+        else:
+            st.state.setdefault("errors", {})[rec.call_id] = error
         return self._settle(st)
 
     def _settle(self, st: InstanceState) -> tuple[Instance | None, DoneRecord | None]:
-        done = None
-        if not st.pending and st.status == "pending":
-            if not self.iterative:
-                st.status = "done"
-                st.ended = Ended(
-                    status="done", reason="every awaited call answered", at=time.time()
-                )
-            elif st.turn >= (self.spec.plan.max_turns if self.spec.plan else 1):
-                done = _finish(st, "turn_limit", "turn limit reached")
-            else:
-                st.status = "ready"
+        done = _settled(self.spec, st)
         self._put(st)
         return self.next_turn(st), done
 
     def expire(
-        self, now: float, owns: Callable[[int], bool] = lambda _: True
+        self,
+        now: float,
+        owns: Callable[[int], bool] = lambda _: True,
+        only: list[str] | None = None,
     ) -> list[tuple[Instance | None, DoneRecord | None]]:
         """Fails awaited calls past their deadline (of owned partitions only: a moved
-        workflow is its new owner's), and forgets workflows ended `retention_s` ago."""
+        workflow is its new owner's), and forgets workflows ended `retention_s` ago. Reads
+        only the states `due`, or `only` those (a rehearsal has no index of its own)."""
         out = []
-        for st in self.store.items():
-            if not owns(st.partition):
+        for name in self.due(now, owns) if only is None else only:
+            st = self.store.get(name)
+            if st is None or not owns(st.partition):
+                self.index.drop(name)
                 continue
             if st.ended is not None and not st.outbox and st.ended.at < now - self.retention_s:
                 self.store.delete(st.instance, st.partition)
+                self.index.drop(name)
                 continue
             late = [cid for cid, p in st.pending.items() if p.deadline < now]
             for cid in late:
@@ -284,16 +284,20 @@ class Workflow:
                 self.expired += 1
             if late:
                 out.append(self._settle(st))
+            else:
+                self.index.update(st)  # due by an older deadline or end: next time is later
         return out
 
     def on_approval(
         self, rec: ApprovalRecord, owed: list[Outgoing] | None = None
     ) -> tuple[list[dict[str, Any]], DoneRecord | None]:
-        """A proposal's answer: its calls to run now, or the end of the workflow."""
+        """A proposal's answer: its calls to run now, or the end of the workflow. One that
+        names another proposal is ignored (the caller refuses it first: `refusal`)."""
         st = self.store.get(rec.instance)
-        if st is None or st.status != "awaiting_approval":
+        if st is None or binding.approval_refusal(st, rec) is not None:
             self.results_ignored += 1
             return [], None
+        st.mark(binding.approved(rec.proposal_id))
         if owed is not None:
             st.owe(owed, self.owner)
         if not rec.approve:
@@ -319,8 +323,10 @@ def _propose(
     """A lazy plan's turn: its calls wait for approval."""
     st.status = "awaiting_approval"
     st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
+    st.proposal_id = binding.proposal_id(inst)
     return ProposalRecord(
         instance=inst.id,
+        proposal_id=st.proposal_id,
         turn=inst.turn,
         batch=batch,
         calls=[call.wire() for _, call in calls],
@@ -328,6 +334,36 @@ def _propose(
         plan=spec.plan.steps if spec.plan else [],
         source=inst.source,
     )
+
+
+def _maybe_done(spec: AgentSpec, st: InstanceState, awaited: bool) -> DoneRecord | None:
+    """A turn that left nothing pending: the workflow ends, or is ready for its next."""
+    if spec.plan is None:
+        st.status = "done"
+        return None  # single-turn: nothing more to report than the calls themselves
+    reason: tuple[str, str] | None = None
+    if not awaited:
+        reason = ("done", "the model made no more awaited calls")
+    elif st.turn >= spec.plan.max_turns:
+        reason = ("turn_limit", f"turn limit {spec.plan.max_turns} reached")
+    if reason is None:
+        st.status = "ready"
+        return None
+    return _finish(st, *reason)
+
+
+def _settled(spec: AgentSpec, st: InstanceState) -> DoneRecord | None:
+    """A result or an expiry answered a call: the last one ends the turn."""
+    if st.pending or st.status != "pending":
+        return None
+    if spec.plan is None:
+        st.status = "done"
+        st.ended = Ended(status="done", reason="every awaited call answered", at=time.time())
+    elif st.turn >= spec.plan.max_turns:
+        return _finish(st, "turn_limit", "turn limit reached")
+    else:
+        st.status = "ready"
+    return None
 
 
 def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
@@ -347,25 +383,6 @@ def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
     )
 
 
-# Compiled `_output` validators, by the schema object they were built from (kept here, so
-# its id stays its own): building one per result cost more than checking the result.
-_OUTPUT_CHECKS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
-
-
-def _output_error(tool: Tool, value: Any) -> str | None:
-    if tool.output is None:
-        return None
-    known = _OUTPUT_CHECKS.get(id(tool.output))
-    if known is None or known[0] is not tool.output:
-        known = (tool.output, Draft202012Validator(tool.output))
-        _OUTPUT_CHECKS[id(tool.output)] = known
-    error = best_match(known[1].iter_errors(value))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "(result)"
-    return f"{tool.name} result breaks its _output schema at {where}: {error.message}"
-
-
 def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
     st.status = "done"
     st.ended = Ended(status=status, reason=reason, at=time.time())
@@ -383,7 +400,7 @@ def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
 def _approve(spec: AgentSpec, st: InstanceState, timeout: float) -> list[dict[str, Any]]:
     """An approved proposal: its activity calls to publish (the awaited ones pending
     from now); its latent calls' outputs go into state, and are never published."""
-    proposal, st.proposal = st.proposal, []
+    proposal, st.proposal, st.proposal_id = st.proposal, [], ""
     run: list[dict[str, Any]] = []
     for call in proposal:
         tool = spec.tool(call["_tool"])

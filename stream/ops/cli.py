@@ -199,9 +199,14 @@ def _advice(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _approve(args: argparse.Namespace, settings: Settings) -> int:
-    from stream.ops.approvals import approve
+    from stream.ops.approvals import approve, pending_now
 
     _, bootstrap = _configured(settings)
+    if args.list:
+        for p in asyncio.run(pending_now(settings, bootstrap)):
+            shown = {k: p.get(k) for k in ("instance", "proposal_id", "turn", "calls")}
+            print(orjson.dumps(shown).decode())
+        return 0
     done = approve(settings, bootstrap, args.instance, args.batch, args.reject)
     print(f"{'rejected' if args.reject is not None else 'approved'}: {', '.join(done)}")
     return 0

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     who = ap.add_mutually_exclusive_group(required=True)
     who.add_argument("--instance", action="append", help="an instance id (repeatable)")
     who.add_argument("--batch", help="every proposal of this batch id")
+    who.add_argument(
+        "--list", action="store_true", help="only show the proposals pending now, as JSON lines"
+    )
     ap.add_argument("--reject", metavar="REASON", help="reject instead, with this reason")
     au = add("audit", help="check that every input item has an outcome")
     au.add_argument("--json", action="store_true", help="the whole report as JSON")

@@ -5,10 +5,11 @@ Modules (imported where used, so that importing one does not start faust):
 fetch at a time), `processor` (the pipeline, assembled from: `batcher` (offer, window,
 launch, in-flight order), `records` (a solved batch to its records, pure), `delivery`
 (publish, dead-letter, retry, fatal, offsets) and `coordinator` (workflows: results,
-approvals, turns, expiry)), `budget` (what a window may hold), `intake` (records to
-instances), `windowing`, `offsets` (commit in offset order), `publish`, `clients` (every
-Kafka client), `topics`, `security`, `overrides` (the compacted context topic), `probe`
-(named moments, for the fault campaign).
+approvals, turns, expiry; `guard`: the size limit of its records)), `budget` (what a
+window may hold), `intake` (records to instances), `windowing`, `offsets` (commit in
+offset order), `publish`, `clients` (every Kafka client), `topics`, `security`,
+`overrides` (the compacted context topic), `probe` (named moments, for the fault
+campaign).
 """
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "coordinator",
     "delivery",
     "feed",
+    "guard",
     "intake",
     "offsets",
     "overrides",

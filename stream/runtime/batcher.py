@@ -151,7 +151,13 @@ class Batcher:
         entry = self.ledger.track((source.topic, source.partition), source.offset, ack)
         self.metrics.items_in.inc()
         try:
-            instance = parse_item(value, key, source, self.settings.max_record_bytes)
+            instance = parse_item(
+                value,
+                key,
+                source,
+                self.settings.max_record_bytes,
+                state_input=self.builder.spec.accept_state_input,  # follows reconfigure
+            )
             assert value is not None  # parse_item refuses a missing value
             item = Item(instance, entry, value)
             room = self.budget.item_tokens

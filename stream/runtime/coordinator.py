@@ -25,18 +25,21 @@ import logging
 import time
 from collections.abc import Callable
 
+import orjson
 from pydantic import ValidationError
 
+from stream.core.binding import Unbound
 from stream.core.instance import Instance
-from stream.core.messages import ApprovalRecord, ResultRecord
+from stream.core.messages import ApprovalRecord, DeadLetter, ResultRecord, SourcePosition
 from stream.core.state import Outgoing
 from stream.core.workflow import Workflow
 from stream.ops.metrics import Metrics
 from stream.runtime.delivery import Delivery
-from stream.runtime.publish import OutRecord
+from stream.runtime.guard import fit, refused
+from stream.runtime.publish import OutRecord, PublishError
 from stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result, position
 
-__all__ = ["Coordinator"]
+__all__ = ["Coordinator", "instance_of", "refusal_letter"]
 
 log = logging.getLogger("stream.processor")
 
@@ -140,26 +143,26 @@ class Coordinator:
         except ValidationError as exc:
             log.error("not a result record: %s", exc.errors()[:1])
             self.metrics.count({"results_bad": 1})
+            await self._refuse("unexpected_result", f"not a result record: {exc.errors()[:1]}")
             return []
         if self.workflow is None:
             return []
-        st = self.workflow.store.get(rec.instance)
-        if st is None or rec.call_id not in st.pending:
-            # Normal for a result read again; said, so a workflow that waits on a result
-            # the topic holds can be told from one whose result never came.
-            log.info(
-                "result %s ignored: %s",
-                rec.call_id,
-                "no such workflow" if st is None else f"not awaited ({st.status})",
-            )
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            # Said either way, so a workflow that waits on a result the topic holds can be
+            # told from one whose result never came; only a repeat is not a refusal.
+            log.info("result %s not applied: %s", rec.call_id, unbound.reason)
+            await self._unbound(unbound, "unexpected_result", rec.instance, rec.source)
+            return []
         problem = self.workflow.result_problem(rec)
         if problem is not None:
-            # Said first (rule 2), then the result counts as the call's error.
-            await self.delivery.publish(self.builder.letter(bad_result(rec, problem)))
+            # Said first (rule 2), then the result counts as the call's error. The letter
+            # holds the value: it goes through the size guard too.
+            await self._publish(self.builder.letter(bad_result(rec, problem)))
             rec = rec.model_copy(update={"value": None, "error": problem})
         _, done = self.workflow.rehearsal().on_result(rec)
         if done is not None:
-            await self.delivery.publish(self.builder.done(done))
+            await self._publish(self.builder.done(done))
         nxt, _ = self.workflow.on_result(rec)
         await self.flush()
         self.delivery.probe.at("after_result")  # stored; its offset and next turn to come
@@ -173,8 +176,15 @@ class Coordinator:
         except ValidationError as exc:
             log.error("not an approval record: %s", exc.errors()[:1])
             self.metrics.count({"approvals_bad": 1})
+            reason = f"not an approval record naming its proposal_id and turn: {exc.errors()[:1]}"
+            await self._refuse("unexpected_approval", reason, instance_of(value))
             return []
         if self.workflow is None:
+            return []
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            log.info("approval for %s not applied: %s", rec.instance, unbound.reason)
+            await self._unbound(unbound, "unexpected_approval", rec.instance, None)
             return []
         # Rehearsed to build the records, then stored with them in its outbox: the
         # approved calls' results may come back before their publish completes (rule 1).
@@ -190,10 +200,11 @@ class Coordinator:
             planned.add(self.builder.approved(st, proposal, self.worker))
         if done is not None:
             planned.add(self.builder.done(done))
+        planned = fit(planned, self.delivery.max_output_bytes, self.builder)  # before staging
         self.workflow.on_approval(rec, [_owed(r) for r in planned.records])
         await self.flush()
         self.delivery.probe.at("after_approval")  # approval stored, its calls not yet out
-        await self.delivery.publish(planned)
+        await self._publish(planned)
         self.workflow.paid(rec.instance)
         return []
 
@@ -205,18 +216,76 @@ class Coordinator:
         if self.workflow is None:
             return []
         now = time.time() if now is None else now
-        rehearsed = self.workflow.rehearsal().expire(now, owns)
-        if not rehearsed:
+        # Only the states due now are read (an index, not a scan of every state), and the
+        # real expiry runs whenever one is due: it also forgets the workflows that ended
+        # `retention_s` ago, which no rehearsal reports.
+        due = self.workflow.due(now, owns)
+        if not due:
             return []
         planned = Planned()
-        for _, done in rehearsed:
+        for _, done in self.workflow.rehearsal().expire(now, owns, due):
             if done is not None:
                 planned.add(self.builder.done(done))
         if planned.records:
-            await self.delivery.publish(planned)
-        ready = [nxt for nxt, _ in self.workflow.expire(now, owns) if nxt is not None]
+            await self._publish(planned)
+        ready = [nxt for nxt, _ in self.workflow.expire(now, owns, due) if nxt is not None]
         await self.flush()
         return ready
+
+    # ------------------------------------------------- refusals and the size guard (#24)
+
+    async def _publish(self, planned: Planned) -> None:
+        """Publishes with the size guard: a record over the limit, or one the broker
+        refuses, becomes a too_large dead letter; nothing raises out of a handler."""
+        limit = self.delivery.max_output_bytes
+        try:
+            await self.delivery.publish(fit(planned, limit, self.builder))
+        except PublishError as exc:
+            log.error("coordinator: %s", exc.message)
+            await self.delivery.publish(refused(exc.refused, limit, self.builder, exc.message))
+
+    async def _unbound(
+        self, unbound: Unbound, code: str, instance: str, source: SourcePosition | None
+    ) -> None:
+        """A result or approval that answers nothing pending: a repeat is counted and
+        ignored (at-least-once delivery makes it normal), anything else dead-lettered."""
+        assert self.workflow is not None
+        if unbound.repeat:
+            self.workflow.results_ignored += 1
+            self.metrics.count({"answers_repeated": 1})
+            return
+        await self._refuse(code, unbound.reason, instance, source)
+
+    async def _refuse(
+        self,
+        code: str,
+        reason: str,
+        instance: str | None = None,
+        source: SourcePosition | None = None,
+    ) -> None:
+        await self.delivery.publish(
+            self.builder.letter(refusal_letter(code, reason, instance, source))
+        )
+
+
+def refusal_letter(
+    code: str, reason: str, instance: str | None, source: SourcePosition | None
+) -> DeadLetter:
+    """The dead letter of a result or approval that answers nothing pending."""
+    letter = DeadLetter.model_validate(
+        {"code": code, "reason": reason[:1000], "scope": "call", "instance": instance}
+    )
+    return letter if source is None else letter.model_copy(update={"source": source})
+
+
+def instance_of(value: bytes | None) -> str | None:
+    """The instance a malformed approval names, if it names one (its dead letter's key)."""
+    try:
+        found = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    name = found.get("instance") if isinstance(found, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _owed(record: OutRecord) -> Outgoing:

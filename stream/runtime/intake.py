@@ -37,9 +37,16 @@ def _depth_over(value: bytes, payload: Any, limit: int) -> bool:
 
 
 def parse_item(
-    value: bytes | None, key: bytes | None, source: SourcePosition, max_bytes: int
+    value: bytes | None,
+    key: bytes | None,
+    source: SourcePosition,
+    max_bytes: int,
+    *,
+    state_input: bool = False,
 ) -> Instance:
-    """Every record is one instance: id from `_instance`, else the record key."""
+    """Every record is one instance: id from `_instance`, else the record key.
+    `state_input`: the spec accepts `type: state` records (`accept_state_input`); else
+    one is refused, since it would rewrite its instance's workflow state."""
     if value is None:
         raise BadRecord("not_json", "record has no value (tombstone)")
     if len(value) > max_bytes:
@@ -71,6 +78,12 @@ def parse_item(
     if len(instance) > _MAX_ID:
         raise BadRecord("no_instance", f"instance id is longer than {_MAX_ID} characters")
     kind = payload.get("type", "input")
+    if kind == "state" and not state_input:
+        raise BadRecord(
+            "state_input_refused",
+            "a type: state record on the input topic; state comes only from the "
+            "processor's own turns and results unless the spec sets accept_state_input",
+        )
     if kind not in ("input", "state"):
         payload["type"] = "input"
     return Instance(id=instance, payload=payload, source=source, size=len(value))

@@ -17,11 +17,14 @@ import time
 
 from pydantic import ValidationError
 
+from stream.core.binding import Unbound
 from stream.core.instance import Instance
-from stream.core.messages import ApprovalRecord, ResultRecord
+from stream.core.messages import ApprovalRecord, ResultRecord, SourcePosition
 from stream.core.workflow import Workflow
 from stream.errors import BadRecord
 from stream.ops.metrics import Metrics
+from stream.runtime.coordinator import instance_of, refusal_letter
+from stream.runtime.guard import fit
 from stream.runtime.publish import OutRecord
 from stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result
 from stream.runtime.store import Stores, UnitStore
@@ -70,7 +73,9 @@ class Flows:
         return store
 
     def ready(self, partition: int) -> list[Instance]:
-        """After a restore: the instances of `partition` waiting for a turn."""
+        """After a restore: the instances of `partition` waiting for a turn. The deadline
+        index is rebuilt with the restored states."""
+        self.workflow.index.rebuild(self.stores.items())
         out = []
         for st in self.stores.by_partition[partition].states():
             nxt = self.workflow.next_turn(st)
@@ -123,60 +128,89 @@ class Flows:
     # ------------------------------------------------------------------ results
 
     def on_result(self, value: bytes | None, partition: int) -> Staging:
+        """An awaited call's result: into state, with its done record and next turn. One
+        that answers nothing pending is refused with a dead letter (a repeat is counted)."""
         out = Staging()
         try:
             rec = ResultRecord.model_validate_json(value or b"")
         except ValidationError as exc:
             log.error("not a result record: %s", exc.errors()[:1])
             self.metrics.count({"results_bad": 1})
+            reason = f"not a result record: {exc.errors()[:1]}"
+            out.planned.add(self._refused("unexpected_result", reason, None, None))
             return out
-        st = self.workflow.store.get(rec.instance)
-        if st is None or rec.call_id not in st.pending:
-            log.info(
-                "result %s ignored: %s",
-                rec.call_id,
-                "no such workflow" if st is None else f"not awaited ({st.status})",
-            )
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            log.info("result %s not applied: %s", rec.call_id, unbound.reason)
+            out.planned.add(self._unbound(unbound, "unexpected_result", rec.instance, rec.source))
+            return out
         problem = self.workflow.result_problem(rec)
         if problem is not None:
             out.planned.add(self.builder.letter(bad_result(rec, problem)))
             rec = rec.model_copy(update={"value": None, "error": problem})
         try:
             nxt, done = self.workflow.on_result(rec)
-        except (ValueError, BadRecord) as exc:  # a value the state cannot take
+        except BadRecord as exc:  # the state would pass the broker's limit
             self._changes(partition)
-            out.planned.add(self.builder.letter(bad_result(rec, str(exc))))
+            out.planned.add(self.builder.letter(bad_result(rec, exc.message)))
             nxt, done = None, None
         if done is not None:
             out.planned.add(self.builder.done(done))
         if nxt is not None:
             out.ready.append(nxt)
+        out.planned = fit(out.planned, self.max_bytes, self.builder)
         out.changes += self._changes(partition)
         self.metrics.count({"results": 1})
         return out
 
     def on_approval(self, value: bytes | None, partition: int) -> Staging:
+        """A person's answer to a lazy plan's proposal, bound to its id and turn."""
         out = Staging()
         try:
             rec = ApprovalRecord.model_validate_json(value or b"")
         except ValidationError as exc:
             log.error("not an approval record: %s", exc.errors()[:1])
             self.metrics.count({"approvals_bad": 1})
+            reason = f"not an approval record naming its proposal_id and turn: {exc.errors()[:1]}"
+            out.planned.add(self._refused("unexpected_approval", reason, instance_of(value), None))
+            return out
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            log.info("approval for %s not applied: %s", rec.instance, unbound.reason)
+            out.planned.add(self._unbound(unbound, "unexpected_approval", rec.instance, None))
             return out
         st = self.workflow.store.get(rec.instance)
-        if st is None or st.status != "awaiting_approval":
-            self.workflow.results_ignored += 1
+        try:
+            proposal, done = self.workflow.on_approval(rec)
+        except BadRecord as exc:
+            self._changes(partition)
+            out.planned.add(self._refused(exc.code, exc.message, rec.instance, None))
             return out
-        proposal, done = self.workflow.on_approval(rec)
-        out.planned.add(self.builder.approved(st, proposal, self.worker))
+        if st is not None:
+            out.planned.add(self.builder.approved(st, proposal, self.worker))
         if done is not None:
             out.planned.add(self.builder.done(done))
-        st = self.workflow.store.get(rec.instance)
-        nxt = self.workflow.next_turn(st) if st is not None else None
+        after = self.workflow.store.get(rec.instance)
+        nxt = self.workflow.next_turn(after) if after is not None else None
         if nxt is not None:
             out.ready.append(nxt)
+        out.planned = fit(out.planned, self.max_bytes, self.builder)
         out.changes += self._changes(partition)
         return out
+
+    def _unbound(
+        self, unbound: Unbound, code: str, instance: str, source: SourcePosition | None
+    ) -> Planned:
+        if unbound.repeat:  # a redelivery of what was applied: normal, counted
+            self.workflow.results_ignored += 1
+            self.metrics.count({"answers_repeated": 1})
+            return Planned()
+        return self._refused(code, unbound.reason, instance, source)
+
+    def _refused(
+        self, code: str, reason: str, instance: str | None, source: SourcePosition | None
+    ) -> Planned:
+        return self.builder.letter(refusal_letter(code, reason, instance, source))
 
     # ------------------------------------------------------------------ deadlines
 
@@ -194,7 +228,7 @@ class Flows:
                 continue
             staging = out.setdefault(source.partition, Staging())
             if done is not None:
-                staging.planned.add(self.builder.done(done))
+                staging.planned.add(fit(self.builder.done(done), self.max_bytes, self.builder))
             if nxt is not None:
                 staging.ready.append(nxt)
         for partition, changes in self.stores.take().items():

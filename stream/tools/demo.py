@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaProducer
 
 from stream.activities.worker import Activities, load_activities
 from stream.core.spec import AgentSpec, load_spec
+from stream.errors import StreamError
 from stream.ops.audit import AuditReport, audit
 from stream.ops.workflow_audit import audit_workflows
 from stream.runtime.security import options_for
@@ -37,7 +38,15 @@ from stream.testing.simulator import SimConfig
 from stream.tools.chaos import Chaos
 from stream.tools.target import Target, llm_target, processor_usage
 
-__all__ = ["ProcessorProcess", "launch_processor", "produce", "run_demo", "wait_accounted"]
+__all__ = [
+    "NotAccounted",
+    "ProcessorProcess",
+    "launch_processor",
+    "produce",
+    "report_when_accounted",
+    "run_demo",
+    "wait_accounted",
+]
 
 
 class ProcessorProcess:
@@ -108,6 +117,19 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, 
     return len(records)
 
 
+class NotAccounted(StreamError):
+    """`wait_accounted` timed out: not every expected input has its outcome. Carries the
+    last report, for a caller that shows it instead (the demo's summary)."""
+
+    def __init__(self, report: AuditReport, expected: int, wait_s: float) -> None:
+        super().__init__(
+            f"after {wait_s:g} s, {report.inputs} of {expected} inputs seen and "
+            f"{report.unaccounted} without an outcome: {report.summary()}; missing "
+            f"{report.missing[:10]}"
+        )
+        self.report = report
+
+
 async def wait_accounted(
     bootstrap: str,
     settings: Settings,
@@ -116,16 +138,34 @@ async def wait_accounted(
     wait_s: float,
     proc: ProcessorProcess | None = None,
 ) -> AuditReport:
+    """The audit once `expected` inputs are all accounted for; raises NotAccounted when
+    `wait_s` passes first (a caller that forgot to look at the report cannot pass)."""
     deadline = time.monotonic() + wait_s
     while True:
         report = await audit(bootstrap, settings.topics, activity_topics(settings, spec))
         if report.inputs >= expected and report.unaccounted == 0:
             return report
         if time.monotonic() > deadline:
-            return report
+            raise NotAccounted(report, expected, wait_s)
         if proc and proc.proc and proc.proc.poll() is not None:
             raise RuntimeError(f"processor exited ({proc.proc.returncode}):\n{proc.tail()}")
         await asyncio.sleep(1.0)
+
+
+async def report_when_accounted(
+    bootstrap: str,
+    settings: Settings,
+    spec: AgentSpec,
+    expected: int,
+    wait_s: float,
+    proc: ProcessorProcess | None = None,
+) -> AuditReport:
+    """`wait_accounted`, but the last report on a timeout: for summaries that show what
+    was missing (the demo, the seeds) rather than stop."""
+    try:
+        return await wait_accounted(bootstrap, settings, spec, expected, wait_s, proc)
+    except NotAccounted as exc:
+        return exc.report
 
 
 async def launch_processor(
@@ -230,10 +270,10 @@ async def _demo(
             await produce(bootstrap, settings.topics.input, part)
         if monkey_task is not None:
             await monkey_task  # every kill done before the outcomes are counted
-        report = await wait_accounted(bootstrap, settings, spec, n, wait_s, proc)
+        report = await report_when_accounted(bootstrap, settings, spec, n, wait_s, proc)
         if spec.plan is not None:
             await _wait_done(bootstrap, settings, n - len(bad), wait_s)
-            report = await wait_accounted(bootstrap, settings, spec, n, 10, proc)
+            report = await report_when_accounted(bootstrap, settings, spec, n, 10, proc)
         expected_calls = sum(report.calls_by_tool.values())
         deadline = time.monotonic() + 30
         while activities.handled + activities.duplicates < expected_calls:

@@ -24,7 +24,7 @@ from stream.settings import EXAMPLES
 from stream.testing.broker import free_port, kafka_bootstrap
 from stream.testing.samples import comments
 from stream.testing.simulator import SimConfig
-from stream.tools.demo import launch_processor, produce, wait_accounted
+from stream.tools.demo import launch_processor, produce, report_when_accounted
 from stream.tools.target import Target, llm_target, processor_usage
 
 __all__ = ["run_seeds", "seed_items"]
@@ -97,7 +97,7 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
     try:
         records = [(str(i["_instance"]).encode(), orjson.dumps(i)) for i in items]
         await produce(bootstrap, settings.topics.input, list(records))
-        report = await wait_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
+        report = await report_when_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
         requests = await _usage(target, before, port)
     finally:
         proc.stop()

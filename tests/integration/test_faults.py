@@ -104,14 +104,19 @@ async def test_llm_outage_pauses_and_drains_without_dead_letters(deploy: Deploy)
     faults.hang_s = 5
     faults.next.extend(["500"] * 6 + ["429"] * 3 + ["hang"] * 2)
     await dep.produce_items(_items(80, "out"))
-    in_flight = 0
+    in_flight, seen = 0, 0
     async with aiohttp.ClientSession() as session:
-        for _ in range(12):  # while the endpoint fails, work waits in a bounded pipeline
+        # While the endpoint fails, work waits in a bounded pipeline: sampled twelve times
+        # from the first moment work is seen waiting (the processor may still be starting).
+        for _ in range(120):
             try:
                 async with session.get(f"{dep.web}/api/live") as resp:
                     in_flight = max(in_flight, (await resp.json())["in_flight"])
             except aiohttp.ClientError:
                 pass  # the processor is still starting
+            seen += in_flight > 0
+            if seen >= 12:
+                break
             await asyncio.sleep(0.5)
         report = await dep.settle(80, wait_s=150)
         async with session.get(f"{dep.web}/metrics") as resp:
@@ -119,6 +124,9 @@ async def test_llm_outage_pauses_and_drains_without_dead_letters(deploy: Deploy)
     assert report.unaccounted == 0 and report.item_dead_letters == 0
     assert report.calls_by_tool["moderateComment"] == 80
     assert faults.next == []
+    # The precondition first: batches were seen waiting on the failing endpoint (with 0
+    # the bound below would hold for a processor that never sent anything).
+    assert in_flight > 0, "no batch was ever seen in flight during the outage"
     assert in_flight <= dep.spec.window.max_in_flight
     retries = next(
         line for line in metrics.splitlines() if line.startswith("stream_llm_retries_total")

@@ -101,7 +101,7 @@ async def test_worker_copies_the_traceparent_onto_the_result() -> None:
         record.model_dump_json(by_alias=True).encode(),
         tool,
         Settings(),
-        out,  # type: ignore[arg-type]
+        out,
         trace,
     )
     (result,) = out.records

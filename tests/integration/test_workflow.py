@@ -196,11 +196,15 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
     await dep.produce_items(items)
     report = await dep.settle(6)  # turn 1 published; no worker yet, so all awaited calls wait
     assert report.unaccounted == 0
+    waiting: list[str] = []
     for _ in range(40):
         states = await workflow_states(dep)
-        if sum(s["status"] == "pending" for s in states.values()) == 6:
+        waiting = sorted(k for k, s in states.items() if s["status"] == "pending")
+        if len(waiting) == 6:
             break
         await asyncio.sleep(0.5)
+    # The precondition of what follows: the kill must come while every workflow waits.
+    assert waiting == sorted(i["_instance"] for i in items), await stuck_report(dep, TOOLS)
     dep.proc.kill()  # kill -9 while every workflow waits for its results
     dep.proc.start()
     _, stop, task = await _worker(dep)
@@ -215,6 +219,96 @@ async def test_restart_mid_workflow_resumes_from_the_table(deploy: Deploy) -> No
         assert "customer" in rec["state"]
     routed = await read_json(dep.bootstrap, dep.activity_topic("routeTicket"))
     assert sorted({r["instance"] for r in routed}) == sorted(done)
+
+
+async def test_a_replayed_approval_does_not_approve_the_next_proposal(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    """#24's reproduction: the byte-identical first approval, sent again once turn 2 is
+    proposed, approved turn 2 within milliseconds. Bound to turn 1's proposal, it does
+    nothing; a forged one is dead-lettered; only the approval naming turn 2 runs it."""
+    lazy = _spec(
+        tmp_path,
+        TICKETS / "agent.yaml",
+        plan={"mode": "lazy", "steps": ["look up", "route"], "maxTurns": 4},
+    )
+    dep = await deploy(spec_path=lazy)
+    _, stop, task = await _worker(dep)
+    topics = dep.settings.topics
+    try:
+        await dep.produce_items(tickets(1))
+        await dep.settle(1)
+        done = await dep.cli("approve", "--instance", "t-000001", STREAM_SPEC=str(lazy))
+        assert done.returncode == 0, done.stderr
+        turns: list[int] = []
+        for _ in range(120):  # the worker answers turn 1's calls: turn 2 is proposed
+            turns = [p["turn"] for p in await dep.records(topics.proposals)]
+            if 2 in turns:
+                break
+            await asyncio.sleep(0.5)
+        assert turns == [1, 2], await stuck_report(dep, TOOLS)
+        first: bytes | None = None
+        async for rec in read_topic(dep.bootstrap, topics.approvals):
+            first = rec.value
+        assert first is not None and orjson.loads(first)["turn"] == 1
+        forged = {"instance": "t-000001", "proposal_id": "a guess", "turn": 2, "approve": True}
+        await dep.produce_to(
+            topics.approvals, [(b"t-000001", first), (b"t-000001", orjson.dumps(forged))]
+        )
+        letters: list[dict[str, Any]] = []
+        for _ in range(120):  # read in order: once the forged one is refused, both were read
+            letters = [
+                x
+                for x in await dep.records(topics.dead_letter)
+                if x["code"] == "unexpected_approval"
+            ]
+            if letters:
+                break
+            await asyncio.sleep(0.5)
+        assert len(letters) == 1 and "a guess" in letters[0]["reason"], letters
+        assert not await dep.records(dep.activity_topic("routeTicket"))  # turn 2 never ran
+        listed = await dep.cli("approve", "--list", STREAM_SPEC=str(lazy))
+        (pending,) = [orjson.loads(line) for line in listed.stdout.splitlines()]
+        assert pending["turn"] == 2 and pending["instance"] == "t-000001"
+        done = await dep.cli("approve", "--instance", "t-000001", STREAM_SPEC=str(lazy))
+        assert done.returncode == 0, done.stderr
+        routed: list[dict[str, Any]] = []
+        for _ in range(120):
+            routed = await dep.records(dep.activity_topic("routeTicket"))
+            if routed:
+                break
+            await asyncio.sleep(0.5)
+        assert [r["turn"] for r in routed] == [2]
+    finally:
+        stop.set()
+        await task
+
+
+async def test_finished_workflows_are_deleted_after_the_retention(deploy: Deploy) -> None:
+    """#24: with a healthy system (no awaited call ever times out) the finished
+    workflows stayed in the table and its changelog for ever."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_STATE_RETENTION_S="3")
+    _, stop, task = await _worker(dep)
+    items = tickets(4)
+    names = {i["_instance"] for i in items}
+    try:
+        await dep.produce_items(items)
+        done = await _done(dep, 4)
+    finally:
+        stop.set()
+        await task
+    assert set(done) == names, await stuck_report(dep, TOOLS)
+    latest: dict[str, bytes | None] = {}
+    for _ in range(60):  # retention 3 s, the expiry timer ticks every second
+        latest = {}
+        async for rec in read_topic(dep.bootstrap, state_changelog(dep.settings)):
+            if rec.key:
+                latest[rec.key.decode()] = rec.value
+        if set(latest) >= names and all(latest[n] is None for n in names):
+            break
+        await asyncio.sleep(0.5)
+    left = sorted(n for n in names if latest.get(n) is not None)
+    assert not left, f"finished workflows still stored after their retention: {left}"
 
 
 def test_demo_runs_the_stateful_example(bootstrap: str) -> None:

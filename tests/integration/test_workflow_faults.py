@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
 from stream.activities.worker import load_activities
 from stream.testing.samples import tickets
-from tests.conftest import Deployment, stuck_report
+from tests.conftest import Deployment, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -66,6 +67,25 @@ async def _done(dep: Deployment, n: int, wait_s: float = 120) -> list[dict[str, 
         await asyncio.sleep(0.5)
 
 
+async def _all_ended(dep: Deployment, names: set[str], wait_s: float = 60) -> dict[str, Any]:
+    """The stored states of `names` once all are done with an empty outbox and the
+    processor has no batch in flight; else the test fails with what was stuck."""
+    deadline = time.monotonic() + wait_s
+    states: dict[str, Any] = {}
+    flying = -1
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            every = await workflow_states(dep)
+            states = {k: v for k, v in every.items() if k in names}
+            async with session.get(f"{dep.web}/api/live") as resp:
+                flying = (await resp.json())["in_flight"]
+            ended = all(s["status"] == "done" and not s["outbox"] for s in states.values())
+            if set(states) == names and ended and flying == 0:
+                return states
+            await asyncio.sleep(0.5)
+    pytest.fail(f"not ended (in flight {flying}): {states}\n{await stuck_report(dep, TOOLS)}")
+
+
 def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
     """Duplicates only ever repeat a call: the same call_id, instance, turn and call."""
     seen: dict[str, tuple[str, int, str]] = {}
@@ -90,9 +110,12 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
         dep.proc.env.pop("STREAM_CRASH_AT")
         dep.proc.start()
         done = await _done(dep, ITEMS)
+        # Nothing can loop: every stored workflow is done, owes nothing and awaits
+        # nothing (a turn is offered only to a `ready` workflow), and no batch is in
+        # flight; read from the changelog and the processor, not waited out.
+        stored = await _all_ended(dep, {i["_instance"] for i in items})
+        assert all(s["status"] == "done" and not s["pending"] for s in stored.values())
         settled = dep.sim.stats["completions"]
-        await asyncio.sleep(4)  # a looping workflow would ask the model again meanwhile
-        assert dep.sim.stats["completions"] == settled, "a finished workflow is asked again"
     finally:
         stop.set()
         await worker
@@ -108,6 +131,7 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
     _one_call_one_item(calls)
     routed = {r["instance"] for r in calls if r["tool"] == "routeTicket"}
     assert routed == {i["_instance"] for i in items}
+    assert dep.sim.stats["completions"] == settled, "a finished workflow was asked again"
 
 
 async def test_kill_9_between_approval_and_publish_runs_the_approved_calls(

@@ -59,7 +59,7 @@ def _rec(value: bytes) -> OutRecord:
 
 
 def _unit(producer: FakeProducer) -> Unit:
-    return Unit(3, producer, group_id="g", transactional=True)  # type: ignore[arg-type]
+    return Unit(3, producer, group_id="g", transactional=True)
 
 
 async def test_commits_only_the_finished_contiguous_prefix_in_offset_order() -> None:

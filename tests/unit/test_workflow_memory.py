@@ -67,6 +67,7 @@ async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
             call_id=rec["call_id"],
             instance=rec["instance"],
             tool="lookupCustomer",
+            turn=rec["turn"],
             value={"vip": rec["instance"] == "t-000002"},
         )
         await pipe.on_result(answer.model_dump_json().encode(), None)
@@ -75,6 +76,7 @@ async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
             call_id=rec["call_id"],
             instance=rec["instance"],
             tool="assessUrgency",
+            turn=rec["turn"],
             value={"why": "test"},
             path="†state.urgent" if rec["instance"] == "t-000003" else "†state.routine",
         )
@@ -109,6 +111,7 @@ async def test_unlisted_branch_is_refused_and_recorded() -> None:
         call_id=rec["call_id"],
         instance=rec["instance"],
         tool="assessUrgency",
+        turn=1,
         value=1,
         path="†state.somewhereElse",
     )
@@ -164,7 +167,9 @@ def test_turn_limit_and_a_finish_advisor_end_the_workflow() -> None:
     flow = _started(limited, store)
     inst = Instance("t-1", {}, SourcePosition(topic="items", partition=0, offset=0), 10)
     flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [])
-    nxt, done = flow.on_result(ResultRecord(call_id="c1", instance="t-1", tool="x", value={}))
+    nxt, done = flow.on_result(
+        ResultRecord(call_id="c1", instance="t-1", tool="lookupCustomer", turn=1, value={})
+    )
     assert nxt is None and done is not None and done.status == "turn_limit"
 
     closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
@@ -213,7 +218,9 @@ async def test_an_outbox_left_by_a_crash_stays_owed_after_a_result_changed_its_s
     earlier = "an-earlier-process"
     store.put(st.model_copy(update={"outbox": owed, "outbox_owner": earlier, "owner": earlier}))
     first = next(iter(st.pending))
-    result = ResultRecord(call_id=first, instance=st.instance, tool="lookupCustomer", value={})
+    result = ResultRecord(
+        call_id=first, instance=st.instance, tool="lookupCustomer", turn=1, value={}
+    )
     await pipe.on_result(result.model_dump_json().encode(), None)
     changed = store.get(st.instance)
     assert changed is not None and changed.owner == pipe.worker and changed.outbox == owed
@@ -229,7 +236,9 @@ def test_a_result_that_breaks_its_output_schema_is_named_each_time() -> None:
     src = SourcePosition(topic="items", partition=0, offset=0)
     inst = Instance("t-1", {"customer": "acme"}, src, 10, None, 1)
     flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [])
-    bad = ResultRecord(call_id="c1", instance="t-1", tool="lookupCustomer", value={"vip": "yes"})
+    bad = ResultRecord(
+        call_id="c1", instance="t-1", tool="lookupCustomer", turn=1, value={"vip": "yes"}
+    )
     for _ in range(2):  # the second check uses the validator the first one built
         problem = flow.result_problem(bad)
         assert problem is not None and "lookupCustomer result breaks" in problem

@@ -1,0 +1,54 @@
+"""#24 item 1: a result that cannot be written must never crash the result handler."""
+
+from __future__ import annotations
+
+import orjson
+
+from stream.core.instance import Instance
+from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
+from stream.core.validate import Validator
+from tests.flows import drain, on, pipeline, tickets_spec
+
+SRC = SourcePosition(topic="items", partition=0, offset=0)
+BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
+
+
+def test_the_state_root_is_refused_for_a_tool_that_declares_no_paths() -> None:
+    """routeTicket declares no `paths`: nothing promises its result is an object, so the
+    model may not merge it into the whole state."""
+    call = {"_tool": "routeTicket", "_instance": "①", "_outputPath": "†state"}
+    answer = {"calls": [{**call, "queue": "standard", "note": "n"}]}
+    verdict = Validator(tickets_spec()).check(orjson.dumps(answer).decode(), ["①"])
+    assert not verdict.calls
+    (refusal,) = verdict.refusals
+    assert refusal.code == "bad_output_path"
+    assert "routeTicket" in refusal.reason and "declares" in refusal.reason
+    # A key below the root stays allowed: any value can be written there.
+    keyed = {**call, "_outputPath": "†state.route", "queue": "standard", "note": "n"}
+    ok = Validator(tickets_spec()).check(orjson.dumps({"calls": [keyed]}).decode(), ["①"])
+    assert not ok.refusals and ok.calls
+
+
+async def test_a_result_that_cannot_be_written_is_a_dead_letter_not_a_crash() -> None:
+    """A pending call to †state (stored by an older version, or a forged record) whose
+    result is not an object: a bad_result dead letter, the call counts as failed, the
+    workflow goes on; the result handler raises nothing."""
+    pipe, pub, store = pipeline(tickets_spec())
+    assert pipe.workflow is not None
+    await pipe.start()
+    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    assert inst is not None
+    routed = Call.model_validate(
+        {"_tool": "routeTicket", "_instance": "t-1", "_outputPath": "†state", "queue": "x"}
+    )
+    pipe.workflow.turn(inst, [("c1", routed)], BATCH, [])
+    result = ResultRecord.model_validate(
+        {"call_id": "c1", "instance": "t-1", "tool": "routeTicket", "turn": 1, "value": None}
+    )
+    await pipe.on_result(result.model_dump_json().encode(), None)
+    (letter,) = on(pub, "deadletter")
+    assert letter["code"] == "bad_result" and "object" in letter["reason"]
+    st = store.get("t-1")
+    assert st is not None and "c1" in st.state["errors"] and st.status == "ready"
+    await drain(pipe)
+    await pipe.windower.stop()

@@ -1,0 +1,124 @@
+"""#24 item 2: records over the broker's limit are dead-lettered, by the activity worker
+(its results) and by the coordinator (done records), instead of crashing either."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from stream.activities.worker import Activities
+from stream.core.instance import Instance
+from stream.core.messages import ActivityRecord, BatchRef, Call, ResultRecord, SourcePosition
+from stream.core.spec import Tool
+from stream.settings import Settings
+from tests.fakes import FakePublisher
+from tests.flows import on, pipeline, tickets_spec
+
+SRC = SourcePosition(topic="items", partition=0, offset=0)
+BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
+LIMIT = 2048
+
+
+def _record() -> bytes:
+    call = Call.model_validate(
+        {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
+    )
+    rec = ActivityRecord(
+        call_id="c1",
+        tool="lookupCustomer",
+        instance="t-1",
+        call=call,
+        source=SRC,
+        batch=BATCH,
+        model="m",
+    )
+    return rec.model_dump_json(by_alias=True).encode()
+
+
+def _worker() -> tuple[Activities, Tool]:
+    acts = Activities()
+
+    @acts.activity("lookupCustomer")
+    async def huge(call: Call, tool: Tool, context: list[dict[str, Any]]) -> Any:
+        return {"plan": "x" * 5000, "vip": True}
+
+    tool = tickets_spec().tool("lookupCustomer")
+    assert tool is not None
+    return acts, tool
+
+
+async def test_an_oversized_result_is_dead_lettered_and_the_workflow_told() -> None:
+    acts, tool = _worker()
+    settings = Settings(bootstrap_servers="unused:9092", max_output_bytes=LIMIT)
+    pub = FakePublisher()
+    await acts._one(_record(), tool, settings, pub)
+    assert all(len(r.value) <= LIMIT for r in pub.records)
+    (letter,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("deadletter")]
+    assert letter["code"] == "too_large" and str(LIMIT) in letter["reason"]
+    # The awaited call fails now, instead of at its deadline.
+    (result,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("results")]
+    assert result["call_id"] == "c1" and "too large" in result["error"]
+    assert result.get("value") is None
+
+
+async def test_a_result_the_broker_refuses_does_not_stop_the_worker() -> None:
+    acts, tool = _worker()
+    settings = Settings(bootstrap_servers="unused:9092")  # our limit passes it
+    pub = FakePublisher()
+    pub.refuse_next = 1  # ... and the broker refuses it
+    await acts._one(_record(), tool, settings, pub)  # raised PublishError: the worker died
+    (letter,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("deadletter")]
+    assert letter["code"] == "too_large" and "refused" in letter["reason"]
+    (result,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("results")]
+    assert result["error"] and "refused" in result["error"]
+
+
+async def test_a_done_record_over_the_limit_is_refused_before_it_is_published() -> None:
+    base = tickets_spec()
+    assert base.plan is not None
+    spec = base.model_copy(update={"plan": base.plan.model_copy(update={"max_turns": 1})})
+    pipe, pub, store = pipeline(spec, max_output_bytes=LIMIT)
+    assert pipe.workflow is not None
+    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    assert inst is not None
+    call = Call.model_validate(
+        {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
+    )
+    pipe.workflow.turn(inst, [("c1", call)], BATCH, [])
+    big = ResultRecord.model_validate(
+        {
+            "call_id": "c1",
+            "instance": "t-1",
+            "tool": "lookupCustomer",
+            "turn": 1,
+            "value": {"plan": "x" * 5000, "vip": True},
+        }
+    )
+    await pipe.on_result(big.model_dump_json().encode(), None)  # turn limit: done
+    assert all(len(r.value) <= LIMIT for r in pub.records)
+    (letter,) = on(pub, "deadletter")
+    assert letter["code"] == "too_large" and str(LIMIT) in letter["reason"]
+    assert "stream.done" in letter["reason"]
+    st = store.get("t-1")
+    assert st is not None and st.status == "done"  # it ended all the same
+
+
+async def test_a_bad_result_letter_over_the_limit_is_refused_too() -> None:
+    """The bad_result letter carries the value: a huge value that breaks `_output`
+    must not make a letter the broker refuses."""
+    pipe, pub, store = pipeline(tickets_spec(), max_output_bytes=LIMIT)
+    assert pipe.workflow is not None
+    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    assert inst is not None
+    call = Call.model_validate(
+        {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
+    )
+    pipe.workflow.turn(inst, [("c1", call)], BATCH, [])
+    value = {"plan": "x" * 5000, "vip": "yes"}  # vip must be a boolean
+    bad = {"call_id": "c1", "instance": "t-1", "tool": "lookupCustomer", "turn": 1}
+    await pipe.on_result(orjson.dumps({**bad, "value": value}), None)
+    assert all(len(r.value) <= LIMIT for r in pub.records)
+    assert [x["code"] for x in on(pub, "deadletter")] == ["too_large"]
+    st = store.get("t-1")
+    assert st is not None and "breaks its _output" in st.state["errors"]["c1"]
