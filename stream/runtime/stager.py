@@ -134,7 +134,13 @@ class Stager:
         batch slot is busy (the caller pauses fetching meanwhile)."""
         self.metrics.items_in.inc()
         try:
-            instance = parse_item(value, key, source, self.settings.max_record_bytes)
+            instance = parse_item(
+                value,
+                key,
+                source,
+                self.settings.max_record_bytes,
+                state_input=self.builder.spec.accept_state_input,  # follows reconfigure
+            )
             assert value is not None  # parse_item refuses a missing value
             item = Staged(instance, unit, slot, value)
             room = self.budget.item_tokens

@@ -91,7 +91,9 @@ class UnitStore:
     def delete(self, instance: str) -> None:
         if self._raw.pop(instance, None) is not None:
             self._parsed.pop(instance, None)
-            self._queued.append(OutRecord(self.topic, instance.encode(), b"", None, self.partition))
+            # An empty value: the unit sends it as null, a tombstone.
+            tombstone = OutRecord(self.topic, instance.encode(), b"", None, self.partition)
+            self._queued.append(tombstone)
 
     def states(self) -> Iterator[InstanceState]:
         for instance in list(self._raw):

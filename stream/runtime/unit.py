@@ -219,9 +219,11 @@ class Unit:
     async def _send(self, records: list[OutRecord]) -> None:
         # Every send is acknowledged before the commit: the transaction (or the consumer's
         # offset commit) must not be written ahead of the records it vouches for.
+        # An empty value is a deletion (every output is JSON): sent as null, the tombstone
+        # compaction removes.
         futures = [
             await self.producer.send(
-                r.topic, r.value, key=r.key, partition=r.partition, headers=list(r.headers)
+                r.topic, r.value or None, key=r.key, partition=r.partition, headers=list(r.headers)
             )
             for r in records
         ]

@@ -165,3 +165,11 @@ async def test_close_commits_what_is_finished_and_stops_its_producer() -> None:
     assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
     assert producer.calls[-1] == ("stop",)
     assert not unit.alive
+
+
+async def test_an_empty_value_goes_out_as_a_tombstone() -> None:
+    producer = FakeProducer()
+    unit = _unit(producer)
+    unit.finish(unit.track(IN, 0), [OutRecord("changelog", b"gone", b"", None, 3)])
+    await unit.commit()
+    assert producer.sent() == [None]  # null: compaction removes the key
