@@ -32,6 +32,15 @@ log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
 
+# A commit hands its whole prefix over at once: in large batches it goes out in one
+# request per partition instead of one per 16 KB (an idempotent producer has one
+# request in flight per partition, so small batches queue behind each other's acks).
+_BATCHING: dict[str, int] = {
+    "linger_ms": 0,
+    "max_batch_size": 1024 * 1024,
+    "max_request_size": 8 * 1024 * 1024,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
@@ -80,7 +89,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = clients.producer(self.bootstrap, linger_ms=5)
+            self._shared = clients.producer(self.bootstrap, **_BATCHING)
             await self._shared.start()
         options: dict[str, Any] = {}
         if self.client_id:
@@ -157,9 +166,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 commit_offsets=self._commit,
             )
         producer = clients.producer(
-            self.bootstrap,
-            transactional_id=f"{self.transactional_prefix}.{partition}",
-            linger_ms=5,
+            self.bootstrap, transactional_id=f"{self.transactional_prefix}.{partition}", **_BATCHING
         )
         await producer.start()
         return Unit(partition, producer, group_id=self.group_id, transactional=True)
@@ -230,13 +237,15 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         """Backpressure: while held, fetches leave the input out (results and approvals
         still flow), and the group does not think this member stalled."""
         assert self.consumer is not None
-        tps = self.input_partitions()
-        if not tps:
-            return
+        paused = self.consumer.paused()
         if hold:
-            self.consumer.pause(*tps)
+            tps = [tp for tp in self.input_partitions() if tp not in paused]
+            if tps:
+                self.consumer.pause(*tps)
         else:
-            self.consumer.resume(*tps)
+            tps = [tp for tp in paused if tp.topic == self.input]
+            if tps:
+                self.consumer.resume(*tps)
 
     async def lag(self) -> dict[int, int]:
         """Per owned input partition, records not committed yet (end - committed)."""

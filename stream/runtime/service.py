@@ -46,6 +46,11 @@ log = logging.getLogger("stream.processor")
 
 _FETCH_MS = 200
 _FETCH_RECORDS = 2000
+# Fetches queued for the intake before the input is held: a few, so the intake never
+# waits for a fetch's round trip, and a hold (which drops what the client prefetched)
+# happens only when the window really cannot take more (an LLM outage, a slow model).
+_QUEUED_FETCHES = 4
+_HELD_POLL_MS = 20  # while held: results and approvals still flow, heartbeats go on
 
 
 class _Service:
@@ -124,7 +129,7 @@ class _Service:
             settings.web_port,
         )
         self.started = False
-        self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=1)
+        self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
     async def _opened(self, unit: Unit) -> None:
@@ -198,8 +203,11 @@ class _Service:
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():
             await self.membership.heal()
-            self.membership.hold_input(self.queue.full())
-            fetched = await self.membership.fetch(_FETCH_MS, _FETCH_RECORDS)
+            held = self.queue.full()
+            self.membership.hold_input(held)
+            fetched = await self.membership.fetch(
+                _HELD_POLL_MS if held else _FETCH_MS, _FETCH_RECORDS
+            )
             inputs: list[Fetched] = []
             for got in fetched:
                 if got.record.topic == self.membership.input:
