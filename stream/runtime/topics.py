@@ -105,7 +105,7 @@ async def _default_replication(admin: Any) -> int:
     """The broker's default.replication.factor (the CreateTopics versions aiokafka speaks
     cannot ask the broker to choose), else 1."""
     try:
-        broker = next(iter(admin._client.cluster.brokers())).nodeId
+        broker = (await admin.describe_cluster())["brokers"][0]["node_id"]
         [response] = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.BROKER, str(broker), {_DEFAULT_RF: None})]
         )

@@ -226,6 +226,10 @@ class Judge:
         self._predict: Any = None
         self._scores: dict[str, float] = {}
 
+    def warm_up(self) -> None:
+        """Loads the classifier now, before anything is timed."""
+        self._toxicity(["warm up"])
+
     def _toxicity(self, texts: list[str]) -> list[float]:
         if self._predict is None and self.config.classifier:
             try:

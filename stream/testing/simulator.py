@@ -298,8 +298,7 @@ async def serve(sim: Simulator, host: str, port: int) -> tuple[web.AppRunner, in
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server: Any = site._server
-    bound = server.sockets[0].getsockname()[1] if server is not None else port
+    bound = runner.addresses[0][1] if runner.addresses else port
     return runner, int(bound)
 
 
@@ -309,7 +308,7 @@ def running_simulator(
 ) -> Iterator[tuple[Simulator, str]]:
     """Runs the simulator on its own event-loop thread; yields it and its /v1 base URL."""
     sim = Simulator(config)
-    sim._toxicity(["warm up"])  # load the classifier before the first timed request
+    sim.warm_up()  # load the classifier before the first timed request
     loop = asyncio.new_event_loop()
     ready: dict[str, Any] = {}
     started = threading.Event()
