@@ -23,8 +23,9 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import TopicPartition
 
 from stream.runtime import clients
+from stream.runtime.topics import record_limits
 from stream.runtime.tracing import traceparent_of
-from stream.runtime.unit import Slot, Unit
+from stream.runtime.unit import Refusals, Replace, Slot, Unit
 
 __all__ = ["Fetched", "Membership"]
 
@@ -66,6 +67,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         session_timeout_s: float,
         on_open: OnOpen | None = None,
         on_close: Callable[[Unit], None] | None = None,
+        replace: Replace | None = None,
         client_id: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
@@ -77,6 +79,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.session_timeout_s = session_timeout_s
         self.on_open = on_open
         self.on_close = on_close
+        self.replace = replace
         self.client_id = client_id
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
@@ -164,12 +167,39 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 group_id=self.group_id,
                 transactional=False,
                 commit_offsets=self._commit,
+                refusals=self._refusals(None),
             )
+        producer = await self._producer(partition)
+        return Unit(
+            partition,
+            producer,
+            group_id=self.group_id,
+            transactional=True,
+            refusals=self._refusals(partition),
+        )
+
+    async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
+        batching = dict(_BATCHING)
+        if max_batch is not None:
+            batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
         producer = clients.producer(
-            self.bootstrap, transactional_id=f"{self.transactional_prefix}.{partition}", **_BATCHING
+            self.bootstrap, transactional_id=f"{self.transactional_prefix}.{partition}", **batching
         )
         await producer.start()
-        return Unit(partition, producer, group_id=self.group_id, transactional=True)
+        return producer
+
+    def _refusals(self, partition: int | None) -> Refusals | None:
+        if self.replace is None:
+            return None
+
+        async def limits(topics: set[str]) -> dict[str, int]:
+            return await record_limits(self.bootstrap, topics)
+
+        async def renew(max_batch: int) -> Any:
+            assert partition is not None
+            return await self._producer(partition, max_batch)
+
+        return Refusals(self.replace, limits, renew if partition is not None else None)
 
     async def _seek(self, partitions: list[int]) -> None:
         assert self.consumer is not None

@@ -26,11 +26,13 @@ from stream.core.workflow import Workflow
 from stream.llm.factory import build_llm
 from stream.ops.metrics import Metrics
 from stream.ops.web import WebServer
+from stream.runtime.guard import refused
 from stream.runtime.intake import source_of
 from stream.runtime.membership import Fetched, Membership
 from stream.runtime.overrides import OverrideFollower
 from stream.runtime.probe import NO_PROBE, Probe
 from stream.runtime.processor import limiter_for
+from stream.runtime.publish import OutRecord
 from stream.runtime.records import RecordBuilder
 from stream.runtime.stager import Stager
 from stream.runtime.store import Stores
@@ -118,6 +120,7 @@ class _Service:
             client_id=f"{group}-{self.worker}",
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
+            replace=self._refused,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
@@ -146,6 +149,12 @@ class _Service:
             len(ready),
         )
         self._ready(unit, ready)
+
+    def _refused(self, record: OutRecord, said: str) -> list[OutRecord]:
+        """A record the broker refused for itself: its item's dead letter instead."""
+        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
+        self.stager.count(letters)
+        return letters.records
 
     def _closed(self, unit: Unit) -> None:
         assert self.flows is not None
@@ -191,6 +200,8 @@ class _Service:
             left = await self.stager.drain(self.settings.drain_s)
             if left:
                 log.warning("drain: %d batches still in flight; redone by the next owner", left)
+            else:
+                log.info("drain: every batch in flight was delivered")
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -162,7 +162,7 @@ class Stager:
                 extra={"code": exc.code, "partition": source.partition, "offset": source.offset},
             )
             letter = self.builder.letter(bad_record(exc, source, value))
-            self._count(letter)
+            self.count(letter)
             unit.finish(slot, letter.records)
             return
         if self.flows is not None:
@@ -251,11 +251,11 @@ class Stager:
             if len(rec.value) + len(rec.key or b"") > self.settings.max_output_bytes:
                 letter = oversized(rec, item.instance, self.settings.max_output_bytes, batch_id)
                 too_large = self.builder.letter(letter)
-                self._count(too_large)
+                self.count(too_large)
                 owned[id(item)].extend(too_large.records)
                 continue
             owned[id(item)].append(rec)
-        self._count(planned)
+        self.count(planned)
         turns = {t.instance.id: t for t in planned.turns}
         staged = 0
         for item in items:
@@ -266,7 +266,7 @@ class Stager:
             turn = turns.get(item.instance.id)
             if self.flows is not None and turn is not None:
                 change = self.flows.apply(turn)
-                self._count(change.planned)
+                self.count(change.planned)
                 records += change.records
             if item.slot is None:
                 item.unit.stage(records)
@@ -287,13 +287,14 @@ class Stager:
     def staged(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
         """A trigger's change (a result, an approval, a deadline) onto its unit; returns
         the next turns it made ready."""
-        self._count(change.planned)
+        self.count(change.planned)
         if slot is None:
             unit.stage(change.records)
         else:
             unit.finish(slot, change.records)
         return change.ready
 
-    def _count(self, planned: Planned) -> None:
+    def count(self, planned: Planned) -> None:
+        """Counts what the records mean (metrics, the live page's decisions)."""
         self.metrics.count(planned.events)
         self.metrics.decisions.extend(planned.decisions)

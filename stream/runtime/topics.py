@@ -31,6 +31,7 @@ __all__ = [
     "product_topics",
     "read_json",
     "read_topic",
+    "record_limits",
     "state_changelog",
 ]
 
@@ -220,6 +221,9 @@ async def read_topic(
                 for rec in records:
                     if rec.offset < ends[tp]:
                         yield rec
+            # Every partition, not only those that returned records: an aborted transaction
+            # at a partition's end moves the position past it with no record to show.
+            for tp in list(todo):
                 if await consumer.position(tp) >= ends[tp]:
                     todo.discard(tp)
     finally:
@@ -229,3 +233,25 @@ async def read_topic(
 async def read_json(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     """Every record's value on a topic, parsed (what the demo and the tests inspect)."""
     return [orjson.loads(rec.value or b"{}") async for rec in read_topic(bootstrap, topic)]
+
+
+async def record_limits(bootstrap: str, topics: set[str]) -> dict[str, int]:
+    """Each topic's `max.message.bytes` as the broker holds it now (ops may lower it on a
+    live topic): what a record batch written there may weigh."""
+    admin = clients.admin(bootstrap)
+    await admin.start()
+    try:
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
+            for t in sorted(topics)
+        ]
+        responses = await admin.describe_configs(resources)
+    finally:
+        await admin.close()
+    found: dict[str, int] = {}
+    for response in responses:
+        for resource in response.resources:
+            for entry in resource[4]:
+                if entry[0] == "max.message.bytes" and entry[1] is not None:
+                    found[str(resource[3])] = int(entry[1])
+    return found

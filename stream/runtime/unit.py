@@ -23,13 +23,20 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordTooLargeError,
+)
 from aiokafka.structs import TopicPartition
 
 from stream.runtime.publish import OutRecord
 from stream.runtime.tracing import Headers
 
-__all__ = ["Slot", "Unit", "UnitGone"]
+__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone"]
 
 log = logging.getLogger("stream.unit")
 
@@ -39,6 +46,43 @@ log = logging.getLogger("stream.unit")
 _LINGER_S = 0.05
 
 CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+# A record the broker refuses for itself, the replacement to write instead (its item's
+# dead letter), given the broker's words.
+Replace = Callable[[OutRecord, str], list[OutRecord]]
+# Each topic's record limit as the broker holds it now (`max.message.bytes`).
+Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
+# A fresh producer with the unit's transactional id (the old one is broken after an
+# aborted transaction whose sends failed: its sequence numbers are not reset).
+# Given the largest record batch the topics take, so that a batch of small records is not
+# refused as a whole.
+Renew = Callable[[int], Awaitable[AIOKafkaProducer]]
+
+# What a record batch adds to its one record (headers of the batch and the record).
+_BATCH_OVERHEAD = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Refusals:
+    """How a unit handles records the broker refuses for themselves."""
+
+    replace: Replace
+    limits: Limits
+    renew: Renew | None = None
+
+
+# Errors about one record itself (too large, a bad topic): sending it again cannot help.
+_REFUSALS = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    InvalidTopicError,
+    CorruptRecordException,
+)
+
+
+class _Refused(Exception):
+    def __init__(self, refused: dict[int, BaseException]) -> None:
+        super().__init__(f"{len(refused)} records refused")
+        self.refused = refused
 
 
 class UnitGone(Exception):
@@ -69,8 +113,10 @@ class Unit:
         group_id: str,
         transactional: bool,
         commit_offsets: CommitOffsets | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.partition = partition
+        self.refusals = refusals
         self.producer = producer
         self.group_id = group_id
         self.transactional = transactional
@@ -189,12 +235,7 @@ class Unit:
                 return 0
             tps = {TopicPartition(t, self.partition): o for t, o in offsets.items()}
             try:
-                if self.transactional:
-                    await self._commit_transaction(records, tps)
-                else:
-                    await self._send(records)
-                    if tps and self.commit_offsets is not None:
-                        await self.commit_offsets(tps)
+                records = await self._write(records, tps)
             except ProducerFenced:
                 self.alive = False
                 raise
@@ -206,6 +247,62 @@ class Unit:
             self.commits += 1
             self.committed_records += len(records)
             return len(records)
+
+    async def _write(
+        self, records: list[OutRecord], offsets: dict[TopicPartition, int]
+    ) -> list[OutRecord]:
+        """Writes the records and the offsets; a record the broker refuses for itself is
+        replaced (its item's dead letter) and the whole is written again, so one bad
+        record neither loops the unit nor holds its batch-mates back."""
+        for _ in range(3):
+            try:
+                if self.transactional:
+                    await self._commit_transaction(records, offsets)
+                else:
+                    await self._send(records)
+                    if offsets and self.commit_offsets is not None:
+                        await self.commit_offsets(offsets)
+                return records
+            except _Refused as exc:
+                if self.transactional:
+                    await self.producer.abort_transaction()
+                records = await self._replaced(records, exc)
+        raise RuntimeError("records kept being refused after their replacement")
+
+    async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
+        """The records with each one over its topic's limit replaced; raises when none
+        is (a whole batch refused for its size: the unit is redone instead)."""
+        first = next(iter(exc.refused.values()))
+        if self.refusals is None:
+            raise first from exc
+        topics = {records[k].topic for k in exc.refused}
+        limits = await self.refusals.limits(topics)
+        out: list[OutRecord] = []
+        replaced = 0
+        for k, rec in enumerate(records):
+            limit = limits.get(rec.topic)
+            size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
+            if k in exc.refused and limit is not None and size > limit:
+                log.error(
+                    "partition %d: the broker refused a record of %d bytes for %s (its limit: "
+                    "%d); its item is dead-lettered",
+                    self.partition,
+                    size,
+                    rec.topic,
+                    limit,
+                )
+                out += self.refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
+                replaced += 1
+            else:
+                out.append(rec)
+        renew = self.refusals.renew if self.transactional else None
+        if not replaced and (renew is None or not limits):
+            raise first from exc
+        if renew is not None:
+            smallest = min(limits.values(), default=1024 * 1024)
+            await self.producer.stop()  # before its successor fences it
+            self.producer = await renew(smallest - _BATCH_OVERHEAD)
+        return out
 
     async def _commit_transaction(
         self, records: list[OutRecord], offsets: dict[TopicPartition, int]
@@ -227,8 +324,15 @@ class Unit:
             )
             for r in records
         ]
-        if futures:
-            await asyncio.gather(*futures)
+        if not futures:
+            return
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, _REFUSALS)}
+        if refused:
+            raise _Refused(refused)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _abort(self) -> None:
         try:
