@@ -102,6 +102,8 @@ def expect(key: bytes | None, value: bytes | None, max_bytes: int) -> Expect:
         instance = str(instance)
     if not isinstance(instance, str) or not instance.strip() or len(instance) > MAX_ID:
         return Expect(code="no_instance")
+    if payload.get("type") == "state":  # the default spec does not accept state input
+        return Expect(code="state_input_refused")
     return Expect(instance=instance, big=len(value) > SMALL)
 
 
