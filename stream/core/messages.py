@@ -204,6 +204,7 @@ ItemCode = Literal[
     "unanswered",
     "llm_rejected",
     "llm_timeout",
+    "llm_error",
     "internal_error",
 ]
 DeadLetterCode = Literal[

@@ -20,6 +20,7 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     latency_s: float
+    reasoning_tokens: int = 0  # of completion_tokens: a reasoning model's hidden thinking
 
 
 class Model(Protocol):

@@ -19,6 +19,7 @@ import orjson
 from stream.core import compact
 from stream.core.instance import Instance
 from stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
+from stream.core.strict_form import strict_form
 from stream.core.tokenizer import estimate_tokens
 
 # `Instance` lives in stream.core.instance; it is re-exported here for the modules that
@@ -132,13 +133,10 @@ class Ask:
 
 
 def _strict_parameters(schema: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Strict structured output wants every property required: optional ones become
-    nullable, and the validator drops the nulls again before checking the tool schema."""
-    props: dict[str, Any] = dict(schema.get("properties", {}))
-    required = set(schema.get("required", []))
-    for name, schema in list(props.items()):
-        if name not in required:
-            props[name] = {"anyOf": [schema, {"type": "null"}]}
+    """Strict structured output wants every property required, at every depth: optional
+    ones become nullable, and the validator drops the nulls again before checking the
+    tool schema (`core/strict_form.py`)."""
+    props: dict[str, Any] = strict_form({**schema, "type": "object"}).get("properties", {})
     return props, list(props)
 
 

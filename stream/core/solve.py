@@ -3,7 +3,8 @@
 Every instance ends in exactly one way: accepted calls (NoAction included), or unanswered
 with a reason after `max_attempts` asks. A re-ask names what was wrong with the last
 answer, after the cached prefix, so the model can correct itself. A group that keeps
-failing as a whole, or whose request timed out, is split in halves, so one poison item
+failing as a whole, whose request timed out, kept failing with 5xx or was refused for
+its content (a 400 that names no parameter), is split in halves, so one poison item
 or a window too large for the endpoint's time limit cannot hold its batch-mates. An
 instance whose answer asks to consult an on-demand advisor is decided again in a
 follow-up request with that advisor active (a bounded number of rounds).
@@ -111,15 +112,22 @@ class Solver:
                 pending, feedback = await self._ask(pending, out, attempt, ask, rounds, feedback)
             except LLMError as exc:
                 out.requests += 1
-                if not exc.timeout:
-                    # Not retriable (e.g. 400): the same request fails the same way, so
-                    # split at once to find the item that causes it.
-                    code, reason = "llm_rejected", exc.message
-                    break
-                code, reason = "llm_timeout", f"no answer in time: {exc.message}"
-                if len(pending) > 1:
-                    break  # smaller requests answer sooner
-                continue  # one item the endpoint cannot answer in time, while it answers others
+                if exc.timeout or exc.server:
+                    # The endpoint answers others but not this request: smaller ones may
+                    # pass, and one item it never takes is isolated by the halving.
+                    code, reason = (
+                        ("llm_timeout", f"no answer in time: {exc.message}")
+                        if exc.timeout
+                        else ("llm_error", exc.message)
+                    )
+                    if len(pending) > 1:
+                        break
+                    continue  # one item the endpoint fails on, while it answers others
+                # Refused for what an item says (a content filter, a context overflow):
+                # the same request fails the same way, so split at once to find the item,
+                # which is dead-lettered with the endpoint's own words.
+                code, reason = "llm_rejected", exc.message
+                break
             if not pending:
                 return
             code, reason = "unanswered", next(iter(feedback.values()), reason)

@@ -72,8 +72,15 @@ class Metrics:
         )
         self.refused = Gauge(
             "stream_llm_refused",
-            "HTTP status while the endpoint refuses the key or model (401/403/404), else 0;"
-            " consumption is paused meanwhile",
+            "HTTP status while the endpoint refuses the key or model (401/403/404) or the"
+            " request's shape (400 naming a parameter or the schema), else 0; consumption is"
+            " paused meanwhile",
+            registry=r,
+        )
+        self.request_shape = Gauge(
+            "stream_llm_request_shape",
+            "1 for the request shape in use (probed at start, or the spec's model.request)",
+            ["tokens_param", "temperature", "response_format"],
             registry=r,
         )
         self.in_flight_limit = Gauge(
@@ -161,6 +168,10 @@ class Metrics:
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
         self._circuit = is_open
+
+    def on_shape(self, labels: dict[str, str]) -> None:
+        self.request_shape.clear()
+        self.request_shape.labels(**labels).set(1)
 
     def on_refused(self, status: int | None) -> None:
         self.refused.set(status or 0)

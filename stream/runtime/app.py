@@ -420,14 +420,15 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         arm(settings.crash_at)
         probe = FaultProbe()
 
-    async def prepare() -> tuple[Messages, dict[int, int]]:
-        await check_llm(settings, spec)
+    async def prepare() -> tuple[tuple[Messages, dict[int, int]], AgentSpec]:
+        probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         if PromptBuilder(spec).stateful:
             await check_partitions(bootstrap, settings)
-        return await load_overrides(bootstrap, settings.topics.context)
+        # The probed shape becomes the spec's, as if model.request had said it.
+        return await load_overrides(bootstrap, settings.topics.context), probed.pinned(spec)
 
-    overrides = asyncio.run(prepare())
+    overrides, spec = asyncio.run(prepare())
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = build_app(settings, spec, bootstrap, llm_url, overrides, probe=probe)
