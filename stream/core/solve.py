@@ -13,6 +13,7 @@ follow-up request with that advisor active (a bounded number of rounds).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from stream.core.messages import Call
@@ -101,17 +102,29 @@ class Solver:
         return outcome
 
     async def _solve(
-        self, group: list[Instance], out: Outcome, first_attempt: int, ask: Ask, rounds: int
+        self,
+        group: list[Instance],
+        out: Outcome,
+        first_attempt: int,
+        ask: Ask,
+        rounds: int,
+        since: float | None = None,
     ) -> None:
+        """`since`: when the request this group was split from failed; an answer the
+        endpoint gave after it shows the endpoint works and the group is the problem."""
         pending = group
         attempt = first_attempt
+        failed_at = since
         code, reason = "unanswered", "no valid call for this instance"
         feedback: dict[int, str] = {}
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
             try:
-                pending, feedback = await self._ask(pending, out, attempt, ask, rounds, feedback)
+                pending, feedback = await self._ask(
+                    pending, out, attempt, ask, rounds, feedback, since
+                )
             except LLMError as exc:
                 out.requests += 1
+                failed_at = time.monotonic()
                 if exc.timeout or exc.server:
                     # The endpoint answers others but not this request: smaller ones may
                     # pass, and one item it never takes is isolated by the halving.
@@ -134,8 +147,8 @@ class Solver:
         if len(pending) > 1:
             half = len(pending) // 2
             # One half after the other: they share the batch's one in-flight slot.
-            await self._solve(pending[:half], out, attempt + 1, ask, rounds)
-            await self._solve(pending[half:], out, attempt + 1, ask, rounds)
+            await self._solve(pending[:half], out, attempt + 1, ask, rounds, failed_at)
+            await self._solve(pending[half:], out, attempt + 1, ask, rounds, failed_at)
             return
         for instance in pending:
             out.unanswered.append(Unanswered(instance, code, reason, attempt))
@@ -148,6 +161,7 @@ class Solver:
         ask: Ask,
         rounds: int,
         feedback: dict[int, str],
+        since: float | None = None,
     ) -> tuple[list[Instance], dict[int, str]]:
         """One request: records what it settled; returns the instances still open and
         why each is open (keyed by id(instance)), for the next ask to say."""
@@ -165,6 +179,7 @@ class Solver:
             self.prompt.response_format(len(pending), ask),
             items=len(pending),
             max_tokens=self.prompt.output_cap(len(pending)),
+            since=since,
         )
         out.requests += 1
         out.prompt_tokens += done.prompt_tokens

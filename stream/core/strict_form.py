@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["strict_form", "without_nulls"]
+__all__ = ["MAX_ENUM_VALUES", "enum_values", "strict_form", "without_nulls"]
+
+# Strict structured output takes at most this many enum values in one schema (OpenAI).
+MAX_ENUM_VALUES = 1000
 
 # Narrowing only: the validator enforces them after parsing.
 _DROPPED = frozenset(
@@ -94,3 +97,13 @@ def without_nulls(value: Any, schema: Any) -> Any:
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [without_nulls(v, schema["items"]) for v in value]
     return value
+
+
+def enum_values(schema: Any) -> int:
+    """How many enum values `schema` holds, at every depth."""
+    if isinstance(schema, list):
+        return sum(enum_values(s) for s in schema)
+    if not isinstance(schema, dict):
+        return 0
+    own = len(schema["enum"]) if isinstance(schema.get("enum"), list) else 0
+    return own + sum(enum_values(v) for k, v in schema.items() if k != "enum")

@@ -264,9 +264,11 @@ class LLM:
         *,
         items: int = 1,
         max_tokens: int | None = None,
+        since: float | None = None,
     ) -> Completion:
         """Completes a request of `items` instances, retrying retriable failures without
-        limit. Raises the others, and timeouts the caller can act on (see the module)."""
+        limit. Raises the others, and timeouts and 5xx the caller can act on (see the
+        module); `since`: see `stream.core.model.Model`."""
         attempt = 0
         server_failures = 0
         sent = time.monotonic()
@@ -277,8 +279,10 @@ class LLM:
                 if not exc.retriable:
                     raise
                 self._failed(exc, items)
-                # Split like a timeout; a lone item only while the endpoint answers others.
-                elsewhere = items > 1 or self.last_answer > sent
+                # Split like a timeout; a lone item only while the endpoint answers others
+                # (since its request was sent, or since the request it was split from
+                # failed: the halves of a batch are asked one after the other).
+                elsewhere = items > 1 or self.last_answer > min(sent, since or sent)
                 if exc.timeout and elsewhere:
                     raise
                 server_failures = server_failures + 1 if (exc.status or 0) >= 500 else 0

@@ -7,6 +7,7 @@ import os
 
 from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec
+from stream.core.strict_form import strict_form
 from stream.errors import SpecError, StreamError
 from stream.llm.client import LLM, Listener
 from stream.llm.limiter import Limiter
@@ -49,6 +50,13 @@ def initial_shape(spec: AgentSpec) -> RequestShape:
         fmt = "json_object" if spec.model.structured_output == "json_object" else None
     if fmt is None:
         problems = violations(PromptBuilder(spec).response_format(1)["json_schema"]["schema"])
+        # What the answer's schema leaves out of a tool's or an advisor's (its own
+        # top-level keywords) must fit strict mode too, or the model could not say it.
+        for name, schema in [
+            *((f"tool {t.name}", t.parameters) for t in spec.tools),
+            *((f"advisor {a.id}", a.schema_) for a in spec.advisors),
+        ]:
+            problems += [f"{name}: {p}" for p in violations(strict_form(schema))]
         if problems:
             log.warning(
                 "the answer's schema cannot be strict (%s); asking for it non-strict, and "

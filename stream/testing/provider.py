@@ -109,7 +109,7 @@ def refusal(provider: ProviderName, body: dict[str, Any]) -> Refusal | None:
         if temperature is not None and temperature != 1:
             return Refusal(
                 400,
-                f"Unsupported value: 'temperature' does not support {temperature} with this "
+                f"Unsupported value: 'temperature' does not support {temperature:g} with this "
                 "model. Only the default (1) value is supported.",
                 param="temperature",
                 code="unsupported_value",

@@ -144,6 +144,11 @@ class Simulator(Judge):
         # A real account checks the key and the model before it reads the request; the
         # injected faults apply to requests it could read (a start-up check is not one).
         fault = self._account_fault(request, body)
+        # The provider refuses a parameter before it reads the messages.
+        refused = refusal(self.config.provider, body) if fault is None else None
+        if refused is not None:
+            self.stats["refused_shape"] += 1
+            return self._error(refused)
         if fault is None:
             try:
                 req = read_request(body["messages"])
@@ -155,10 +160,6 @@ class Simulator(Judge):
         if fault in _REFUSALS:
             code = {"401": "invalid_api_key", "404": "model_not_found"}.get(fault)
             return self._error(Refusal(int(fault), _REFUSALS[fault], code=code))
-        refused = refusal(self.config.provider, body)
-        if refused is not None:
-            self.stats["refused_shape"] += 1
-            return self._error(refused)
         messages = body["messages"]
         self.seen.append(messages)
         self.bodies.append({k: v for k, v in body.items() if k != "messages"})
