@@ -51,3 +51,4 @@ class SimConfig(BaseModel):
         "follow (stream.testing.provider); generic: takes any parameter, as llama.cpp does",
     )
     requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
+    model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")

@@ -97,7 +97,7 @@ class Simulator(Judge):
 
     def _account_fault(self, request: web.Request, body: dict[str, Any]) -> str | None:
         """What a real account refuses: a key it does not know, a model it does not serve."""
-        return account_fault(self.config, request.headers, request.query, body, MODEL_NAME)
+        return account_fault(self.config, request.headers, request.query, body, self.config.model)
 
     def _error(self, refused: Refusal, headers: dict[str, str] | None = None) -> web.Response:
         """An error as the provider shapes it (the generic one says less)."""
