@@ -77,6 +77,11 @@ class Settings(BaseSettings):
         "neither STREAM_LLM_BASE_URL nor the spec's model.base_url is set",
     )
     llm_model: str | None = Field(None, description="Overrides the spec's model.name")
+    llm_pacing: bool = Field(
+        True,
+        description="Keep requests and tokens per minute under what the endpoint's "
+        "x-ratelimit-* headers say (endpoints without them are not paced)",
+    )
     llm_api_key: SecretStr | None = Field(
         None, description="API key; else the env var or file the spec names"
     )

@@ -31,6 +31,7 @@ from openai.types.chat import ChatCompletion
 from stream.core.model import Completion
 from stream.errors import LLMError
 from stream.llm.limiter import Limiter
+from stream.llm.pacer import Pacer
 from stream.llm.shape import RequestShape
 from stream.retry import RetryPolicy
 
@@ -170,6 +171,7 @@ class LLM:
         reasoning_headroom: int = 0,
         server_attempts: int = 3,
         http_client: Any = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.model = model
         self.shape = shape or RequestShape()
@@ -178,6 +180,7 @@ class LLM:
         # answer's own cap, or a reasoning model would stop before it wrote anything.
         self.reasoning_headroom = reasoning_headroom
         self.server_attempts = server_attempts
+        self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.temperature = temperature
@@ -195,6 +198,10 @@ class LLM:
             listener.on_shape(self.shape.labels())
         self.limiter = limiter  # told of every answer and every refusal
         # Our own retry loop, not the client's: it must never give up on an outage.
+        if http_client is None and pacer is not None:
+            # The SDK's own HTTP client, with a hook that shows the pacer every answer's
+            # headers (429s included).
+            http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._headers]})
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
@@ -205,6 +212,10 @@ class LLM:
 
     async def close(self) -> None:
         await self.client.close()
+
+    async def _headers(self, response: Any) -> None:
+        if self.pacer is not None:
+            self.pacer.observe(response.headers)
 
     async def complete_once(
         self,
@@ -230,6 +241,9 @@ class LLM:
             cap=cap,
             reasoning_effort=self.reasoning_effort,
         )
+        if self.pacer is not None:
+            # What the request may spend: its prompt (about 4 characters a token) and cap.
+            await self.pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
         try:
             resp = await self.client.post(
                 "/chat/completions",

@@ -11,6 +11,7 @@ from stream.core.strict_form import strict_form
 from stream.errors import SpecError, StreamError
 from stream.llm.client import LLM, Listener
 from stream.llm.limiter import Limiter
+from stream.llm.pacer import Pacer
 from stream.llm.probe import Probed, probe
 from stream.llm.shape import RequestShape
 from stream.llm.strict import violations
@@ -123,4 +124,5 @@ def build_llm(
         shape=shape or initial_shape(spec),
         reasoning_effort=spec.model.reasoning_effort,
         reasoning_headroom=spec.model.reasoning_headroom,
+        pacer=Pacer() if settings.llm_pacing else None,
     )

@@ -81,7 +81,7 @@ class RequestShape:
             fmt = {"type": "json_object"}
         else:
             fmt = None
-        if fmt is not None:
+        if fmt:
             body["response_format"] = fmt
         elif self.response_format == "text":
             # The schema goes last, after the cached prefix: it names the batch's tokens.

@@ -227,12 +227,12 @@ class Simulator(Judge):
                 await asyncio.sleep(delay / 1000)
         finally:
             self._active -= 1
-        self.stats["completions"] += 1
-        self.stats["instances"] += len(req.items)
-        # Requests that carried items: not the processor's start-up check of the endpoint.
-        self.stats["item_requests"] += int(
-            bool(req.items) and "x-stream-probe" not in request.headers
-        )
+        # The processor's start-up probe is counted apart: the stream's own requests are
+        # what tests and the bench compare (nothing asked twice, requests per item).
+        probe = "x-stream-probe" in request.headers
+        self.stats["probes" if probe else "completions"] += 1
+        self.stats["instances"] += 0 if probe else len(req.items)
+        self.stats["item_requests"] += int(bool(req.items) and not probe)
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens + thinking
         self.stats["reasoning_tokens"] += thinking

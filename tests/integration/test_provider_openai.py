@@ -56,7 +56,7 @@ def test_check_endpoint_probes_and_prints_the_shape_a_gpt5_model_takes(
     openai_sim: tuple[Simulator, str],
 ) -> None:
     sim, url = openai_sim
-    before = sim.stats["refused_shape"]
+    before, probes = sim.stats["refused_shape"], sim.stats["probes"]
     done = _stream("check", "--endpoint", STREAM_LLM_BASE_URL=url, STREAM_LLM_MODEL=MODEL)
     assert done.returncode == 0, done.stderr
     shape = [line for line in done.stdout.splitlines() if line.startswith("request shape")]
@@ -66,6 +66,7 @@ def test_check_endpoint_probes_and_prints_the_shape_a_gpt5_model_takes(
     ], done.stdout
     assert REFUSED_WORDS in done.stdout  # what was refused on the way, in its words
     assert sim.stats["refused_shape"] - before == 2  # max_tokens, then temperature
+    assert sim.stats["probes"] - probes == 1  # the accepted probe, counted apart
     last = sim.bodies[-1]
     assert "max_tokens" not in last and "temperature" not in last
     assert last["response_format"]["json_schema"]["strict"] is True
