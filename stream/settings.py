@@ -77,6 +77,9 @@ class Settings(BaseSettings):
         "neither STREAM_LLM_BASE_URL nor the spec's model.base_url is set",
     )
     llm_model: str | None = Field(None, description="Overrides the spec's model.name")
+    llm_api_version: str | None = Field(
+        None, description="Overrides the spec's model.api_version (Azure OpenAI)"
+    )
     llm_pacing: bool = Field(
         True,
         description="Keep requests and tokens per minute under what the endpoint's "

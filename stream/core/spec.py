@@ -209,6 +209,11 @@ class ModelEndpoint(_Strict):
         "_tool, _instance and argument names). Activity topics get protocol calls either way",
     )
     temperature: float = 0.0
+    api_version: str | None = Field(
+        None,
+        description="Azure OpenAI's api-version; set, base_url is the resource's endpoint, "
+        "name the deployment, and the key goes in an api-key header (the AzureOpenAI client)",
+    )
     request: RequestShapeSpec | None = Field(
         None,
         description="The request's shape (tokens_param, temperature, response_format); "

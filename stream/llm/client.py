@@ -172,6 +172,7 @@ class LLM:
         server_attempts: int = 3,
         http_client: Any = None,
         pacer: Pacer | None = None,
+        api_version: str | None = None,
     ) -> None:
         self.model = model
         self.shape = shape or RequestShape()
@@ -202,13 +203,23 @@ class LLM:
             # The SDK's own HTTP client, with a hook that shows the pacer every answer's
             # headers (429s included).
             http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._headers]})
-        self.client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            timeout=timeout_s,
-            max_retries=0,
-            **({"http_client": http_client} if http_client is not None else {}),
-        )
+        extra = {"http_client": http_client} if http_client is not None else {}
+        self.client: openai.AsyncOpenAI
+        if api_version is not None:
+            # Azure OpenAI: the deployment (our model name) goes in the path, the
+            # api-version in the query, the key in an api-key header; its client does that.
+            self.client = openai.AsyncAzureOpenAI(
+                azure_endpoint=base_url,
+                api_version=api_version,
+                api_key=api_key,
+                timeout=timeout_s,
+                max_retries=0,
+                **extra,
+            )
+        else:
+            self.client = openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, **extra
+            )
 
     async def close(self) -> None:
         await self.client.close()

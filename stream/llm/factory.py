@@ -125,4 +125,5 @@ def build_llm(
         reasoning_effort=spec.model.reasoning_effort,
         reasoning_headroom=spec.model.reasoning_headroom,
         pacer=Pacer() if settings.llm_pacing else None,
+        api_version=settings.llm_api_version or spec.model.api_version,
     )

@@ -195,3 +195,26 @@ async def test_a_forced_shape_the_endpoint_refuses_pauses_and_dead_letters_nothi
         sim.config = sim.config.model_copy(update={"provider": "openai", "model": MODEL_NAME})
         proc.stop()
         print(proc.tail(30))
+
+
+def test_azure_openai_deployment_api_version_and_key_header() -> None:
+    """Azure's layout (deployment in the path, api-version in the query, the key in an
+    api-key header) through the AzureOpenAI client, against the simulator's azure
+    profile: a gpt-5 deployment gets the same probed shape as at OpenAI."""
+    config = SimConfig(provider="azure", api_key="az-secret")
+    with running_simulator(config) as (sim, url):
+        endpoint = url.removesuffix("/v1")
+        env = {
+            "STREAM_LLM_BASE_URL": endpoint,
+            "STREAM_LLM_API_VERSION": "2024-10-21",
+            "STREAM_LLM_MODEL": MODEL,
+            "STREAM_LLM_API_KEY": "az-secret",
+        }
+        done = _stream("check", "--endpoint", **env)
+        assert done.returncode == 0, done.stderr
+        assert "request shape (probed): max_completion_tokens, no temperature" in done.stdout
+        assert sim.stats["probes"] == 1
+        wrong = _stream("check", "--endpoint", **{**env, "STREAM_LLM_API_KEY": "az-wrong"})
+        assert wrong.returncode == 2 and "401" in wrong.stderr, wrong.stderr
+        no_version = _stream("check", "--endpoint", **{**env, "STREAM_LLM_API_VERSION": ""})
+        assert no_version.returncode == 2, no_version.stdout  # plain client: wrong layout
