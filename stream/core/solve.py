@@ -68,6 +68,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens
     consults: int = 0
     stray_opinions: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -185,6 +186,7 @@ class Solver:
         out.prompt_tokens += done.prompt_tokens
         out.completion_tokens += done.completion_tokens
         out.cached_tokens += done.cached_tokens
+        out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
         verdict = self.validator.check(done.text, tokens, ask)
         by_token = dict(zip(tokens, pending, strict=True))

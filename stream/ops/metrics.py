@@ -134,10 +134,15 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def observe_tokens(self, prompt: int, completion: int, cached: int, answered: int) -> None:
+    def observe_tokens(
+        self, prompt: int, completion: int, cached: int, answered: int, reasoning: int = 0
+    ) -> None:
+        """`reasoning`: of `completion`, a reasoning model's hidden tokens; billed as
+        output, so priced with it, and counted apart to show what thinking costs."""
         self.tokens.labels("prompt").inc(prompt)
         self.tokens.labels("completion").inc(completion)
         self.tokens.labels("cached").inc(cached)
+        self.tokens.labels("reasoning").inc(reasoning)
         self.answered += answered
         cost = self.prices.cost_usd(prompt, completion, cached)
         self.cost += cost
