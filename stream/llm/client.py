@@ -153,6 +153,26 @@ def _classify(exc: Exception) -> LLMError:
     return LLMError(f"LLM call failed: {exc!r}", retriable=True)
 
 
+def _client(
+    base_url: str, api_key: str, timeout_s: float, api_version: str | None, http: Any
+) -> openai.AsyncOpenAI:
+    extra = {"http_client": http} if http is not None else {}
+    if api_version is not None:
+        # Azure OpenAI: the deployment (our model name) goes in the path, the api-version
+        # in the query, the key in an api-key header; its own client does all that.
+        return openai.AsyncAzureOpenAI(
+            azure_endpoint=base_url,
+            api_version=api_version,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=0,
+            **extra,
+        )
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, **extra
+    )
+
+
 class LLM:
     def __init__(
         self,
@@ -173,6 +193,7 @@ class LLM:
         http_client: Any = None,
         pacer: Pacer | None = None,
         api_version: str | None = None,
+        adapt: bool = False,
     ) -> None:
         self.model = model
         self.shape = shape or RequestShape()
@@ -181,6 +202,9 @@ class LLM:
         # answer's own cap, or a reasoning model would stop before it wrote anything.
         self.reasoning_headroom = reasoning_headroom
         self.server_attempts = server_attempts
+        # The shape was not proven at start (the endpoint did not answer the probe) and
+        # the spec does not force one: a refused parameter is switched as the probe would.
+        self.adapt = adapt
         self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -203,23 +227,7 @@ class LLM:
             # The SDK's own HTTP client, with a hook that shows the pacer every answer's
             # headers (429s included).
             http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._headers]})
-        extra = {"http_client": http_client} if http_client is not None else {}
-        self.client: openai.AsyncOpenAI
-        if api_version is not None:
-            # Azure OpenAI: the deployment (our model name) goes in the path, the
-            # api-version in the query, the key in an api-key header; its client does that.
-            self.client = openai.AsyncAzureOpenAI(
-                azure_endpoint=base_url,
-                api_version=api_version,
-                api_key=api_key,
-                timeout=timeout_s,
-                max_retries=0,
-                **extra,
-            )
-        else:
-            self.client = openai.AsyncOpenAI(
-                base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, **extra
-            )
+        self.client = _client(base_url, api_key, timeout_s, api_version, http_client)
 
     async def close(self) -> None:
         await self.client.close()
@@ -321,6 +329,8 @@ class LLM:
                 delay = self.retry.delay(attempt, exc.retry_after)
                 attempt += 1
                 self.retries += 1
+                if exc.shape and self._switched(exc):
+                    continue
                 if exc.status in REFUSED or exc.shape:
                     self._refused(exc, delay)
                 else:
@@ -345,6 +355,22 @@ class LLM:
         if self.listener is not None:
             self.listener.on_retry()
             self.listener.on_circuit(self.failing > 2)
+
+    def _switched(self, exc: LLMError) -> bool:
+        said = str(exc.data.get("said") or exc.message)
+        nxt = self.shape.instead(exc.data.get("param"), exc.data.get("code"), said)
+        if not self.adapt or nxt is None:
+            return False
+        log.warning(
+            "the model endpoint refused %s (%s); switching to %s",
+            self.shape.label(),
+            said,
+            nxt.label(),
+        )
+        self.shape = nxt
+        if self.listener is not None:
+            self.listener.on_shape(nxt.labels())
+        return True
 
     def _refused(self, exc: LLMError, delay: float) -> None:
         # Once per refusal, loud: a warning per retry would hide the one line that matters.

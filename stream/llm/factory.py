@@ -126,4 +126,5 @@ def build_llm(
         reasoning_headroom=spec.model.reasoning_headroom,
         pacer=Pacer() if settings.llm_pacing else None,
         api_version=settings.llm_api_version or spec.model.api_version,
+        adapt=spec.model.request is None,
     )

@@ -32,7 +32,10 @@ class Probed:
     answered: bool  # False: the endpoint did not answer (an outage); shape unproven
 
     def pinned(self, spec: AgentSpec) -> AgentSpec:
-        """`spec` with this shape as its `model.request` (what it says is what is sent)."""
+        """`spec` with this shape as its `model.request` (what it says is what is sent).
+        An unproven shape is not pinned: the stream switches it on a known refusal."""
+        if not self.answered:
+            return spec
         chosen = RequestShapeSpec(
             tokens_param=self.shape.tokens_param,
             temperature="send" if self.shape.temperature else "omit",

@@ -124,3 +124,20 @@ async def test_reasoning_tokens_are_read_and_the_cap_leaves_room_for_them() -> N
     # Output is billed including the reasoning tokens (they are part of completion_tokens).
     priced = spec.model.model_copy(update={"price_output_per_million": 1_000_000.0})
     assert priced.cost_usd(0, done.completion_tokens) == 70.0
+
+
+async def test_an_unproven_shape_is_switched_mid_stream_and_nothing_is_dead_lettered() -> None:
+    """The endpoint did not answer the probe at start (an outage): the first batches
+    meet the refusals the probe would have, and switch as it would."""
+    from stream.core.solve import Solver
+    from stream.core.validate import Validator
+    from tests.fakes import make_batch
+
+    endpoint = MemoryEndpoint("openai", model="gpt-5-mini")
+    llm = endpoint.llm(adapt=True)
+    spec = load_spec(DEFAULT_SPEC)
+    solver = Solver(llm, PromptBuilder(spec), Validator(spec), 3)
+    out = await solver.solve(make_batch(["one", "two", "three"]))
+    assert not out.unanswered and len(out.answers) == 3
+    assert llm.shape.tokens_param == "max_completion_tokens" and not llm.shape.temperature
+    assert len(endpoint.bodies) == 3  # two refused, then answered: no pause, no split
