@@ -156,6 +156,7 @@ def _classify(exc: Exception) -> LLMError:
 def _client(
     base_url: str, api_key: str, timeout_s: float, api_version: str | None, http: Any
 ) -> openai.AsyncOpenAI:
+    # max_retries=0: our own retry loop, not the client's: it must never give up on an outage.
     extra = {"http_client": http} if http is not None else {}
     if api_version is not None:
         # Azure OpenAI: the deployment (our model name) goes in the path, the api-version
@@ -222,7 +223,6 @@ class LLM:
         if listener is not None:
             listener.on_shape(self.shape.labels())
         self.limiter = limiter  # told of every answer and every refusal
-        # Our own retry loop, not the client's: it must never give up on an outage.
         if http_client is None and pacer is not None:
             # The SDK's own HTTP client, with a hook that shows the pacer every answer's
             # headers (429s included).
