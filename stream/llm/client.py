@@ -263,6 +263,7 @@ class LLM:
         if self.pacer is not None:
             # What the request may spend: its prompt (about 4 characters a token) and cap.
             await self.pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
+            started = time.perf_counter()  # the endpoint's latency, not the budget's wait
         try:
             resp = await self.client.post(
                 "/chat/completions",

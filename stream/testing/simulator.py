@@ -154,7 +154,8 @@ class Simulator(Judge):
                 req = read_request(body["messages"])
             except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
                 return self._unreadable(exc)
-            fault = self._request_fault()
+            # Injected faults are for the stream's requests, not the start-up probe.
+            fault = None if "x-stream-probe" in request.headers else self._request_fault()
         if fault:
             self.stats[f"fault_{fault}"] += 1
         if fault in _REFUSALS:
