@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import openai
@@ -174,6 +175,30 @@ def _client(
     )
 
 
+def _alternative(shape: RequestShape, exc: LLMError) -> RequestShape | None:
+    said = str(exc.data.get("said") or exc.message)
+    return shape.instead(exc.data.get("param"), exc.data.get("code"), said)
+
+
+def _say_refused(exc: LLMError, shape: RequestShape, model: str) -> None:
+    if exc.shape:
+        log.error(
+            "the model endpoint refuses the request's shape (%s): %s; consumption is paused, "
+            "nothing is dead-lettered: set model.request in the spec to a shape %r accepts, "
+            "or remove it so the start-up probe finds one",
+            shape.label(),
+            exc.message,
+            model,
+        )
+    else:
+        log.error(
+            "the model endpoint refuses our requests (%s); consumption is paused until it "
+            "answers: check the API key, model.name (%r) and the endpoint URL",
+            exc.message,
+            model,
+        )
+
+
 class LLM:
     def __init__(
         self,
@@ -206,6 +231,9 @@ class LLM:
         # The shape was not proven at start (the endpoint did not answer the probe) and
         # the spec does not force one: a refused parameter is switched as the probe would.
         self.adapt = adapt
+        # A harmless one-item request (`stream.llm.probe.canary`): asked when one item's
+        # request keeps failing with 5xx and nothing else was answered meanwhile.
+        self.canary: Callable[[], Awaitable[object]] | None = None
         self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -320,6 +348,8 @@ class LLM:
                 if exc.timeout and elsewhere:
                     raise
                 server_failures = server_failures + 1 if (exc.status or 0) >= 500 else 0
+                if server_failures >= self.server_attempts and not elsewhere:
+                    elsewhere = await self._answers_others()
                 if server_failures >= self.server_attempts and elsewhere:
                     raise LLMError(
                         f"{exc.message} ({server_failures} attempts)",
@@ -357,16 +387,24 @@ class LLM:
             self.listener.on_retry()
             self.listener.on_circuit(self.failing > 2)
 
+    async def _answers_others(self) -> bool:
+        """Whether the endpoint answers the canary while this request keeps failing with
+        5xx: then its items are the problem, not an outage (which is waited out)."""
+        if self.canary is None:
+            return False
+        try:
+            await self.canary()
+        except LLMError:
+            return False
+        self.last_answer = time.monotonic()
+        return True
+
     def _switched(self, exc: LLMError) -> bool:
-        said = str(exc.data.get("said") or exc.message)
-        nxt = self.shape.instead(exc.data.get("param"), exc.data.get("code"), said)
-        if not self.adapt or nxt is None:
+        nxt = _alternative(self.shape, exc) if self.adapt else None
+        if nxt is None:
             return False
         log.warning(
-            "the model endpoint refused %s (%s); switching to %s",
-            self.shape.label(),
-            said,
-            nxt.label(),
+            "endpoint refused %s (%s); now %s", self.shape.label(), exc.message, nxt.label()
         )
         self.shape = nxt
         if self.listener is not None:
@@ -377,23 +415,7 @@ class LLM:
         # Once per refusal, loud: a warning per retry would hide the one line that matters.
         what = (exc.status, exc.data.get("param") or exc.data.get("code"))
         if self._refusal != what:
-            if exc.shape:
-                log.error(
-                    "the model endpoint refuses the request's shape (%s): %s; consumption "
-                    "is paused, nothing is dead-lettered: set model.request in the spec to a "
-                    "shape %r accepts, or remove it so the start-up probe finds one",
-                    self.shape.label(),
-                    exc.message,
-                    self.model,
-                )
-            else:
-                log.error(
-                    "the model endpoint refuses our requests (%s); consumption is paused "
-                    "until it answers: check the API key, model.name (%r) and the endpoint "
-                    "URL",
-                    exc.message,
-                    self.model,
-                )
+            _say_refused(exc, self.shape, self.model)
             if self.listener is not None:
                 self.listener.on_refused(exc.status)
         self._refusal = what

@@ -12,7 +12,7 @@ from stream.errors import SpecError, StreamError
 from stream.llm.client import LLM, Listener
 from stream.llm.limiter import Limiter
 from stream.llm.pacer import Pacer
-from stream.llm.probe import Probed, probe
+from stream.llm.probe import Probed, canary, probe
 from stream.llm.shape import RequestShape
 from stream.llm.strict import violations
 from stream.settings import Settings
@@ -112,7 +112,7 @@ def build_llm(
 ) -> LLM:
     """The client for `base_url` (default: `endpoint`), told of its answers and failures
     by `listener` (metrics) and paced by `limiter`."""
-    return LLM(
+    llm = LLM(
         base_url=base_url or endpoint(settings, spec),
         api_key=resolve_api_key(settings, spec),
         model=settings.llm_model or spec.model.name,
@@ -128,3 +128,5 @@ def build_llm(
         api_version=settings.llm_api_version or spec.model.api_version,
         adapt=spec.model.request is None,
     )
+    llm.canary = canary(llm, PromptBuilder(spec))
+    return llm

@@ -7,17 +7,19 @@ for, the next shape is tried; what it accepted is what every request then uses.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from stream.core.instance import Instance
 from stream.core.messages import SourcePosition
+from stream.core.model import Completion
 from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec, RequestShapeSpec
 from stream.errors import LLMError, StreamError
 from stream.llm.client import LLM, REFUSED
 from stream.llm.shape import RequestShape
 
-__all__ = ["Probed", "probe"]
+__all__ = ["Probed", "canary", "probe"]
 
 log = logging.getLogger("stream.llm")
 
@@ -49,6 +51,18 @@ class Probed:
 def _sample() -> Instance:
     source = SourcePosition(topic="probe", partition=0, offset=0)
     return Instance(id="probe", payload=dict(_SAMPLE), source=source, size=1)
+
+
+def canary(llm: LLM, prompt: PromptBuilder) -> Callable[[], Awaitable[Completion]]:
+    """The probe's harmless request, for the client to ask whether the endpoint answers
+    at all while one item's request keeps failing (`LLM.canary`)."""
+    messages = prompt.messages([_sample()], prompt.first_ask)
+    response_format, cap = prompt.response_format(1), prompt.output_cap(1)
+
+    async def ask() -> Completion:
+        return await llm.complete_once(messages, response_format, cap, {"x-stream-probe": "1"})
+
+    return ask
 
 
 async def probe(llm: LLM, prompt: PromptBuilder, *, adapt: bool = True) -> Probed:

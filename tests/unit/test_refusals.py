@@ -158,9 +158,12 @@ async def test_a_lone_item_waits_out_5xx_while_the_endpoint_answers_nothing() ->
         Refusal(503, "overloaded", "server_error") if next(failures, None) is not None else None
     )
     llm = endpoint.llm()
+    from stream.llm.probe import canary
+
+    llm.canary = canary(llm, PromptBuilder(load_spec(DEFAULT_SPEC)))  # it fails too
     out = await _solver(llm).solve(_batch(["only one"]))
     assert not out.unanswered and _answered(out) == {"id-0"}
-    assert len(endpoint.bodies) == 7
+    assert len(endpoint.bodies) == 7  # 6 failed (the canary's included), then answered
 
 
 def test_the_back_off_survives_an_outage_of_any_length() -> None:
@@ -177,3 +180,23 @@ async def test_retry_after_ms_is_read_before_retry_after() -> None:
         await llm.complete_once([{"role": "user", "content": "x"}], {})
     assert caught.value.retry_after == pytest.approx(0.25)
     assert caught.value.overload
+
+
+async def test_a_5xx_item_asked_before_its_batch_mates_is_told_apart_by_the_canary() -> None:
+    """The poison item is in the first half at every split, so nothing else was answered
+    since its group failed: a harmless request (the canary) answered shows the endpoint
+    works, and the item is given up on; without it, it would be waited on for ever."""
+    from stream.llm.probe import canary
+
+    endpoint = MemoryEndpoint()
+    endpoint.fail = lambda body: (
+        Refusal(500, "The server had an error (simulated)", "server_error")
+        if "[[sim:error500]]" in orjson_dumps(body["messages"])
+        else None
+    )
+    llm = endpoint.llm()
+    spec = load_spec(DEFAULT_SPEC)
+    llm.canary = canary(llm, PromptBuilder(spec))
+    out = await _solver(llm, attempts=2).solve(_batch(["a [[sim:error500]]", "b", "c", "d"]))
+    assert [(u.instance.id, u.code) for u in out.unanswered] == [("id-0", "llm_error")]
+    assert _answered(out) == {"id-1", "id-2", "id-3"}
