@@ -92,11 +92,18 @@ class RequestShape:
     def instead(self, param: str | None, code: str | None, message: str) -> RequestShape | None:
         """The next shape to try after the endpoint refused this one for a parameter
         (`param`, `code` and `message` as the endpoint said them); None: nothing known."""
-        if self.tokens_param == "max_tokens" and _names(param, message, "max_tokens"):
+        # Refused as such, not for its value ("max_tokens is too large" is the spec's to fix).
+        said = message.lower()
+        unsupported = code in ("unsupported_parameter", "unsupported_value", "unknown_parameter")
+        unsupported = unsupported or any(
+            w in said for w in ("unsupported", "not support", "unrecognized", "unknown")
+        )
+        renamed = unsupported or "max_completion_tokens" in message
+        if self.tokens_param == "max_tokens" and _names(param, message, "max_tokens") and renamed:
             return replace(self, tokens_param="max_completion_tokens")
-        if self.temperature and _names(param, message, "temperature"):
+        if self.temperature and _names(param, message, "temperature") and unsupported:
             return replace(self, temperature=False)
-        if self.reasoning_effort and _names(param, message, "reasoning_effort"):
+        if self.reasoning_effort and _names(param, message, "reasoning_effort") and unsupported:
             return replace(self, reasoning_effort=False)
         schema_refused = code in ("invalid_schema", "invalid_json_schema") or _names(
             param, message, "response_format"

@@ -54,7 +54,7 @@ def test_each_known_refusal_has_its_alternative() -> None:
     said = "Unsupported parameter: 'max_tokens' is not supported with this model."
     shape = shape.instead("max_tokens", "unsupported_parameter", said) or shape
     assert shape.tokens_param == "max_completion_tokens"
-    shape = shape.instead("temperature", "unsupported_value", "no 0") or shape
+    shape = shape.instead("temperature", "unsupported_value", "does not support 0") or shape
     assert not shape.temperature
     order = []
     for _ in range(3):
@@ -65,6 +65,9 @@ def test_each_known_refusal_has_its_alternative() -> None:
     assert order == ["json_schema", "json_object", "text"]
     assert shape.instead("response_format", "invalid_schema", "Invalid schema") is None
     assert shape.instead("top_p", "unsupported_parameter", "no") is None
+    # A value out of range is the spec's to fix, not a parameter to rename.
+    too_large = "max_tokens is too large: 100000. This model supports at most 16384 tokens."
+    assert RequestShape().instead("max_tokens", "invalid_value", too_large) is None
 
 
 async def test_the_probe_finds_what_a_gpt5_model_accepts() -> None:
