@@ -78,6 +78,24 @@ class LLMError(StreamError):
         return bool(self.data.get("timeout"))
 
     @property
+    def shape(self) -> bool:
+        """The endpoint refused the request's shape (a parameter, the response format, the
+        schema): a configuration error, never an item's fault."""
+        return bool(self.data.get("shape"))
+
+    @property
+    def content(self) -> bool:
+        """The endpoint refused what an item says (a content filter, a context overflow):
+        splitting the request isolates the item."""
+        return bool(self.data.get("content"))
+
+    @property
+    def server(self) -> bool:
+        """The endpoint kept failing (5xx) on this request past the allowed attempts while
+        it answered others: splitting may isolate an item it cannot take."""
+        return bool(self.data.get("server"))
+
+    @property
     def overload(self) -> bool:
         """The endpoint is busy (429, 503, or no answer in time): send it less."""
         return self.status in (429, 503) or self.timeout

@@ -18,7 +18,9 @@ class RetryPolicy:
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds before try `attempt + 1`. Full jitter keeps many workers from hammering
         a recovering service in step; a server's retry-after is honoured (capped)."""
-        backoff = random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+        # The exponent is bounded: 2**1024 overflows a float, which a retry loop that
+        # never gives up (an outage of some hours at the cap) would otherwise reach.
+        backoff = random.uniform(0, min(self.cap_s, self.base_s * 2 ** min(attempt, 64)))
         if retry_after is not None:
             return min(self.cap_s, max(retry_after, 0.0)) + backoff * 0.1
         return backoff

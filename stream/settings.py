@@ -70,7 +70,21 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path(".stream-data"), description="Local state of the processor")
     llm_base_url: str | None = Field(None, description="Overrides the spec's model.base_url")
+    openai_base_url: str | None = Field(
+        None,
+        validation_alias="OPENAI_BASE_URL",
+        description="OPENAI_BASE_URL, read as the openai client reads it: the endpoint when "
+        "neither STREAM_LLM_BASE_URL nor the spec's model.base_url is set",
+    )
     llm_model: str | None = Field(None, description="Overrides the spec's model.name")
+    llm_api_version: str | None = Field(
+        None, description="Overrides the spec's model.api_version (Azure OpenAI)"
+    )
+    llm_pacing: bool = Field(
+        True,
+        description="Keep requests and tokens per minute under what the endpoint's "
+        "x-ratelimit-* headers say (endpoints without them are not paced)",
+    )
     llm_api_key: SecretStr | None = Field(
         None, description="API key; else the env var or file the spec names"
     )

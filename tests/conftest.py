@@ -145,6 +145,8 @@ async def deploy(
         for more in dep.extra:
             more.stop()
         print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")
+    # The simulator is shared by the session: a test that slowed it must not slow the next.
+    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
 
 
 async def committed_offsets(bootstrap: str, settings: Settings) -> dict[int, int]:

@@ -47,6 +47,7 @@ class FakeLLM:
         *,
         items: int = 1,
         max_tokens: int | None = None,
+        since: float | None = None,
     ) -> Completion:
         req = read_request(messages)
         self.requests.append(req.items)

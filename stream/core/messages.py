@@ -215,6 +215,7 @@ ItemCode = Literal[
     "unanswered",
     "llm_rejected",
     "llm_timeout",
+    "llm_error",
     "internal_error",
     # a `type: state` record on the input topic, and the spec does not accept state input
     "state_input_refused",

@@ -20,12 +20,15 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     latency_s: float
+    reasoning_tokens: int = 0  # of completion_tokens: a reasoning model's hidden thinking
 
 
 class Model(Protocol):
     """Completes one request of `items` instances; raises `stream.errors.LLMError` when
     it cannot. A timeout is raised (`LLMError.timeout`) when splitting the request or
-    giving up on its one item may help; outages are waited out inside."""
+    giving up on its one item may help; outages are waited out inside. `since`
+    (monotonic seconds): the request is part of one that failed then; an answer given
+    after it means the endpoint works and a failing item, not an outage, is at fault."""
 
     model: str
 
@@ -36,4 +39,5 @@ class Model(Protocol):
         *,
         items: int = 1,
         max_tokens: int | None = None,
+        since: float | None = None,
     ) -> Completion: ...

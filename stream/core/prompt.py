@@ -19,6 +19,7 @@ import orjson
 from stream.core import compact
 from stream.core.instance import Instance
 from stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
+from stream.core.strict_form import MAX_ENUM_VALUES, enum_values, strict_form
 from stream.core.tokenizer import estimate_tokens
 
 # `Instance` lives in stream.core.instance; it is re-exported here for the modules that
@@ -132,14 +133,22 @@ class Ask:
 
 
 def _strict_parameters(schema: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Strict structured output wants every property required: optional ones become
-    nullable, and the validator drops the nulls again before checking the tool schema."""
-    props: dict[str, Any] = dict(schema.get("properties", {}))
-    required = set(schema.get("required", []))
-    for name, schema in list(props.items()):
-        if name not in required:
-            props[name] = {"anyOf": [schema, {"type": "null"}]}
+    """Strict structured output wants every property required, at every depth: optional
+    ones become nullable, and the validator drops the nulls again before checking the
+    tool schema (`core/strict_form.py`)."""
+    props: dict[str, Any] = strict_form({**schema, "type": "object"}).get("properties", {})
     return props, list(props)
+
+
+def _instance_schema(tokens: list[str], compact: bool, loose: bool = False) -> dict[str, Any]:
+    """How the answer names an instance: its number (compact), else its token.
+    `loose`: without an enum (a range, or any string), for batches whose enums would
+    pass strict mode's limit on enum values; the validator refuses unknown ones."""
+    if compact:
+        if loose:
+            return {"type": "integer", "minimum": 1, "maximum": len(tokens)}
+        return {"type": "integer", "enum": list(range(1, len(tokens) + 1))}
+    return {"type": "string"} if loose else {"type": "string", "enum": tokens}
 
 
 def consult_tool(spec: AgentSpec) -> Tool:
@@ -286,13 +295,9 @@ class PromptBuilder:
             return {"type": "json_object"}
         return self._schema(n, ask or self.first_ask)
 
-    def _instance_enum(self, tokens: list[str]) -> dict[str, Any]:
-        """How the answer names an instance: its number (compact), else its token."""
-        if self.compact:
-            return {"type": "integer", "enum": list(range(1, len(tokens) + 1))}
-        return {"type": "string", "enum": tokens}
-
-    def _opinion_branches(self, ask: Ask, tokens: list[str]) -> list[dict[str, Any]]:
+    def _opinion_branches(
+        self, ask: Ask, tokens: list[str], loose: bool = False
+    ) -> list[dict[str, Any]]:
         branches = []
         for advisor_id in ask.active:
             advisor = self.spec.advisor(advisor_id)
@@ -300,7 +305,7 @@ class PromptBuilder:
             props, required = _strict_parameters(advisor.schema_)
             head: dict[str, Any] = {"id": {"type": "string", "enum": [advisor.id]}}
             if advisor.is_instanced:
-                head["_instance"] = self._instance_enum(tokens)
+                head["_instance"] = _instance_schema(tokens, self.compact, loose)
             branches.append(
                 {
                     "type": "object",
@@ -315,7 +320,7 @@ class PromptBuilder:
             )
         return branches
 
-    def _compact_calls(self, tokens: list[str], ask: Ask) -> dict[str, Any]:
+    def _compact_calls(self, tokens: list[str], ask: Ask, loose: bool = False) -> dict[str, Any]:
         """The compact answer's calls: one array per tool, each call a positional array."""
         groups: dict[str, Any] = {}
         bounded = self.spec.model.bounded_answer
@@ -325,7 +330,7 @@ class PromptBuilder:
             props, _ = _strict_parameters(tool.parameters)
             fields = self.call_fields[tool.name]
             positions = [
-                self._instance_enum(tokens)
+                _instance_schema(tokens, self.compact, loose)
                 if name == compact.INSTANCE
                 else {"type": "string"}
                 if name == compact.REASONING
@@ -342,6 +347,13 @@ class PromptBuilder:
         }
 
     def _build_schema(self, n: int, ask: Ask) -> dict[str, Any]:
+        # Every call and opinion names its instance: a large batch's enums alone can pass
+        # the limit strict mode sets on enum values in one schema.
+        built = self._compose(n, ask)
+        big = enum_values(built["json_schema"]["schema"]) > MAX_ENUM_VALUES
+        return self._compose(n, ask, loose=True) if big else built
+
+    def _compose(self, n: int, ask: Ask, loose: bool = False) -> dict[str, Any]:
         tokens = [token_for(k) for k in range(n)]
         reasoning: dict[str, Any] = (
             {} if self.spec.model.reasoning == "off" else {"_reasoningForCall": {"type": "string"}}
@@ -364,7 +376,7 @@ class PromptBuilder:
                     ],
                     "properties": {
                         "_tool": {"type": "string", "enum": [tool.name]},
-                        "_instance": {"type": "string", "enum": tokens},
+                        "_instance": _instance_schema(tokens, False, loose),
                         **reasoning,
                         **(_STATE_META if self.stateful else {}),
                         **props,
@@ -372,7 +384,7 @@ class PromptBuilder:
                 }
             )
         calls: dict[str, Any] = (
-            self._compact_calls(tokens, ask)
+            self._compact_calls(tokens, ask, loose)
             if self.compact
             else {"type": "array", "items": {"anyOf": branches}}
         )
@@ -385,7 +397,7 @@ class PromptBuilder:
             properties: dict[str, Any] = {"calls": calls}
         else:
             # Advisors come first, so the model states its advice before it decides.
-            opinions = self._opinion_branches(ask, tokens)
+            opinions = self._opinion_branches(ask, tokens, loose)
             speaking = [self.spec.advisor(a) for a in ask.active]
             most = sum(n if a is not None and a.is_instanced else 1 for a in speaking)
             advisors: dict[str, Any] = (

@@ -3,7 +3,8 @@
 Every instance ends in exactly one way: accepted calls (NoAction included), or unanswered
 with a reason after `max_attempts` asks. A re-ask names what was wrong with the last
 answer, after the cached prefix, so the model can correct itself. A group that keeps
-failing as a whole, or whose request timed out, is split in halves, so one poison item
+failing as a whole, whose request timed out, kept failing with 5xx or was refused for
+its content (a 400 that names no parameter), is split in halves, so one poison item
 or a window too large for the endpoint's time limit cannot hold its batch-mates. An
 instance whose answer asks to consult an on-demand advisor is decided again in a
 follow-up request with that advisor active (a bounded number of rounds).
@@ -12,6 +13,7 @@ follow-up request with that advisor active (a bounded number of rounds).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from stream.core.messages import Call
@@ -66,6 +68,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens
     consults: int = 0
     stray_opinions: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -100,34 +103,53 @@ class Solver:
         return outcome
 
     async def _solve(
-        self, group: list[Instance], out: Outcome, first_attempt: int, ask: Ask, rounds: int
+        self,
+        group: list[Instance],
+        out: Outcome,
+        first_attempt: int,
+        ask: Ask,
+        rounds: int,
+        since: float | None = None,
     ) -> None:
+        """`since`: when the request this group was split from failed; an answer the
+        endpoint gave after it shows the endpoint works and the group is the problem."""
         pending = group
         attempt = first_attempt
+        failed_at = since
         code, reason = "unanswered", "no valid call for this instance"
         feedback: dict[int, str] = {}
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
             try:
-                pending, feedback = await self._ask(pending, out, attempt, ask, rounds, feedback)
+                pending, feedback = await self._ask(
+                    pending, out, attempt, ask, rounds, feedback, since
+                )
             except LLMError as exc:
                 out.requests += 1
-                if not exc.timeout:
-                    # Not retriable (e.g. 400): the same request fails the same way, so
-                    # split at once to find the item that causes it.
-                    code, reason = "llm_rejected", exc.message
-                    break
-                code, reason = "llm_timeout", f"no answer in time: {exc.message}"
-                if len(pending) > 1:
-                    break  # smaller requests answer sooner
-                continue  # one item the endpoint cannot answer in time, while it answers others
+                failed_at = time.monotonic()
+                if exc.timeout or exc.server:
+                    # The endpoint answers others but not this request: smaller ones may
+                    # pass, and one item it never takes is isolated by the halving.
+                    code, reason = (
+                        ("llm_timeout", f"no answer in time: {exc.message}")
+                        if exc.timeout
+                        else ("llm_error", exc.message)
+                    )
+                    if len(pending) > 1:
+                        break
+                    continue  # one item the endpoint fails on, while it answers others
+                # Refused for what an item says (a content filter, a context overflow):
+                # the same request fails the same way, so split at once to find the item,
+                # which is dead-lettered with the endpoint's own words.
+                code, reason = "llm_rejected", exc.message
+                break
             if not pending:
                 return
             code, reason = "unanswered", next(iter(feedback.values()), reason)
         if len(pending) > 1:
             half = len(pending) // 2
             # One half after the other: they share the batch's one in-flight slot.
-            await self._solve(pending[:half], out, attempt + 1, ask, rounds)
-            await self._solve(pending[half:], out, attempt + 1, ask, rounds)
+            await self._solve(pending[:half], out, attempt + 1, ask, rounds, failed_at)
+            await self._solve(pending[half:], out, attempt + 1, ask, rounds, failed_at)
             return
         for instance in pending:
             out.unanswered.append(Unanswered(instance, code, reason, attempt))
@@ -140,6 +162,7 @@ class Solver:
         ask: Ask,
         rounds: int,
         feedback: dict[int, str],
+        since: float | None = None,
     ) -> tuple[list[Instance], dict[int, str]]:
         """One request: records what it settled; returns the instances still open and
         why each is open (keyed by id(instance)), for the next ask to say."""
@@ -157,11 +180,13 @@ class Solver:
             self.prompt.response_format(len(pending), ask),
             items=len(pending),
             max_tokens=self.prompt.output_cap(len(pending)),
+            since=since,
         )
         out.requests += 1
         out.prompt_tokens += done.prompt_tokens
         out.completion_tokens += done.completion_tokens
         out.cached_tokens += done.cached_tokens
+        out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
         verdict = self.validator.check(done.text, tokens, ask)
         by_token = dict(zip(tokens, pending, strict=True))

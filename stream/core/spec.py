@@ -38,6 +38,7 @@ __all__ = [
     "ContextMessage",
     "ModelEndpoint",
     "Plan",
+    "RequestShapeSpec",
     "Tool",
     "Window",
     "load_spec",
@@ -162,6 +163,25 @@ class ContextMessage(BaseModel):
     instance: str | None = Field(None, alias="_instance")
 
 
+class RequestShapeSpec(_Strict):
+    """The request's shape, chosen by hand: no probing at start. Unset fields take the
+    shape an OpenAI-compatible server accepts most often."""
+
+    tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens",
+        description="The output cap's name: max_completion_tokens for OpenAI's reasoning "
+        "models (GPT-5 family, o-series), max_tokens for most other servers",
+    )
+    temperature: Literal["send", "omit"] = Field(
+        "send", description="omit: the endpoint's default (reasoning models take no other)"
+    )
+    response_format: Literal["json_schema_strict", "json_schema", "json_object", "text"] = Field(
+        "json_schema_strict",
+        description="How the answer's JSON is asked for, from the most enforced to the "
+        "schema written into the prompt (text)",
+    )
+
+
 class ModelEndpoint(_Strict):
     base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint; unset: the bundled LLM simulator"
@@ -189,6 +209,25 @@ class ModelEndpoint(_Strict):
         "_tool, _instance and argument names). Activity topics get protocol calls either way",
     )
     temperature: float = 0.0
+    api_version: str | None = Field(
+        None,
+        description="Azure OpenAI's api-version; set, base_url is the resource's endpoint, "
+        "name the deployment, and the key goes in an api-key header (the AzureOpenAI client)",
+    )
+    request: RequestShapeSpec | None = Field(
+        None,
+        description="The request's shape (tokens_param, temperature, response_format); "
+        "unset: probed at start with one real request",
+    )
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="Passed to reasoning models where the endpoint accepts it"
+    )
+    reasoning_headroom: int = Field(
+        2000,
+        ge=0,
+        description="Tokens added to the output cap for hidden reasoning when the cap is "
+        "sent as max_completion_tokens (it bounds reasoning and answer together)",
+    )
     timeout_s: float = Field(60.0, gt=0)
     max_output_tokens: int | None = None
     price_input_per_million: float = Field(

@@ -19,6 +19,7 @@ from stream.core import compact
 from stream.core.messages import Call
 from stream.core.prompt import Ask, PromptBuilder, meta_tools
 from stream.core.spec import CONSULT, AgentSpec, Tool
+from stream.core.strict_form import without_nulls
 
 __all__ = [
     "Opinion",
@@ -269,7 +270,7 @@ class Validator:
         required = self._required[tool]
         # Strict output sends optional arguments as null; absent is what the tool means.
         args = {
-            k: v
+            k: without_nulls(v, self._tools[tool].parameters.get("properties", {}).get(k))
             for k, v in raw.items()
             if not k.startswith("_") and (v is not None or k in required)
         }

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
+from stream.core.prompt import PromptBuilder
 from stream.core.spec import AgentSpec
-from stream.errors import LLMError, SpecError, StreamError
+from stream.core.strict_form import strict_form
+from stream.errors import SpecError, StreamError
 from stream.llm.client import LLM, Listener
 from stream.llm.limiter import Limiter
+from stream.llm.pacer import Pacer
+from stream.llm.probe import Probed, canary, probe
+from stream.llm.shape import RequestShape
+from stream.llm.strict import violations
 from stream.settings import Settings
 
-__all__ = ["build_llm", "check_llm", "endpoint", "resolve_api_key"]
+__all__ = ["build_llm", "check_llm", "endpoint", "initial_shape", "resolve_api_key"]
+
+log = logging.getLogger("stream.llm")
 
 
 def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
@@ -19,10 +28,11 @@ def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
         return settings.llm_api_key.get_secret_value()
     if spec.model.api_key_file is not None:
         return spec.model.api_key_file.read_text().strip()
+    # The spec names OPENAI_API_KEY by default: read the way the openai client reads it.
     key = os.environ.get(spec.model.api_key_env)
     if key:
         return key
-    hosted = (settings.llm_base_url or "").startswith("https://")
+    hosted = (settings.llm_base_url or settings.openai_base_url or "").startswith("https://")
     if spec.model.base_url is None and not hosted:
         # The bundled simulator, or a plain-http server of one's own (llama.cpp, Ollama,
         # vLLM) that may want no key; if it does, the start-up check says so (check_llm).
@@ -32,25 +42,57 @@ def resolve_api_key(settings: Settings, spec: AgentSpec) -> str:
     )
 
 
-async def check_llm(settings: Settings, spec: AgentSpec) -> None:
-    """Before consuming anything: an endpoint that refuses the key (401/403) or does not
-    know the model (404) stops the processor with one line, instead of a stream that
-    waits for ever. Unreachable is left to the stream (an outage it waits out)."""
+def initial_shape(spec: AgentSpec) -> RequestShape:
+    """The spec's `model.request`, else where probing starts: the fullest shape the
+    prompt can ask for. A schema outside strict mode's subset starts non-strict, and
+    says why (once, at start)."""
+    fmt = spec.model.request.response_format if spec.model.request else None
+    if fmt is None:
+        fmt = "json_object" if spec.model.structured_output == "json_object" else None
+    if fmt is None:
+        problems = violations(PromptBuilder(spec).response_format(1)["json_schema"]["schema"])
+        # What the answer's schema leaves out of a tool's or an advisor's (its own
+        # top-level keywords) must fit strict mode too, or the model could not say it.
+        for name, schema in [
+            *((f"tool {t.name}", t.parameters) for t in spec.tools),
+            *((f"advisor {a.id}", a.schema_) for a in spec.advisors),
+        ]:
+            problems += [f"{name}: {p}" for p in violations(strict_form(schema))]
+        if problems:
+            log.warning(
+                "the answer's schema cannot be strict (%s); asking for it non-strict, and "
+                "every answer is still validated",
+                "; ".join(problems[:5]),
+            )
+        fmt = "json_schema" if problems else "json_schema_strict"
+    chosen = spec.model.request
+    return RequestShape(
+        tokens_param=chosen.tokens_param if chosen else "max_tokens",
+        temperature=chosen.temperature == "send" if chosen else True,
+        response_format=fmt,
+    )
+
+
+async def check_llm(settings: Settings, spec: AgentSpec) -> Probed:
+    """Before consuming anything: one real request of the stream's shape. An endpoint
+    that refuses the key (401/403), does not know the model (404) or refuses every shape
+    stops the processor with one line, instead of a stream that waits for ever; the
+    shape it accepted is returned. With `model.request` in the spec nothing is probed
+    here: the stream uses that shape, and pauses with the endpoint's words if refused."""
     llm = build_llm(settings, spec)
     try:
-        await llm.check()
-    except LLMError as exc:
-        raise StreamError(
-            f"the model endpoint {llm.base_url} refuses us ({exc.message}): check the API "
-            f"key, the model name ({llm.model!r}) and the URL"
-        ) from exc
+        if spec.model.request is not None:
+            log.info("request shape (set by model.request): %s", llm.shape.label())
+            return Probed(llm.shape, [], answered=False)
+        return await probe(llm, PromptBuilder(spec))
     finally:
         await llm.close()
 
 
 def endpoint(settings: Settings, spec: AgentSpec) -> str:
-    """The model endpoint's URL: STREAM_LLM_BASE_URL, else the spec's model.base_url."""
-    url = settings.llm_base_url or spec.model.base_url
+    """The model endpoint's URL: STREAM_LLM_BASE_URL, else the spec's model.base_url,
+    else OPENAI_BASE_URL (as the openai client reads it)."""
+    url = settings.llm_base_url or spec.model.base_url or settings.openai_base_url
     if not url:
         raise StreamError(
             "no model endpoint: set model.base_url in the spec or STREAM_LLM_BASE_URL "
@@ -66,10 +108,11 @@ def build_llm(
     listener: Listener | None = None,
     limiter: Limiter | None = None,
     base_url: str | None = None,
+    shape: RequestShape | None = None,
 ) -> LLM:
     """The client for `base_url` (default: `endpoint`), told of its answers and failures
     by `listener` (metrics) and paced by `limiter`."""
-    return LLM(
+    llm = LLM(
         base_url=base_url or endpoint(settings, spec),
         api_key=resolve_api_key(settings, spec),
         model=settings.llm_model or spec.model.name,
@@ -78,4 +121,12 @@ def build_llm(
         max_output_tokens=spec.model.max_output_tokens,
         listener=listener,
         limiter=limiter,
+        shape=shape or initial_shape(spec),
+        reasoning_effort=spec.model.reasoning_effort,
+        reasoning_headroom=spec.model.reasoning_headroom,
+        pacer=Pacer() if settings.llm_pacing else None,
+        api_version=settings.llm_api_version or spec.model.api_version,
+        adapt=spec.model.request is None,
     )
+    llm.canary = canary(llm, PromptBuilder(spec))
+    return llm

@@ -44,7 +44,8 @@ def _simulated_model(settings: Settings, spec: AgentSpec) -> str | None:
     from stream.testing.account import MODEL_NAME
 
     model = settings.llm_model or spec.model.name
-    if settings.llm_base_url or spec.model.base_url or model == MODEL_NAME:
+    configured = settings.llm_base_url or spec.model.base_url or settings.openai_base_url
+    if configured or model == MODEL_NAME:
         return None
     return (
         f"model {model!r} is unknown to the bundled LLM simulator, which serves only "
@@ -53,23 +54,37 @@ def _simulated_model(settings: Settings, spec: AgentSpec) -> str | None:
     )
 
 
-async def check_endpoint(settings: Settings, spec: AgentSpec) -> str:
-    """Reachable, knows the model, accepts the key; else a StreamError saying which."""
-    from stream.llm.factory import build_llm, check_llm
+async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:
+    """Reachable, knows the model, accepts the key and a request of the stream's own
+    shape (probed as `stream process` probes it, or the spec's `model.request`); else a
+    StreamError saying which."""
+    from stream.core.prompt import PromptBuilder
+    from stream.llm.factory import build_llm
+    from stream.llm.probe import probe
 
     llm = build_llm(settings, spec)
     try:
-        # The completion check below treats an unreachable endpoint as an outage the
-        # stream waits out; a check run before a rollout must say so instead.
-        await llm.client.models.list()
-    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-        raise StreamError(f"the model endpoint {llm.base_url} does not answer: {exc}") from exc
-    except openai.APIStatusError:
-        pass  # some servers have no model list; the completion below still tells
+        # The probe below treats an unreachable endpoint as an outage the stream waits
+        # out; a check run before a rollout must say so instead.
+        try:
+            await llm.client.models.list()
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            raise StreamError(f"the model endpoint {llm.base_url} does not answer: {exc}") from exc
+        except openai.APIStatusError:
+            pass  # some servers have no model list; the probe below still tells
+        probed = await probe(llm, PromptBuilder(spec), adapt=spec.model.request is None)
     finally:
         await llm.close()
-    await check_llm(settings, spec)
-    return f"endpoint {llm.base_url}: answers, knows model {llm.model!r}, accepts the key"
+    if not probed.answered:
+        raise StreamError(
+            f"the model endpoint {llm.base_url} did not answer the probe request; the "
+            "request shape is unproven"
+        )
+    how = "set by model.request" if spec.model.request is not None else "probed"
+    lines = [f"endpoint {llm.base_url}: answers, knows model {llm.model!r}, accepts the key"]
+    lines += [f"refused: {t}" for t in probed.tried]
+    lines.append(f"request shape ({how}): {probed.shape.label()}")
+    return lines
 
 
 def check(settings: Settings, endpoint: bool = False) -> list[str]:
@@ -88,12 +103,12 @@ def check(settings: Settings, endpoint: bool = False) -> list[str]:
     mistake = _simulated_model(settings, spec)
     if mistake:
         raise StreamError(mistake)
-    if not (settings.llm_base_url or spec.model.base_url):
+    if not (settings.llm_base_url or spec.model.base_url or settings.openai_base_url):
         lines.append("model: the bundled LLM simulator (no endpoint configured)")
         return lines
     resolve_api_key(settings, spec)  # a missing key is a mistake even offline
     if endpoint:
-        lines.append(asyncio.run(check_endpoint(settings, spec)))
+        lines += asyncio.run(check_endpoint(settings, spec))
     else:
         lines.append("endpoint: not contacted (add --endpoint to ask it)")
     return lines

@@ -87,6 +87,8 @@ def _llm_sim(args: argparse.Namespace, settings: Settings) -> int:
         jitter=args.jitter,
         max_concurrency=args.max_concurrency,
         tokens_per_minute=args.tpm,
+        requests_per_minute=args.rpm,
+        provider=args.provider,
     )
     return serve_forever(config, args.host, args.port)
 

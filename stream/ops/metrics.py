@@ -72,8 +72,15 @@ class Metrics:
         )
         self.refused = Gauge(
             "stream_llm_refused",
-            "HTTP status while the endpoint refuses the key or model (401/403/404), else 0;"
-            " consumption is paused meanwhile",
+            "HTTP status while the endpoint refuses the key or model (401/403/404) or the"
+            " request's shape (400 naming a parameter or the schema), else 0; consumption is"
+            " paused meanwhile",
+            registry=r,
+        )
+        self.request_shape = Gauge(
+            "stream_llm_request_shape",
+            "1 for the request shape in use (probed at start, or the spec's model.request)",
+            ["tokens_param", "temperature", "response_format"],
             registry=r,
         )
         self.in_flight_limit = Gauge(
@@ -127,10 +134,15 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def observe_tokens(self, prompt: int, completion: int, cached: int, answered: int) -> None:
+    def observe_tokens(
+        self, prompt: int, completion: int, cached: int, answered: int, reasoning: int = 0
+    ) -> None:
+        """`reasoning`: of `completion`, a reasoning model's hidden tokens; billed as
+        output, so priced with it, and counted apart to show what thinking costs."""
         self.tokens.labels("prompt").inc(prompt)
         self.tokens.labels("completion").inc(completion)
         self.tokens.labels("cached").inc(cached)
+        self.tokens.labels("reasoning").inc(reasoning)
         self.answered += answered
         cost = self.prices.cost_usd(prompt, completion, cached)
         self.cost += cost
@@ -161,6 +173,10 @@ class Metrics:
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
         self._circuit = is_open
+
+    def on_shape(self, labels: dict[str, str]) -> None:
+        self.request_shape.clear()
+        self.request_shape.labels(**labels).set(1)
 
     def on_refused(self, status: int | None) -> None:
         self.refused.set(status or 0)

@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jitter", type=float, default=0.0, help="latency varies by this share")
     s.add_argument("--max-concurrency", type=int, default=0, help="429 beyond (0: no limit)")
     s.add_argument("--tpm", type=int, default=0, help="tokens per minute, 429 beyond (0: none)")
+    s.add_argument("--rpm", type=int, default=0, help="requests per minute, 429 beyond (0: none)")
+    s.add_argument(
+        "--provider",
+        choices=["generic", "openai", "azure"],
+        default="generic",
+        help="follow this provider's documented request rules, errors and rate-limit headers",
+    )
     lo = add("llm-local", help="serve a real local model (llama.cpp, extra `local`)")
     lo.add_argument("--host", default="127.0.0.1")
     lo.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")

@@ -145,8 +145,7 @@ def build_app(
     )
     workflow = None
     if PromptBuilder(merged).stateful:
-        # Without a plan or awaited calls there is no state to keep: writing every item
-        # to the changelog would cost a publish per item for nothing.
+        # No plan, no awaited calls: no state to keep (a publish per item for nothing).
         workflow = Workflow(
             merged, TableStore(table), settings.pending_timeout_s, settings.state_retention_s
         )
@@ -420,14 +419,15 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         arm(settings.crash_at)
         probe = FaultProbe()
 
-    async def prepare() -> tuple[Messages, dict[int, int]]:
-        await check_llm(settings, spec)
+    async def prepare() -> tuple[tuple[Messages, dict[int, int]], AgentSpec]:
+        probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         if PromptBuilder(spec).stateful:
             await check_partitions(bootstrap, settings)
-        return await load_overrides(bootstrap, settings.topics.context)
+        # The probed shape becomes the spec's, as if model.request had said it.
+        return await load_overrides(bootstrap, settings.topics.context), probed.pinned(spec)
 
-    overrides = asyncio.run(prepare())
+    overrides, spec = asyncio.run(prepare())
     if settings.delivery == "exactly_once":
         return run_units(settings, spec, bootstrap, llm_url, overrides, probe)
     # asyncio.run closed its loop; faust and aiokafka want the current one at build time.

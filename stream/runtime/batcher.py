@@ -272,6 +272,7 @@ class Batcher:
                 outcome.completion_tokens,
                 outcome.cached_tokens,
                 len({id(a.instance) for a in outcome.answers}),
+                outcome.reasoning_tokens,
             )
             return self.builder.batch(batch_id, outcome, self.coordinator.rehearsal())
 

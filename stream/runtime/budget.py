@@ -57,5 +57,6 @@ class Budget:
 
     def learn(self, outcome: Outcome, instances: int) -> None:
         if outcome.requests and instances:
-            per_item = outcome.completion_tokens / instances
+            # The answer's own tokens: hidden reasoning has its headroom on top of the cap.
+            per_item = (outcome.completion_tokens - outcome.reasoning_tokens) / instances
             self.output_per_item += _LEARN * (per_item - self.output_per_item)

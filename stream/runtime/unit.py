@@ -270,38 +270,15 @@ class Unit:
         raise RuntimeError("records kept being refused after their replacement")
 
     async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
-        """The records with each one over its topic's limit replaced; raises when none
-        is (a whole batch refused for its size: the unit is redone instead)."""
-        first = next(iter(exc.refused.values()))
-        if self.refusals is None:
-            raise first from exc
-        topics = {records[k].topic for k in exc.refused}
-        limits = await self.refusals.limits(topics)
-        out: list[OutRecord] = []
-        replaced = 0
-        for k, rec in enumerate(records):
-            limit = limits.get(rec.topic)
-            size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
-            if k in exc.refused and limit is not None and size > limit:
-                log.error(
-                    "partition %d: the broker refused a record of %d bytes for %s (its limit: "
-                    "%d); its item is dead-lettered",
-                    self.partition,
-                    size,
-                    rec.topic,
-                    limit,
-                )
-                out += self.refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
-                replaced += 1
-            else:
-                out.append(rec)
-        renew = self.refusals.renew if self.transactional else None
-        if not replaced and (renew is None or not limits):
-            raise first from exc
+        """The records with each one over its topic's limit replaced, and a transactional
+        producer renewed with batches under the limit; raises when nothing can change."""
+        renew = self.refusals.renew if self.refusals and self.transactional else None
+        out, limits = await _without_refused(records, exc, self.refusals, self.partition)
+        if out is records and (renew is None or not limits):
+            raise next(iter(exc.refused.values())) from exc
         if renew is not None:
-            smallest = min(limits.values(), default=1024 * 1024)
             await self.producer.stop()  # before its successor fences it
-            self.producer = await renew(smallest - _BATCH_OVERHEAD)
+            self.producer = await renew(min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD)
         return out
 
     async def _commit_transaction(
@@ -370,3 +347,30 @@ def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecor
         r if r.headers else OutRecord(r.topic, r.key, r.value, r.origin, r.partition, headers)
         for r in records
     ]
+
+
+async def _without_refused(
+    records: list[OutRecord], exc: _Refused, refusals: Refusals | None, partition: int
+) -> tuple[list[OutRecord], dict[str, int]]:
+    """`records` with each refused one that is over its topic's current limit replaced by
+    its item's dead letter (the same list when none is), and the limits looked up."""
+    if refusals is None:
+        return records, {}
+    limits = await refusals.limits({records[k].topic for k in exc.refused})
+    out: list[OutRecord] = []
+    for k, rec in enumerate(records):
+        limit = limits.get(rec.topic)
+        size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
+        if k not in exc.refused or limit is None or size <= limit:
+            out.append(rec)
+            continue
+        log.error(
+            "partition %d: the broker refused a record of %d bytes for %s (its limit: %d); "
+            "its item is dead-lettered",
+            partition,
+            size,
+            rec.topic,
+            limit,
+        )
+        out += refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
+    return (records if len(out) == len(records) and out == records else out), limits

@@ -3,6 +3,8 @@ like a real account's, and the faults it injects (see stream.testing.simulator).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 __all__ = ["MODEL_NAME", "Faults", "SimConfig"]
@@ -43,3 +45,10 @@ class SimConfig(BaseModel):
     api_key: str | None = Field(
         None, description="the one key accepted (401 for others, as a real account); None: any"
     )
+    provider: Literal["generic", "openai", "azure"] = Field(
+        "generic",
+        description="whose documented request rules, error shapes and rate-limit headers to "
+        "follow (stream.testing.provider); generic: takes any parameter, as llama.cpp does",
+    )
+    requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
+    model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")

@@ -226,11 +226,7 @@ class Judge:
         self._predict: Any = None
         self._scores: dict[str, float] = {}
 
-    def warm_up(self) -> None:
-        """Loads the classifier now, before anything is timed."""
-        self._toxicity(["warm up"])
-
-    def _toxicity(self, texts: list[str]) -> list[float]:
+    def toxicity(self, texts: list[str]) -> list[float]:
         if self._predict is None and self.config.classifier:
             try:
                 from profanity_check import predict_prob  # loads the bundled sklearn model
@@ -261,7 +257,7 @@ class Judge:
             " ".join(str(v) for k, v in item.items() if k not in ("type", "_instance"))
             for item in (view["input"] for view in views.values())
         ]
-        scores = self._toxicity(texts)
+        scores = self.toxicity(texts)
         real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
         options = _vote_options(real)
         on_demand = [a["id"] for a in req.advisors if a.get("on") is None]

@@ -13,7 +13,11 @@ markers in an item's text that force a per-instance fault deterministically:
 includes the item, so only splitting the batch can isolate it), and for advisors
 `[[sim:consult]]` (asks the first on-demand advisor), `[[sim:disagree]]` (the council
 votes against the decision) and `[[sim:bad-votes]]` (malformed inline JSON).
-`[[sim:slow=SECONDS]]` delays the answer of every request that contains the item.
+`[[sim:slow=SECONDS]]` delays the answer of every request that contains the item;
+`[[sim:error500]]` makes every request that contains it fail with HTTP 500.
+
+`SimConfig.provider` makes it follow a provider's documented request rules, error
+shapes and rate-limit headers (`stream.testing.provider`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from aiohttp import web
 from stream.core.tokenizer import estimate_tokens
 from stream.testing.account import MODEL_NAME, Faults, SimConfig
 from stream.testing.judge import Judge, SimRequest, read_request
+from stream.testing.provider import Refusal, account_fault, reasoning_model, refusal
+from stream.testing.quota import Quota
 
 __all__ = [
     "MODEL_NAME",
@@ -55,6 +61,8 @@ _REFUSALS = {
     "404": f"The model does not exist; this endpoint serves {MODEL_NAME} (simulated)",
 }
 _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
+# Hidden reasoning tokens a reasoning model spends per request, by reasoning_effort.
+_THINKING = {"none": 0, "minimal": 8, "low": 64, "medium": 192, "high": 512}
 
 
 class Simulator(Judge):
@@ -65,9 +73,11 @@ class Simulator(Judge):
         self._seen_prefixes: set[bytes] = set()
         self._system_tokens: dict[bytes, int] = {}  # a system message's tokens, by its hash
         self._active = 0  # requests being answered now
-        self._spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last 60 s
+        self.quota = Quota()  # the account's per-minute budget
         # The last requests' messages as sent: tests assert what the product asked.
         self.seen: deque[list[dict[str, Any]]] = deque(maxlen=500)
+        # ... and the parameters beside them (model, caps, temperature, response_format).
+        self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
 
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the
@@ -78,36 +88,22 @@ class Simulator(Judge):
             return _refuse(
                 "too many concurrent requests (simulated limit)", cfg.limit_retry_after_s
             )
-        if not cfg.tokens_per_minute:
+        over = self.quota.tokens(cfg, tokens)
+        if over is None:
             return None
-        now = time.monotonic()
-        while self._spent and self._spent[0][0] <= now - 60:
-            self._spent.popleft()
-        used = sum(n for _, n in self._spent)
-        if used + tokens > cfg.tokens_per_minute:
-            self.stats["refused_tpm"] += 1
-            freed, wait = 0, 60.0
-            for at, n in self._spent:
-                freed += n
-                if used - freed + tokens <= cfg.tokens_per_minute:
-                    wait = at + 60 - now
-                    break
-            return _refuse(
-                "tokens per minute exceeded (simulated limit)",
-                max(wait, 0.05),
-                remaining=max(0, cfg.tokens_per_minute - used),
-            )
-        self._spent.append((now, tokens))
-        return None
+        self.stats["refused_tpm"] += 1
+        wait, left = over
+        return _refuse("tokens per minute exceeded (simulated limit)", wait, remaining=left)
 
     def _account_fault(self, request: web.Request, body: dict[str, Any]) -> str | None:
         """What a real account refuses: a key it does not know, a model it does not serve."""
-        key = self.config.api_key
-        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
-            return "401"
-        if body.get("model") != MODEL_NAME:
-            return "404"
-        return None
+        return account_fault(self.config, request.headers, request.query, body, self.config.model)
+
+    def _error(self, refused: Refusal, headers: dict[str, str] | None = None) -> web.Response:
+        """An error as the provider shapes it (the generic one says less)."""
+        return web.json_response(
+            refused.body(self.config.provider), status=refused.status, headers=headers
+        )
 
     def _request_fault(self) -> str | None:
         f = self.config.faults
@@ -137,41 +133,52 @@ class Simulator(Judge):
             status=400,
         )
 
-    async def chat(self, request: web.Request) -> web.Response:
+    async def chat(self, request: web.Request, deployment: str | None = None) -> web.Response:
         self.stats["requests"] += 1
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
             return self._unreadable(exc)
+        if deployment is not None:
+            body["model"] = deployment
         # A real account checks the key and the model before it reads the request; the
         # injected faults apply to requests it could read (a start-up check is not one).
         fault = self._account_fault(request, body)
+        # The provider refuses a parameter before it reads the messages.
+        refused = refusal(self.config.provider, body) if fault is None else None
+        if refused is not None:
+            self.stats["refused_shape"] += 1
+            return self._error(refused)
         if fault is None:
             try:
                 req = read_request(body["messages"])
             except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
                 return self._unreadable(exc)
-            fault = self._request_fault()
+            # Injected faults are for the stream's requests, not the start-up probe.
+            fault = None if "x-stream-probe" in request.headers else self._request_fault()
         if fault:
             self.stats[f"fault_{fault}"] += 1
         if fault in _REFUSALS:
-            return web.json_response(
-                {"error": {"message": _REFUSALS[fault], "type": "invalid_request_error"}},
-                status=int(fault),
-            )
+            code = {"401": "invalid_api_key", "404": "model_not_found"}.get(fault)
+            return self._error(Refusal(int(fault), _REFUSALS[fault], code=code))
         messages = body["messages"]
         self.seen.append(messages)
+        self.bodies.append({k: v for k, v in body.items() if k != "messages"})
+        if fault is None and "[[sim:error500]]" in orjson.dumps(req.items).decode():
+            fault = "500"
+            self.stats["fault_500"] += 1
         if fault == "429":
-            return web.json_response(
-                {"error": {"message": "rate limited (simulated)", "type": "rate_limit"}},
-                status=429,
-                headers={"retry-after": str(self.config.faults.retry_after_s)},
+            wait = self.config.faults.retry_after_s
+            return self._error(
+                Refusal(429, "rate limited (simulated)", "requests", code="rate_limit_exceeded"),
+                {"retry-after": str(wait), "retry-after-ms": str(int(wait * 1000))},
             )
         if fault == "500":
-            return web.json_response(
-                {"error": {"message": "server error (simulated)", "type": "server_error"}},
-                status=500,
-            )
+            return self._error(Refusal(500, "server error (simulated)", "server_error"))
+        full = self.quota.request(self.config)
+        if full is not None:
+            self.stats["refused_rpm"] += 1
+            return _refuse("requests per minute exceeded (simulated limit)", full)
         if fault == "hang":
             await asyncio.sleep(self.config.faults.hang_s)
         slow = _SLOW.findall(orjson.dumps(req.items).decode())
@@ -197,9 +204,19 @@ class Simulator(Judge):
             for m in messages
         )
         completion_tokens = estimate_tokens(content)
-        refusal = self._over_limit(prompt_tokens + completion_tokens)
-        if refusal is not None:
-            return refusal
+        thinking = 0
+        if self.config.provider != "generic" and reasoning_model(str(body.get("model"))):
+            thinking = _THINKING.get(str(body.get("reasoning_effort") or "medium"), 192)
+            cap = body.get("max_completion_tokens")
+            if isinstance(cap, int) and thinking + completion_tokens > cap:
+                # Reasoning spends the budget first: what is left may not hold the answer.
+                room = max(0, cap - thinking)
+                content, finish = content[: room * 3], "length"
+                thinking = min(thinking, cap)
+                completion_tokens = estimate_tokens(content) if content else 0
+        over = self._over_limit(prompt_tokens + completion_tokens + thinking)
+        if over is not None:
+            return over
         cached = system if prefix in self._seen_prefixes else 0
         self._seen_prefixes.add(prefix)
         delay = self.config.latency_ms + self.config.per_output_token_ms * completion_tokens
@@ -211,12 +228,15 @@ class Simulator(Judge):
                 await asyncio.sleep(delay / 1000)
         finally:
             self._active -= 1
-        self.stats["completions"] += 1
-        self.stats["instances"] += len(req.items)
-        # Requests that carried items: not the processor's start-up check of the endpoint.
-        self.stats["item_requests"] += int(bool(req.items))
+        # The processor's start-up probe is counted apart: the stream's own requests are
+        # what tests and the bench compare (nothing asked twice, requests per item).
+        probe = "x-stream-probe" in request.headers
+        self.stats["probes" if probe else "completions"] += 1
+        self.stats["instances"] += 0 if probe else len(req.items)
+        self.stats["item_requests"] += int(bool(req.items) and not probe)
         self.stats["prompt_tokens"] += prompt_tokens
-        self.stats["completion_tokens"] += completion_tokens
+        self.stats["completion_tokens"] += completion_tokens + thinking
+        self.stats["reasoning_tokens"] += thinking
         self.stats["cached_tokens"] += cached
         return web.json_response(
             {
@@ -234,13 +254,21 @@ class Simulator(Judge):
                 ],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
+                    # As OpenAI reports it: reasoning is part of the completion (billed as
+                    # output) and broken out in the details.
+                    "completion_tokens": completion_tokens + thinking,
+                    "total_tokens": prompt_tokens + completion_tokens + thinking,
                     "prompt_tokens_details": {"cached_tokens": cached},
+                    "completion_tokens_details": {"reasoning_tokens": thinking},
                 },
             },
+            headers=self.quota.headers(self.config) if self.config.provider != "generic" else {},
             dumps=lambda o: orjson.dumps(o).decode(),
         )
+
+    async def azure_chat(self, request: web.Request) -> web.Response:
+        """Azure names the model by its deployment; the body's `model` is not read."""
+        return await self.chat(request, deployment=request.match_info["deployment"])
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response(
@@ -275,6 +303,8 @@ class Simulator(Judge):
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
+        # Azure OpenAI's layout: the deployment in the path, the api-version in the query.
+        app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.azure_chat)
         app.router.add_get("/sim/stats", self.get_stats)
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
@@ -282,7 +312,7 @@ class Simulator(Judge):
 
 
 def _refuse(message: str, retry_after: float, remaining: int | None = None) -> web.Response:
-    headers = {"retry-after": f"{retry_after:.2f}"}
+    headers = {"retry-after": f"{retry_after:.2f}", "retry-after-ms": str(int(retry_after * 1000))}
     if remaining is not None:
         headers["x-ratelimit-remaining-tokens"] = str(remaining)
     return web.json_response(
@@ -308,7 +338,7 @@ def running_simulator(
 ) -> Iterator[tuple[Simulator, str]]:
     """Runs the simulator on its own event-loop thread; yields it and its /v1 base URL."""
     sim = Simulator(config)
-    sim.warm_up()  # load the classifier before the first timed request
+    sim.toxicity(["warm up"])  # load the classifier before the first timed request
     loop = asyncio.new_event_loop()
     ready: dict[str, Any] = {}
     started = threading.Event()
@@ -332,7 +362,10 @@ def running_simulator(
 
 def serve_forever(config: SimConfig, host: str, port: int) -> int:
     """`stream llm-sim`: the simulator in the foreground until Ctrl-C or SIGTERM."""
-    print(f"LLM SIMULATOR (not a model) on http://{host}:{port}/v1", flush=True)
+    print(
+        f"LLM SIMULATOR (not a model, provider {config.provider}) on http://{host}:{port}/v1",
+        flush=True,
+    )
     sim = Simulator(config)
     web.run_app(
         sim.app(),

@@ -228,8 +228,10 @@ class Bench:
 
         n = max(result.items, 1)
         answered = delta("completions")
-        result.requests_per_item = delta("requests") / n
-        result.refused_per_item = (delta("requests") - answered) / n
+        # A processor's start-up probe is not the stream's work.
+        requests = delta("requests") - delta("probes")
+        result.requests_per_item = requests / n
+        result.refused_per_item = (requests - answered) / n
         result.prompt_per_item = delta("prompt_tokens") / n
         result.completion_per_item = delta("completion_tokens") / n
         prices = ModelEndpoint.model_validate(

@@ -78,8 +78,11 @@ def soak(args: argparse.Namespace, endpoint: Endpoint, settings: Settings) -> in
 
 
 def evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    from stream.core.prompt import PromptBuilder
     from stream.core.spec import load_spec
     from stream.llm.client import LLM
+    from stream.llm.factory import initial_shape
+    from stream.llm.probe import probe
     from stream.runtime.processor import resolve_api_key
     from stream.tools.eval import disagreements, load_items, markdown
     from stream.tools.eval import evaluate as run_eval
@@ -109,8 +112,14 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
                 temperature=spec.model.temperature,
                 max_output_tokens=spec.model.max_output_tokens,
+                shape=initial_shape(spec),
+                reasoning_effort=spec.model.reasoning_effort,
+                reasoning_headroom=spec.model.reasoning_headroom,
             )
             try:
+                # The same request shape `stream process` would send.
+                if spec.model.request is None:
+                    llm.shape = (await probe(llm, PromptBuilder(spec))).shape
                 return await run_eval(spec, llm, items, windows, args.concurrency)
             finally:
                 await llm.close()

@@ -108,6 +108,9 @@ class _Seen:
     def on_circuit(self, is_open: bool) -> None:
         pass
 
+    def on_shape(self, labels: dict[str, str]) -> None:
+        return None
+
     def on_refused(self, status: int | None) -> None:
         self.refused.append(status)
 

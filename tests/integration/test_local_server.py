@@ -108,3 +108,25 @@ def test_the_server_is_gone_when_its_context_ends() -> None:
         assert resp.status == 200
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{url}/models", timeout=5)
+
+
+async def test_the_start_up_probe_keeps_the_full_shape_llama_cpp_takes(
+    served: tuple[str, str],
+) -> None:
+    """llama.cpp takes max_tokens, a temperature and a strict schema (as a grammar): the
+    probe, a one-item batch of the shipped example's own schema, keeps that shape."""
+    from stream.core.prompt import PromptBuilder
+    from stream.core.spec import load_spec
+    from stream.llm.client import LLM
+    from stream.llm.probe import probe
+    from stream.llm.shape import RequestShape
+    from stream.settings import DEFAULT_SPEC
+
+    url, name = served
+    llm = LLM(base_url=url, api_key="none", model=name, timeout_s=100)
+    try:
+        probed = await probe(llm, PromptBuilder(load_spec(DEFAULT_SPEC)))
+    finally:
+        await llm.close()
+    assert probed.answered and not probed.tried
+    assert probed.shape == RequestShape()

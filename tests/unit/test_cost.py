@@ -58,3 +58,13 @@ def test_bench_table_shows_usd_per_item_and_its_share_of_the_baseline() -> None:
         dict(zip(header, _row(text, "baseline (window 1)"), strict=True))["cost vs baseline"]
         == "1.0x"
     )
+
+
+def test_reasoning_tokens_are_priced_as_output_and_counted_apart() -> None:
+    metrics = Metrics(_PRICES)
+    # 300 completion tokens of which 200 were hidden reasoning (OpenAI's usage).
+    metrics.observe_tokens(1000, 300, 0, answered=1, reasoning=200)
+    text = metrics.render().decode()
+    assert 'stream_tokens_total{kind="reasoning"} 200.0' in text
+    line = next(x for x in text.splitlines() if x.startswith("stream_llm_cost_usd_total "))
+    assert float(line.split()[1]) == pytest.approx((1000 * 0.15 + 300 * 0.60) / 1e6)

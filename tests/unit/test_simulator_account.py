@@ -23,7 +23,7 @@ def _body(n: int = 3) -> dict[str, Any]:
 
 async def _client(config: SimConfig) -> tuple[Simulator, TestClient[Any, Any]]:
     sim = Simulator(config)
-    sim.warm_up()  # load the classifier before anything is timed
+    sim.toxicity(["warm up"])  # load the classifier before anything is timed
     client: TestClient[Any, Any] = TestClient(TestServer(sim.app()))
     await client.start_server()
     return sim, client

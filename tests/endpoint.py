@@ -1,0 +1,78 @@
+"""A model endpoint in memory, behind the real openai client (httpx2's MockTransport):
+the unit tests drive `stream.llm.LLM` through HTTP status codes and provider error JSON
+without a socket. It answers with the simulator's judge and follows a provider's request
+rules (`stream.testing.provider`); `fail` decides a response of its own per request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import orjson
+
+from stream.llm.client import LLM
+from stream.llm.shape import RequestShape
+from stream.retry import RetryPolicy
+from stream.testing.judge import read_request
+from stream.testing.provider import ProviderName, Refusal, refusal
+from stream.testing.simulator import Simulator
+
+__all__ = ["MemoryEndpoint"]
+
+Fail = Callable[[dict[str, Any]], Refusal | None]
+
+
+class MemoryEndpoint:
+    def __init__(self, provider: ProviderName = "generic", model: str = "stream-sim-1") -> None:
+        self.provider = provider
+        self.model = model
+        self.sim = Simulator()
+        self.bodies: list[dict[str, Any]] = []
+        self.fail: Fail | None = None
+        self.headers: dict[str, str] = {}
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        body = orjson.loads(request.content)
+        self.bodies.append(body)
+        refused = refusal(self.provider, body) or (self.fail(body) if self.fail else None)
+        if refused is not None:
+            return httpx2.Response(
+                refused.status, json=refused.body(self.provider), headers=self.headers
+            )
+        text = self.sim.answer(read_request(body["messages"]))
+        return httpx2.Response(
+            200,
+            json={
+                "id": "mem-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 100,
+                    "completion_tokens": 70,
+                    "total_tokens": 170,
+                    "completion_tokens_details": {"reasoning_tokens": 30},
+                },
+            },
+        )
+
+    def llm(self, **options: Any) -> LLM:
+        transport = httpx2.MockTransport(self.handle)
+        options.setdefault("retry", RetryPolicy(base_s=0.001, cap_s=0.005))
+        options.setdefault("shape", RequestShape())
+        return LLM(
+            base_url="http://memory/v1",
+            api_key="none",
+            model=self.model,
+            timeout_s=5,
+            http_client=httpx2.AsyncClient(transport=transport),
+            **options,
+        )
