@@ -80,11 +80,11 @@ async def test_items_end_once_with_one_processor(deploy: Deploy) -> None:
     assert "delivery exactly_once" in dep.proc.log_path.read_text()
 
 
+Step = Callable[[list[ProcessorProcess], random.Random], Awaitable[bool]]
+
+
 async def _churn(
-    dep: Deployment,
-    make: Callable[[int], list[dict[str, Any]]],
-    rounds: int,
-    step: Callable[[list[ProcessorProcess], random.Random], Awaitable[bool]],
+    dep: Deployment, make: Callable[[int], list[dict[str, Any]]], rounds: int, step: Step
 ) -> int:
     """Items produced in `rounds` waves while `step` kills, stops or starts processors of
     one group between them; returns how many items were produced."""
@@ -132,22 +132,21 @@ async def test_random_sigkills_of_two_processors(deploy: Deploy) -> None:
     _exactly_once(report)
 
 
-async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
-    """The same on the stateful tickets example (two turns, awaited calls answered by a
-    worker): no turn asked twice into the outputs, every workflow ended exactly once."""
-    dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
+async def _workflows_under(dep: Deployment, tag: str, rounds: int, step: Step) -> None:
+    """Tickets in waves while `step` churns the group; a worker answers the awaited calls.
+    Then: exactly once on the outputs, and every workflow ended once after two turns."""
     registry = load_activities(str(TICKETS / "activities.py"))
     stop = asyncio.Event()
     worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    made: list[dict[str, Any]] = []
+
+    def wave(k: int) -> list[dict[str, Any]]:
+        items = [{**t, "_instance": f"{tag}{k}-{t['_instance']}"} for t in tickets(8)]
+        made.extend(items)
+        return items
+
     try:
-        made: list[dict[str, Any]] = []
-
-        def wave(k: int) -> list[dict[str, Any]]:
-            items = [{**t, "_instance": f"w{k}-{t['_instance']}"} for t in tickets(8)]
-            made.extend(items)
-            return items
-
-        produced = await _churn(dep, wave, 20, _kill)
+        produced = await _churn(dep, wave, rounds, step)
         report = await dep.settle(produced, 150)
         done = await _all_done(dep, {i["_instance"] for i in made}, 180)
     finally:
@@ -157,44 +156,30 @@ async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
     assert len(done) == len(made)
     for records in done.values():
         assert len(records) == 1, records  # one done record per workflow
-        assert [t["turn"] for t in records[0]["trace"]] == [1, 2]
+        assert [t["turn"] for t in records[0]["trace"]] == [1, 2]  # no turn lost or redone
+
+
+async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
+    """The same on the stateful tickets example (two turns, awaited calls answered by a
+    worker): no turn asked twice into the outputs, every workflow ended exactly once."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
+    await _workflows_under(dep, "w", 20, _kill)
+
+
+async def _toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
+    second = procs[1]
+    if second.proc is not None and second.proc.poll() is None:
+        await asyncio.to_thread(second.stop)  # SIGTERM: a graceful leave
+    else:
+        second.start()
+    return True
 
 
 async def test_scale_out_and_in_mid_workflow(deploy: Deploy) -> None:
     """A live owner losing partitions (a second processor started, later stopped with
     SIGTERM, several times) while turns are in flight: no turn runs twice."""
     dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
-    registry = load_activities(str(TICKETS / "activities.py"))
-    stop = asyncio.Event()
-    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
-
-    async def toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
-        second = procs[1]
-        if second.proc is not None and second.proc.poll() is None:
-            await asyncio.to_thread(second.stop)  # SIGTERM: a graceful leave
-        else:
-            second.start()
-        return True
-
-    try:
-        made: list[dict[str, Any]] = []
-
-        def wave(k: int) -> list[dict[str, Any]]:
-            items = [{**t, "_instance": f"s{k}-{t['_instance']}"} for t in tickets(8)]
-            made.extend(items)
-            return items
-
-        produced = await _churn(dep, wave, 8, toggle)
-        report = await dep.settle(produced, 150)
-        done = await _all_done(dep, {i["_instance"] for i in made}, 180)
-    finally:
-        stop.set()
-        await worker
-    _exactly_once(report)
-    assert len(done) == len(made)
-    for records in done.values():
-        assert len(records) == 1, records
-        assert [t["turn"] for t in records[0]["trace"]] == [1, 2]
+    await _workflows_under(dep, "s", 8, _toggle)
 
 
 async def _all_done(
