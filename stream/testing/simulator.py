@@ -76,6 +76,7 @@ class Simulator(Judge):
         self.quota = Quota()  # the account's per-minute budget
         # The last requests' messages as sent: tests assert what the product asked.
         self.seen: deque[list[dict[str, Any]]] = deque(maxlen=500)
+        self.seen_total = 0  # requests ever seen: `seen` keeps only the last 500
         # ... and the parameters beside them (model, caps, temperature, response_format).
         self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
 
@@ -163,6 +164,7 @@ class Simulator(Judge):
             return self._error(Refusal(int(fault), _REFUSALS[fault], code=code))
         messages = body["messages"]
         self.seen.append(messages)
+        self.seen_total += 1
         self.bodies.append({k: v for k, v in body.items() if k != "messages"})
         if fault is None and "[[sim:error500]]" in orjson.dumps(req.items).decode():
             fault = "500"

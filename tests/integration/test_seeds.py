@@ -51,9 +51,11 @@ async def _until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any
 
 
 def _sent_since(dep: Deployment, mark: int) -> list[list[dict[str, Any]]]:
-    """The item-carrying requests the simulator got since `mark` (len of its log)."""
+    """The item-carrying requests the simulator got since `mark` (its `seen_total`; its
+    log keeps the last 500, so a long session's log no longer grows)."""
     out = []
-    for messages in list(dep.sim.seen)[mark:]:
+    recent = list(dep.sim.seen)
+    for messages in recent[max(0, len(recent) - (dep.sim.seen_total - mark)) :]:
         if any(m["role"] == "user" and m["content"].startswith("[") for m in messages):
             out.append(messages)
     return out
@@ -150,7 +152,7 @@ async def test_consulted_advisor_gets_the_question_and_low_scores_stay_low(
     data = _load(DEFAULT_SPEC)
     data["advice"] = {"mode": "gate", "min_score": 0.5}
     dep = await deploy(spec_path=_write(tmp_path, data))
-    mark = len(dep.sim.seen)
+    mark = dep.sim.seen_total
     await dep.produce_items(
         [
             {"_instance": "q-1", "comment": "Is this fine? [[sim:consult]]"},
@@ -236,7 +238,7 @@ async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
     deploy: Deploy,
 ) -> None:
     dep = await deploy(spec_path=EXAMPLES / "seeds" / "manager.yaml")
-    mark = len(dep.sim.seen)
+    mark = dep.sim.seen_total
     employees = seed_items("manager")
     assert all(set(e) == {"type", "_instance", "task", "status"} for e in employees)
     await dep.produce_items(employees)

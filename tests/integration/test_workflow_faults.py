@@ -77,8 +77,11 @@ async def _all_ended(dep: Deployment, names: set[str], wait_s: float = 60) -> di
         while time.monotonic() < deadline:
             every = await workflow_states(dep)
             states = {k: v for k, v in every.items() if k in names}
-            async with session.get(f"{dep.web}/api/live") as resp:
-                flying = (await resp.json())["in_flight"]
+            try:
+                async with session.get(f"{dep.web}/api/live") as resp:
+                    flying = (await resp.json())["in_flight"]
+            except aiohttp.ClientConnectionError:  # restarted after its kill: not serving yet
+                flying = -1
             ended = all(s["status"] == "done" and not s["outbox"] for s in states.values())
             if set(states) == names and ended and flying == 0:
                 return states
