@@ -163,8 +163,9 @@ class Simulator(Judge):
             code = {"401": "invalid_api_key", "404": "model_not_found"}.get(fault)
             return self._error(Refusal(int(fault), _REFUSALS[fault], code=code))
         messages = body["messages"]
-        self.seen.append(messages)
-        self.seen_total += 1
+        if "x-stream-probe" not in request.headers:  # the stream's asks; probes apart
+            self.seen.append(messages)
+            self.seen_total += 1
         self.bodies.append({k: v for k, v in body.items() if k != "messages"})
         if fault is None and "[[sim:error500]]" in orjson.dumps(req.items).decode():
             fault = "500"
