@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,8 +66,6 @@ class _Service:
         overrides: tuple[Messages, dict[int, int]],
         probe: Probe,
     ) -> None:
-        import secrets
-
         self.settings = settings
         topics = settings.topics
         self.metrics = Metrics(spec.model)

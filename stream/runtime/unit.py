@@ -358,12 +358,14 @@ async def _without_refused(
         return records, {}
     limits = await refusals.limits({records[k].topic for k in exc.refused})
     out: list[OutRecord] = []
+    replaced = 0
     for k, rec in enumerate(records):
         limit = limits.get(rec.topic)
         size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
         if k not in exc.refused or limit is None or size <= limit:
             out.append(rec)
             continue
+        replaced += 1
         log.error(
             "partition %d: the broker refused a record of %d bytes for %s (its limit: %d); "
             "its item is dead-lettered",
@@ -373,4 +375,4 @@ async def _without_refused(
             limit,
         )
         out += refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
-    return (records if len(out) == len(records) and out == records else out), limits
+    return (out if replaced else records), limits

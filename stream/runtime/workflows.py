@@ -220,9 +220,6 @@ class Flows:
         settled = self.workflow.expire(time.time() if now is None else now)
         out: dict[int, Staging] = {}
         for nxt, done in settled:
-            where = nxt or done
-            if where is None:
-                continue
             source = nxt.source if nxt is not None else (done.source if done else None)
             if source is None:
                 continue
