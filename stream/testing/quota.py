@@ -1,6 +1,11 @@
 """An account's per-minute budget, as the simulator keeps it: the requests and tokens of
 the last 60 s, whether one more fits, and OpenAI's `x-ratelimit-*` headers saying what is
-left (the limit, the remaining count, and when the window is whole again)."""
+left (the limit, the remaining count, and when the window is whole again).
+
+OpenAI documents `x-ratelimit-reset-*` as the time until the limit "resets to its initial
+state": here, when the newest request (or token spend) of the window leaves it, not the
+oldest. A client that holds until then meets a whole budget; one that held only until the
+oldest left would find room for one request and burst into 429s again."""
 
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ class Quota:
         self._trim(now)
         headers: dict[str, str] = {}
         if cfg.requests_per_minute:
-            reset = (self.sent[0] + 60 - now) if self.sent else 0.0
+            reset = (self.sent[-1] + 60 - now) if self.sent else 0.0
             headers |= {
                 "x-ratelimit-limit-requests": str(cfg.requests_per_minute),
                 "x-ratelimit-remaining-requests": str(
@@ -68,7 +73,7 @@ class Quota:
             }
         if cfg.tokens_per_minute:
             used = sum(n for _, n in self.spent)
-            reset = (self.spent[0][0] + 60 - now) if self.spent else 0.0
+            reset = (self.spent[-1][0] + 60 - now) if self.spent else 0.0
             headers |= {
                 "x-ratelimit-limit-tokens": str(cfg.tokens_per_minute),
                 "x-ratelimit-remaining-tokens": str(max(0, cfg.tokens_per_minute - used)),

@@ -80,6 +80,10 @@ class Simulator(Judge):
         # ... and the parameters beside them (model, caps, temperature, response_format).
         self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
 
+    def _limits(self) -> dict[str, str]:
+        """The account's `x-ratelimit-*` headers; the generic profile sends none."""
+        return self.quota.headers(self.config) if self.config.provider != "generic" else {}
+
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the
         last minute plus this request over the budget (retry-after: when enough frees)."""
@@ -94,7 +98,9 @@ class Simulator(Judge):
             return None
         self.stats["refused_tpm"] += 1
         wait, left = over
-        return _refuse("tokens per minute exceeded (simulated limit)", wait, remaining=left)
+        return _refuse(
+            "tokens per minute exceeded (simulated limit)", wait, self._limits(), remaining=left
+        )
 
     def _account_fault(self, request: web.Request, body: dict[str, Any]) -> str | None:
         """What a real account refuses: a key it does not know, a model it does not serve."""
@@ -181,7 +187,7 @@ class Simulator(Judge):
         full = self.quota.request(self.config)
         if full is not None:
             self.stats["refused_rpm"] += 1
-            return _refuse("requests per minute exceeded (simulated limit)", full)
+            return _refuse("requests per minute exceeded (simulated limit)", full, self._limits())
         if fault == "hang":
             await asyncio.sleep(self.config.faults.hang_s)
         slow = _SLOW.findall(orjson.dumps(req.items).decode())
@@ -265,7 +271,7 @@ class Simulator(Judge):
                     "completion_tokens_details": {"reasoning_tokens": thinking},
                 },
             },
-            headers=self.quota.headers(self.config) if self.config.provider != "generic" else {},
+            headers=self._limits(),
             dumps=lambda o: orjson.dumps(o).decode(),
         )
 
@@ -314,8 +320,16 @@ class Simulator(Judge):
         return app
 
 
-def _refuse(message: str, retry_after: float, remaining: int | None = None) -> web.Response:
+def _refuse(
+    message: str,
+    retry_after: float,
+    limits: dict[str, str] | None = None,
+    remaining: int | None = None,
+) -> web.Response:
+    """A 429; a provider profile's carries the account's `x-ratelimit-*` headers as well,
+    as OpenAI's and Azure's do."""
     headers = {"retry-after": f"{retry_after:.2f}", "retry-after-ms": str(int(retry_after * 1000))}
+    headers |= limits or {}
     if remaining is not None:
         headers["x-ratelimit-remaining-tokens"] = str(remaining)
     return web.json_response(
