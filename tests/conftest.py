@@ -18,14 +18,14 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream.core.spec import AgentSpec
-from stream.ops.audit import AuditReport
-from stream.runtime.security import options_for
-from stream.runtime.topics import read_json, read_topic, state_changelog
-from stream.settings import Settings
-from stream.testing.broker import kafka_bootstrap
-from stream.testing.simulator import Faults, Simulator, running_simulator
-from stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.ops.audit import AuditReport
+from instanced_stream.runtime.security import options_for
+from instanced_stream.runtime.topics import read_json, read_topic, state_changelog
+from instanced_stream.settings import Settings
+from instanced_stream.testing.broker import kafka_bootstrap
+from instanced_stream.testing.simulator import Faults, Simulator, running_simulator
+from instanced_stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
 
 
 def _free_port() -> int:
@@ -100,7 +100,7 @@ class Deployment:
         }
         return await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "stream", *args],
+            [sys.executable, "-m", "instanced_stream", *args],
             env=full,
             capture_output=True,
             text=True,
@@ -176,7 +176,7 @@ async def workflow_states(dep: Deployment) -> dict[str, dict[str, Any]]:
 def demo_json(bootstrap: str, *args: str, timeout: float) -> dict[str, Any]:
     """`stream demo ARGS --json` as a user runs it against this broker: its summary."""
     done = subprocess.run(
-        [sys.executable, "-m", "stream", "demo", *args, "--json"],
+        [sys.executable, "-m", "instanced_stream", "demo", *args, "--json"],
         env={**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap},
         capture_output=True,
         text=True,

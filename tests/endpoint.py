@@ -1,7 +1,7 @@
 """A model endpoint in memory, behind the real openai client (httpx2's MockTransport):
-the unit tests drive `stream.llm.LLM` through HTTP status codes and provider error JSON
+the unit tests drive `instanced_stream.llm.LLM` through HTTP status codes and provider error JSON
 without a socket. It answers with the simulator's judge and follows a provider's request
-rules (`stream.testing.provider`); `fail` decides a response of its own per request."""
+rules (`instanced_stream.testing.provider`); `fail` decides a response of its own per request."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 import httpx2
 import orjson
 
-from stream.llm.client import LLM
-from stream.llm.shape import RequestShape
-from stream.retry import RetryPolicy
-from stream.testing.judge import read_request
-from stream.testing.provider import ProviderName, Refusal, refusal
-from stream.testing.simulator import Simulator
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.shape import RequestShape
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.testing.judge import read_request
+from instanced_stream.testing.provider import ProviderName, Refusal, refusal
+from instanced_stream.testing.simulator import Simulator
 
 __all__ = ["MemoryEndpoint"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream.core.instance import Instance
-from stream.core.messages import SourcePosition
-from stream.errors import LLMError
-from stream.llm.client import Completion
-from stream.testing.judge import read_request
-from stream.testing.simulator import SimRequest, Simulator
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.errors import LLMError
+from instanced_stream.llm.client import Completion
+from instanced_stream.testing.judge import read_request
+from instanced_stream.testing.simulator import SimRequest, Simulator
 
 
 def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:
@@ -79,7 +79,7 @@ class FakePublisher:
         return None
 
     async def publish(self, records: list[Any], sent: Any = None) -> None:
-        from stream.runtime.publish import PublishError
+        from instanced_stream.runtime.publish import PublishError
 
         if sent is not None:
             sent.handed()

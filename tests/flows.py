@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 
-from stream.core.spec import AgentSpec, load_spec
-from stream.core.state import MemoryStore
-from stream.core.workflow import Workflow
-from stream.runtime.processor import Pipeline
-from stream.settings import Settings
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.state import MemoryStore
+from instanced_stream.core.workflow import Workflow
+from instanced_stream.runtime.processor import Pipeline
+from instanced_stream.settings import Settings
 from tests.fakes import FakeLLM, FakePublisher
 
 __all__ = ["TICKETS", "drain", "lazy", "on", "pipeline", "tickets_spec"]

@@ -7,9 +7,9 @@ import logging
 from collections import Counter
 from typing import Any
 
-from stream.activities.worker import Activities
-from stream.core.messages import Call
-from stream.core.spec import Tool
+from instanced_stream.activities.worker import Activities
+from instanced_stream.core.messages import Call
+from instanced_stream.core.spec import Tool
 
 activities = Activities()
 decisions: Counter[str] = Counter()

@@ -11,9 +11,9 @@ import re
 from collections import Counter
 from typing import Any
 
-from stream.activities.worker import Activities, Branch, paths_of
-from stream.core.messages import Call
-from stream.core.spec import Tool
+from instanced_stream.activities.worker import Activities, Branch, paths_of
+from instanced_stream.core.messages import Call
+from instanced_stream.core.spec import Tool
 
 activities = Activities()
 routed: Counter[str] = Counter()

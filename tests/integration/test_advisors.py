@@ -12,7 +12,7 @@ import orjson
 import pytest
 import yaml
 
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.settings import DEFAULT_SPEC
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stream.tools.bench import run_bench
-from stream.tools.report import Endpoint
+from instanced_stream.tools.bench import run_bench
+from instanced_stream.tools.report import Endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from stream.ops.audit import AuditReport
-from stream.testing.broker import LocalKafka
-from stream.testing.simulator import Faults, Simulator
-from stream.tools.demo import ProcessorProcess, launch_processor
+from instanced_stream.ops.audit import AuditReport
+from instanced_stream.testing.broker import LocalKafka
+from instanced_stream.testing.simulator import Faults, Simulator
+from instanced_stream.tools.demo import ProcessorProcess, launch_processor
 from tests.conftest import Deployment, committed_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stream.ops import cli
-from stream.testing.simulator import Simulator
+from instanced_stream.ops import cli
+from instanced_stream.testing.simulator import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

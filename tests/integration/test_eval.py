@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from stream.core.spec import load_spec
-from stream.llm.client import LLM
-from stream.settings import DEFAULT_SPEC
-from stream.testing.simulator import Simulator
-from stream.tools.eval import evaluate, load_items, markdown
+from instanced_stream.core.spec import load_spec
+from instanced_stream.llm.client import LLM
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.simulator import Simulator
+from instanced_stream.tools.eval import evaluate, load_items, markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

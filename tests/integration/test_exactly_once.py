@@ -19,11 +19,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from stream.activities.worker import load_activities
-from stream.ops.audit import AuditReport
-from stream.runtime.security import options_for
-from stream.testing.samples import tickets
-from stream.tools.demo import ProcessorProcess
+from instanced_stream.activities.worker import load_activities
+from instanced_stream.ops.audit import AuditReport
+from instanced_stream.runtime.security import options_for
+from instanced_stream.testing.samples import tickets
+from instanced_stream.tools.demo import ProcessorProcess
 from tests.conftest import Deployment, committed_offsets, demo_json, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]

@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from stream.runtime.topics import read_topic
-from stream.tools.demo import ProcessorProcess, wait_accounted
+from instanced_stream.runtime.topics import read_topic
+from instanced_stream.tools.demo import ProcessorProcess, wait_accounted
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from stream.core.messages import ITEM_CODES
-from stream.core.prompt import token_for
-from stream.runtime.topics import read_json
+from instanced_stream.core.messages import ITEM_CODES
+from instanced_stream.core.prompt import token_for
+from instanced_stream.runtime.topics import read_json
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -45,7 +45,7 @@ async def test_publish_a_jsonl_file_and_read_the_decisions(deploy: Deploy, tmp_p
 async def _stream(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "stream", *args],
+        [sys.executable, "-m", "instanced_stream", *args],
         env=env,
         capture_output=True,
         text=True,

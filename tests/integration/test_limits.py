@@ -15,9 +15,9 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from stream.activities.worker import Activities
-from stream.runtime.security import options_for
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.activities.worker import Activities
+from instanced_stream.runtime.security import options_for
+from instanced_stream.settings import DEFAULT_SPEC
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

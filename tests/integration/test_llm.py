@@ -7,14 +7,14 @@ import time
 import openai
 import pytest
 
-from stream.core.instance import Instance
-from stream.core.messages import SourcePosition
-from stream.core.prompt import PromptBuilder
-from stream.core.spec import load_spec
-from stream.errors import LLMError
-from stream.llm.client import LLM, RetryPolicy
-from stream.settings import DEFAULT_SPEC
-from stream.testing.simulator import Faults, Simulator
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.spec import load_spec
+from instanced_stream.errors import LLMError
+from instanced_stream.llm.client import LLM, RetryPolicy
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.simulator import Faults, Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -129,7 +129,7 @@ async def test_a_refused_key_mid_run_pauses_loudly_then_resumes(
         retry=RetryPolicy(base_s=0.05, cap_s=0.2),
         listener=seen,
     )
-    with caplog.at_level("WARNING", logger="stream.llm"):
+    with caplog.at_level("WARNING", logger="instanced_stream.llm"):
         done = await llm.complete(*_messages(2))
     await llm.close()
     assert '"calls"' in done.text and llm.retries == 3

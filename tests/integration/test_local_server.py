@@ -13,8 +13,8 @@ import openai
 import pytest
 from jsonschema import Draft202012Validator
 
-from stream.core.prompt import token_for
-from stream.llm.local import running_local_llm
+from instanced_stream.core.prompt import token_for
+from instanced_stream.llm.local import running_local_llm
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(120)]
 
@@ -115,12 +115,12 @@ async def test_the_start_up_probe_keeps_the_full_shape_llama_cpp_takes(
 ) -> None:
     """llama.cpp takes max_tokens, a temperature and a strict schema (as a grammar): the
     probe, a one-item batch of the shipped example's own schema, keeps that shape."""
-    from stream.core.prompt import PromptBuilder
-    from stream.core.spec import load_spec
-    from stream.llm.client import LLM
-    from stream.llm.probe import probe
-    from stream.llm.shape import RequestShape
-    from stream.settings import DEFAULT_SPEC
+    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.llm.client import LLM
+    from instanced_stream.llm.probe import probe
+    from instanced_stream.llm.shape import RequestShape
+    from instanced_stream.settings import DEFAULT_SPEC
 
     url, name = served
     llm = LLM(base_url=url, api_key="none", model=name, timeout_s=100)

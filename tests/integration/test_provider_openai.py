@@ -19,13 +19,13 @@ import orjson
 import pytest
 import yaml
 
-from stream.core.messages import ITEM_CODES
-from stream.runtime.topics import read_json
-from stream.settings import DEFAULT_SPEC
-from stream.testing.account import MODEL_NAME, SimConfig
-from stream.testing.samples import malformed_records
-from stream.testing.simulator import Simulator, running_simulator
-from stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
+from instanced_stream.core.messages import ITEM_CODES
+from instanced_stream.runtime.topics import read_json
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.account import MODEL_NAME, SimConfig
+from instanced_stream.testing.samples import malformed_records
+from instanced_stream.testing.simulator import Simulator, running_simulator
+from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
 from tests.conftest import _free_port, demo_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -43,7 +43,7 @@ def openai_sim() -> Iterator[tuple[Simulator, str]]:
 def _stream(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))}
     return subprocess.run(
-        [sys.executable, "-m", "stream", *args],
+        [sys.executable, "-m", "instanced_stream", *args],
         env={**clean, **env},
         capture_output=True,
         text=True,

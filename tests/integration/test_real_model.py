@@ -19,18 +19,18 @@ import pytest_asyncio
 import yaml
 from jsonschema import Draft202012Validator
 
-from stream.core.messages import SourcePosition
-from stream.core.prompt import Instance, PromptBuilder
-from stream.core.solve import Outcome, Solver
-from stream.core.spec import AgentSpec, load_spec
-from stream.core.validate import Validator
-from stream.llm.client import LLM
-from stream.llm.limiter import Limiter
-from stream.llm.local import running_local_llm
-from stream.runtime.topics import activity_topics, read_json
-from stream.settings import DEFAULT_SPEC
-from stream.testing.samples import comments
-from stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.prompt import Instance, PromptBuilder
+from instanced_stream.core.solve import Outcome, Solver
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.validate import Validator
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.llm.local import running_local_llm
+from instanced_stream.runtime.topics import activity_topics, read_json
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.samples import comments
+from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]
 

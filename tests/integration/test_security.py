@@ -15,11 +15,11 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from stream.runtime.security import client_options, register
-from stream.settings import Settings
-from stream.testing.broker import LocalKafka, Tls
-from stream.testing.simulator import Simulator
-from stream.tools.demo import launch_processor
+from instanced_stream.runtime.security import client_options, register
+from instanced_stream.settings import Settings
+from instanced_stream.testing.broker import LocalKafka, Tls
+from instanced_stream.testing.simulator import Simulator
+from instanced_stream.tools.demo import launch_processor
 from tests.conftest import Deployment, _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -143,7 +143,7 @@ async def test_items_flow_end_to_end_through_a_secured_listener(
 
 def _stream_topics(bootstrap: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "stream", "topics"],
+        [sys.executable, "-m", "instanced_stream", "topics"],
         env={**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap, **env},
         capture_output=True,
         text=True,

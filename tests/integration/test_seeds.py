@@ -14,12 +14,12 @@ import orjson
 import pytest
 import yaml
 
-from stream.activities.worker import Activities
-from stream.core.messages import Call
-from stream.core.spec import Tool
-from stream.settings import DEFAULT_SPEC, EXAMPLES
-from stream.testing.samples import tickets
-from stream.tools.seeds import seed_items
+from instanced_stream.activities.worker import Activities
+from instanced_stream.core.messages import Call
+from instanced_stream.core.spec import Tool
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
+from instanced_stream.testing.samples import tickets
+from instanced_stream.tools.seeds import seed_items
 from tests.conftest import Deployment, demo_json, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

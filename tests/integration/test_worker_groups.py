@@ -18,9 +18,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream.core.spec import load_spec
-from stream.runtime.topics import ensure_product_topics
-from stream.settings import Settings
+from instanced_stream.core.spec import load_spec
+from instanced_stream.runtime.topics import ensure_product_topics
+from instanced_stream.settings import Settings
 from tests.conftest import _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -81,7 +81,7 @@ async def test_two_groups_each_get_every_call_and_sigterm_commits(
             "STREAM_DECISIONS_FILE": str(tmp_path / f"{team}.jsonl"),
             "STREAM_WEB_HOST": "127.0.0.1",
         }
-        command = [sys.executable, "-m", "stream", "activities", str(EXAMPLE), "--group"]
+        command = [sys.executable, "-m", "instanced_stream", "activities", str(EXAMPLE), "--group"]
         command += [f"{settings.topic_prefix}{team}", "--concurrency", "3"]
         command += ["--port", str(_free_port())]
         if team == "team-b":

@@ -13,9 +13,9 @@ import orjson
 import pytest
 import yaml
 
-from stream.activities.worker import Activities, load_activities
-from stream.runtime.topics import read_json, read_topic, state_changelog
-from stream.testing.samples import tickets
+from instanced_stream.activities.worker import Activities, load_activities
+from instanced_stream.runtime.topics import read_json, read_topic, state_changelog
+from instanced_stream.testing.samples import tickets
 from tests.conftest import Deployment, demo_json, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 import yaml
 
-from stream.activities.worker import load_activities
-from stream.testing.samples import tickets
+from instanced_stream.activities.worker import load_activities
+from instanced_stream.testing.samples import tickets
 from tests.conftest import Deployment, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

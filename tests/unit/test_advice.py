@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.core.advice import Vote, aggregate, parse_votes
+from instanced_stream.core.advice import Vote, aggregate, parse_votes
 
 Council = list[tuple[str, float, dict[str, int]]]
 OPTIONS = ["approve", "reject", "escalate"]
@@ -123,7 +123,7 @@ def test_opposed_equal_advisors_diverge() -> None:
 
 
 def test_render_marks_divergence_and_review() -> None:
-    from stream.core.advice import render
+    from instanced_stream.core.advice import render
 
     text = render(
         [

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from stream.ops.asyncapi import CHANNELS, render_asyncapi
-from stream.settings import Topics
+from instanced_stream.ops.asyncapi import CHANNELS, render_asyncapi
+from instanced_stream.settings import Topics
 
 FILE = Path(__file__).resolve().parents[2] / "asyncapi.yaml"
 

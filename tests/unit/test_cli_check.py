@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stream import __version__
-from stream.errors import StreamError
-from stream.ops import cli
-from stream.ops.audit import parse_since
-from stream.ops.metrics import Metrics
-from stream.ops.parser import build_parser
-from stream.ops.web import claim_port
-from stream.settings import DEFAULT_SPEC
+from instanced_stream import __version__
+from instanced_stream.errors import StreamError
+from instanced_stream.ops import cli
+from instanced_stream.ops.audit import parse_since
+from instanced_stream.ops.metrics import Metrics
+from instanced_stream.ops.parser import build_parser
+from instanced_stream.ops.web import claim_port
+from instanced_stream.settings import DEFAULT_SPEC
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
 
@@ -141,7 +141,7 @@ def test_a_busy_port_is_an_error() -> None:
 
 
 def test_processor_and_worker_ports_differ_by_default() -> None:
-    from stream.settings import Settings
+    from instanced_stream.settings import Settings
 
     s = Settings()
     assert (s.web_port, s.worker_web_port) == (6066, 6067)

@@ -9,11 +9,11 @@ import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
-from stream.core.compact import compress, expand
-from stream.core.prompt import PromptBuilder
-from stream.core.spec import AgentSpec, load_spec
-from stream.core.validate import Validator
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.core.compact import compress, expand
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.validate import Validator
+from instanced_stream.settings import DEFAULT_SPEC
 
 TOKENS = ["①", "②", "③", "④"]
 

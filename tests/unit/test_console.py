@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from stream.core.messages import (
+from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
     BatchRef,
@@ -14,8 +14,14 @@ from stream.core.messages import (
     DoneRecord,
     SourcePosition,
 )
-from stream.ops.console import TopicRow, format_record, parse_lines, render_topics, resolve_topic
-from stream.settings import Settings
+from instanced_stream.ops.console import (
+    TopicRow,
+    format_record,
+    parse_lines,
+    render_topics,
+    resolve_topic,
+)
+from instanced_stream.settings import Settings
 
 SOURCE = SourcePosition(topic="p.items", partition=2, offset=1042, key="c-42")
 BATCH = BatchRef(id="b-1", size=3, token="①", attempt=1)

@@ -6,10 +6,10 @@ import orjson
 import pytest
 from aiokafka import TopicPartition
 
-from stream.core.overrides import apply_overrides
-from stream.core.spec import AgentSpec, load_spec
-from stream.runtime.overrides import OverrideFollower
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.core.overrides import apply_overrides
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.runtime.overrides import OverrideFollower
+from instanced_stream.settings import DEFAULT_SPEC
 
 
 def _msg(data: object) -> bytes:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from stream.runtime.continuity import Continuity
-from stream.runtime.offsets import OffsetLedger, TopicPartition
+from instanced_stream.runtime.continuity import Continuity
+from instanced_stream.runtime.offsets import OffsetLedger, TopicPartition
 
 TP: TopicPartition = ("results", 0)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stream.core.spec import ModelEndpoint
-from stream.ops.metrics import Metrics
-from stream.tools.report import Endpoint, Result, markdown
+from instanced_stream.core.spec import ModelEndpoint
+from instanced_stream.ops.metrics import Metrics
+from instanced_stream.tools.report import Endpoint, Result, markdown
 
 _PRICES = ModelEndpoint(
     price_input_per_million=0.15,

@@ -27,7 +27,7 @@ import promql_parser
 import pytest
 import yaml
 
-from stream.settings import Settings, Topics
+from instanced_stream.settings import Settings, Topics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -18,8 +18,8 @@ import promql_parser
 import pytest
 import yaml
 
-from stream.ops.metrics import Metrics
-from stream.settings import Settings, Topics
+from instanced_stream.ops.metrics import Metrics
+from instanced_stream.settings import Settings, Topics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 BASE = DEPLOY / "base"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from stream.core.messages import Call
-from stream.core.spec import load_spec
-from stream.settings import DEFAULT_SPEC
-from stream.tools.eval import _right, decision_of, load_items
+from instanced_stream.core.messages import Call
+from instanced_stream.core.spec import load_spec
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.tools.eval import _right, decision_of, load_items
 
 
 def _call(tool: str, **args: object) -> Call:
@@ -52,7 +52,7 @@ def test_load_items_strips_underscore_fields_and_names_a_bad_line(tmp_path: Path
 
 
 def test_disagreements_show_items_decided_differently_than_at_window_1() -> None:
-    from stream.tools.eval import EvalItem, SizeReport, disagreements
+    from instanced_stream.tools.eval import EvalItem, SizeReport, disagreements
 
     spec = load_spec(DEFAULT_SPEC)
     items = [EvalItem("a", {"comment": "fine"}, None), EvalItem("b", {"comment": "rude"}, None)]

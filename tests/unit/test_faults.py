@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from stream.settings import Settings
-from stream.testing import faults
-from stream.testing.faults import InjectedFault, arm, crash_point, parse
+from instanced_stream.settings import Settings
+from instanced_stream.testing import faults
+from instanced_stream.testing.faults import InjectedFault, arm, crash_point, parse
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +79,7 @@ def test_raise_onwards_fires_every_time_from_n() -> None:
 
 def test_kill_mode_sigkills_the_process() -> None:
     code = (
-        "from stream.testing.faults import arm, crash_point\n"
+        "from instanced_stream.testing.faults import arm, crash_point\n"
         "arm('mid_publish:2')\n"
         "crash_point('mid_publish')\n"
         "print('survived the first pass', flush=True)\n"

@@ -1,5 +1,5 @@
 """The processor caps faust's commits through a private method (`_cap_commits` in
-stream/runtime/app.py replaces `Consumer._new_offset`). faust offers no public hook, so
+instanced_stream/runtime/app.py replaces `Consumer._new_offset`). faust offers no public hook, so
 these tests pin exactly what is relied on and fail loudly when an upgrade changes it:
 then re-read the two methods, check that the cap still sits on every commit path, and
 update the fingerprints below."""
@@ -47,7 +47,7 @@ def test_patched_commit_internals_are_unchanged(method: str) -> None:
     assert digest == FINGERPRINTS[method], (
         f"faust's Consumer.{method} changed (faust-streaming "
         f"{importlib.metadata.version('faust-streaming')}): the commit cap of "
-        "stream/runtime/app.py `_cap_commits` may no longer apply; re-check it"
+        "instanced_stream/runtime/app.py `_cap_commits` may no longer apply; re-check it"
     )
 
 
@@ -60,14 +60,14 @@ def test_every_commit_goes_through_new_offset() -> None:
 
 
 def test_the_committed_offset_it_sought_to_is_kept_where_continuity_reads_it() -> None:
-    """stream/runtime/continuity.py starts a partition where faust sought it: the
+    """instanced_stream/runtime/continuity.py starts a partition where faust sought it: the
     committed offset kept in `Consumer._committed_offset` by `perform_seek`."""
     assert "self._committed_offset.update(" in inspect.getsource(Consumer.perform_seek)
     assert "self._committed_offset = " in inspect.getsource(Consumer.__init__)
 
 
 def test_the_partition_holds_continuity_reports_are_where_it_reads_them() -> None:
-    """stream/runtime/app.py `_Watched.held` names why faust does not fetch a partition
+    """instanced_stream/runtime/app.py `_Watched.held` names why faust does not fetch a partition
     from `flow_active`, `_paused_partitions` and `_active_partitions`, the sets faust's
     own fetch reads."""
     fetch = inspect.getsource(Consumer._wait_next_records)

@@ -9,10 +9,10 @@ from typing import Any
 
 from faust.types import TP
 
-from stream.core.messages import SourcePosition
-from stream.runtime.continuity import Handling
-from stream.runtime.feed import Feed
-from stream.runtime.publish import Order
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.runtime.continuity import Handling
+from instanced_stream.runtime.feed import Feed
+from instanced_stream.runtime.publish import Order
 
 
 def _rec(topic: str, partition: int, offset: int, key: bytes = b"k") -> Any:

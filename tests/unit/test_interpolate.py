@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.core.interpolate import interpolate
-from stream.core.spec import load_spec
-from stream.errors import SpecError
+from instanced_stream.core.interpolate import interpolate
+from instanced_stream.core.spec import load_spec
+from instanced_stream.errors import SpecError
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STREAM = ROOT / "stream"
+STREAM = ROOT / "instanced_stream"
 MAX_MODULE_LINES = 450
 MAX_CLASS_LINES = 250
 
@@ -29,15 +29,15 @@ def _loaded_after(code: str, heavy: tuple[str, ...]) -> list[str]:
 
 def test_the_core_imports_no_kafka_http_or_model_client() -> None:
     code = (
-        "import importlib, pkgutil, stream.core\n"
-        "for m in pkgutil.iter_modules(stream.core.__path__):\n"
-        "    importlib.import_module('stream.core.' + m.name)"
+        "import importlib, pkgutil, instanced_stream.core\n"
+        "for m in pkgutil.iter_modules(instanced_stream.core.__path__):\n"
+        "    importlib.import_module('instanced_stream.core.' + m.name)"
     )
     assert _loaded_after(code, ("faust", "aiokafka", "aiohttp", "openai")) == []
 
 
 def test_the_activity_sdk_imports_no_faust() -> None:
-    assert _loaded_after("import stream.activities", ("faust",)) == []
+    assert _loaded_after("import instanced_stream.activities", ("faust",)) == []
 
 
 def _sizes() -> dict[str, tuple[int, dict[str, int]]]:

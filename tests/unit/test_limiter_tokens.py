@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from stream.core.tokenizer import Tokenizer, estimate_tokens
-from stream.llm.limiter import Limiter
-from stream.runtime.windowing import Windower
+from instanced_stream.core.tokenizer import Tokenizer, estimate_tokens
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.runtime.windowing import Windower
 
 
 async def test_limit_grows_one_slot_per_round_trip_while_healthy() -> None:
@@ -139,9 +139,9 @@ def test_timeouts_halve_the_window_and_answers_in_time_grow_it_back() -> None:
 
 
 def test_windows_shrink_to_what_the_endpoint_answered_in_time() -> None:
-    from stream.core.spec import load_spec
-    from stream.runtime.budget import Budget
-    from stream.settings import DEFAULT_SPEC
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.runtime.budget import Budget
+    from instanced_stream.settings import DEFAULT_SPEC
 
     spec = load_spec(DEFAULT_SPEC)
     limiter = Limiter(4)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.errors import StreamError
-from stream.llm.local import BUNDLED, model_path
-from stream.ops.cli import main
+from instanced_stream.errors import StreamError
+from instanced_stream.llm.local import BUNDLED, model_path
+from instanced_stream.ops.cli import main
 
 
 def test_the_bundled_model_is_found_without_importing_its_package() -> None:

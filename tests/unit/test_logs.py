@@ -4,7 +4,7 @@ import logging
 
 import orjson
 
-from stream.ops.logs import JsonFormatter
+from instanced_stream.ops.logs import JsonFormatter
 
 
 def test_json_log_lines_carry_batch_and_instance_ids() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 from faust.types import TP
 
-from stream.runtime.app import _cap_commits
-from stream.runtime.offsets import OffsetLedger
-from stream.runtime.windowing import Windower
+from instanced_stream.runtime.app import _cap_commits
+from instanced_stream.runtime.offsets import OffsetLedger
+from instanced_stream.runtime.windowing import Windower
 
 
 def test_out_of_order_finish_acks_only_in_offset_order() -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from stream.llm.pacer import Pacer, reset_seconds
+from instanced_stream.llm.pacer import Pacer, reset_seconds
 
 
 def test_reset_durations_read_in_openais_form() -> None:

@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 
-from stream.core.messages import SourcePosition
-from stream.core.spec import AgentSpec, Tool, load_spec
-from stream.runtime.delivery import Fatal
-from stream.runtime.processor import Pipeline
-from stream.settings import DEFAULT_SPEC, Settings
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.spec import AgentSpec, Tool, load_spec
+from instanced_stream.runtime.delivery import Fatal
+from instanced_stream.runtime.processor import Pipeline
+from instanced_stream.settings import DEFAULT_SPEC, Settings
 from tests.fakes import FakeLLM, FakePublisher
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-STREAM = Path(__file__).resolve().parents[2] / "stream"
+STREAM = Path(__file__).resolve().parents[2] / "instanced_stream"
 
 # The faust-based at-least-once path: reads and replaces faust's private internals
 # (pinned by tests/unit/test_faust_internals.py) until the units replace it.

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from stream.core.instance import Instance
-from stream.core.prompt import PromptBuilder
-from stream.core.solve import Solver
-from stream.core.spec import load_spec
-from stream.core.validate import Validator
-from stream.errors import LLMError
-from stream.llm.client import LLM
-from stream.retry import RetryPolicy
-from stream.settings import DEFAULT_SPEC
-from stream.testing.provider import Refusal
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Solver
+from instanced_stream.core.spec import load_spec
+from instanced_stream.core.validate import Validator
+from instanced_stream.errors import LLMError
+from instanced_stream.llm.client import LLM
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.provider import Refusal
 from tests.endpoint import MemoryEndpoint
 from tests.fakes import make_batch
 
@@ -85,7 +85,7 @@ async def test_a_refused_parameter_pauses_with_one_error_and_dead_letters_nothin
     endpoint.fail = fail
     seen = _Seen()
     llm = endpoint.llm(listener=seen)
-    with caplog.at_level(logging.ERROR, logger="stream.llm"):
+    with caplog.at_level(logging.ERROR, logger="instanced_stream.llm"):
         out = await _solver(llm).solve(_batch(["one", "two", "three"]))
     assert not out.unanswered  # nothing dead-lettered
     assert _answered(out) == {"id-0", "id-1", "id-2"}
@@ -158,7 +158,7 @@ async def test_a_lone_item_waits_out_5xx_while_the_endpoint_answers_nothing() ->
         Refusal(503, "overloaded", "server_error") if next(failures, None) is not None else None
     )
     llm = endpoint.llm()
-    from stream.llm.probe import canary
+    from instanced_stream.llm.probe import canary
 
     llm.canary = canary(llm, PromptBuilder(load_spec(DEFAULT_SPEC)))  # it fails too
     out = await _solver(llm).solve(_batch(["only one"]))
@@ -186,7 +186,7 @@ async def test_a_5xx_item_asked_before_its_batch_mates_is_told_apart_by_the_cana
     """The poison item is in the first half at every split, so nothing else was answered
     since its group failed: a harmless request (the canary) answered shows the endpoint
     works, and the item is given up on; without it, it would be waited on for ever."""
-    from stream.llm.probe import canary
+    from instanced_stream.llm.probe import canary
 
     endpoint = MemoryEndpoint()
     endpoint.fail = lambda body: (

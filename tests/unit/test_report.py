@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.tools.report import Endpoint, Result, markdown, plots
-from stream.tools.soak import Sample, SoakResult
-from stream.tools.soak import markdown as soak_markdown
-from stream.tools.soak import plot as soak_plot
+from instanced_stream.tools.report import Endpoint, Result, markdown, plots
+from instanced_stream.tools.soak import Sample, SoakResult
+from instanced_stream.tools.soak import markdown as soak_markdown
+from instanced_stream.tools.soak import plot as soak_plot
 
 
 def _results() -> list[Result]:
@@ -86,7 +86,7 @@ def test_soak_growth_compares_the_last_third_with_the_first_after_warm_up(tmp_pa
 
 
 def test_a_drain_that_lands_in_one_wave_is_timed_from_the_produce() -> None:
-    from stream.tools.load import Tally
+    from instanced_stream.tools.load import Tally
 
     tally = Tally("127.0.0.1:1", [])
     tally.restart()

@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
-from stream.core.prompt import PromptBuilder
-from stream.core.spec import load_spec
-from stream.errors import StreamError
-from stream.llm.probe import probe
-from stream.llm.shape import RequestShape
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.spec import load_spec
+from instanced_stream.errors import StreamError
+from instanced_stream.llm.probe import probe
+from instanced_stream.llm.shape import RequestShape
+from instanced_stream.settings import DEFAULT_SPEC
 from tests.endpoint import MemoryEndpoint
 
 pytestmark = pytest.mark.timeout(30)
@@ -132,8 +132,8 @@ async def test_reasoning_tokens_are_read_and_the_cap_leaves_room_for_them() -> N
 async def test_an_unproven_shape_is_switched_mid_stream_and_nothing_is_dead_lettered() -> None:
     """The endpoint did not answer the probe at start (an outage): the first batches
     meet the refusals the probe would have, and switch as it would."""
-    from stream.core.solve import Solver
-    from stream.core.validate import Validator
+    from instanced_stream.core.solve import Solver
+    from instanced_stream.core.validate import Validator
     from tests.fakes import make_batch
 
     endpoint = MemoryEndpoint("openai", model="gpt-5-mini")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from stream.core.instance import Instance
-from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
-from stream.core.validate import Validator
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
+from instanced_stream.core.validate import Validator
 from tests.flows import drain, on, pipeline, tickets_spec
 
 SRC = SourcePosition(topic="items", partition=0, offset=0)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stream.ops.schemas import render
+from instanced_stream.ops.schemas import render
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

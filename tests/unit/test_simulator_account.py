@@ -8,10 +8,10 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from stream.core.prompt import PromptBuilder
-from stream.core.spec import load_spec
-from stream.settings import DEFAULT_SPEC
-from stream.testing.simulator import SimConfig, Simulator
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.spec import load_spec
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.simulator import SimConfig, Simulator
 from tests.fakes import make_batch
 
 
@@ -63,7 +63,7 @@ async def test_requests_beyond_the_concurrency_limit_get_429_with_retry_after() 
 
 async def test_tokens_per_minute_are_enforced_with_the_time_until_budget_frees() -> None:
     one = _body(10)
-    sim, client = await _client(SimConfig(tokens_per_minute=10_000))
+    sim, client = await _client(SimConfig(provider="openai", tokens_per_minute=10_000))
     try:
         first = await client.post("/v1/chat/completions", json=one)
         usage = (await first.json())["usage"]

@@ -3,13 +3,13 @@ from __future__ import annotations
 import orjson
 from jsonschema import Draft202012Validator
 
-from stream.core.instance import Instance
-from stream.core.prompt import PromptBuilder
-from stream.core.spec import load_spec
-from stream.core.validate import Validator
-from stream.settings import DEFAULT_SPEC
-from stream.testing.judge import read_request
-from stream.testing.simulator import Simulator
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.spec import load_spec
+from instanced_stream.core.validate import Validator
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.judge import read_request
+from instanced_stream.testing.simulator import Simulator
 from tests.fakes import make_batch
 
 

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream.core.instance import Instance
-from stream.core.prompt import PromptBuilder
-from stream.core.solve import Solver
-from stream.core.spec import load_spec
-from stream.core.validate import Validator
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Solver
+from instanced_stream.core.spec import load_spec
+from instanced_stream.core.validate import Validator
+from instanced_stream.settings import DEFAULT_SPEC
 from tests.fakes import FakeLLM, make_batch
 
 

@@ -5,12 +5,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from stream.core.instance import Instance
-from stream.core.messages import SourcePosition
-from stream.core.prompt import Ask, PromptBuilder, token_for
-from stream.core.spec import AgentSpec, load_spec
-from stream.errors import SpecError
-from stream.settings import DEFAULT_SPEC
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.prompt import Ask, PromptBuilder, token_for
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.errors import SpecError
+from instanced_stream.settings import DEFAULT_SPEC
 
 
 def _inst(i: int, text: str) -> Instance:

@@ -1,5 +1,5 @@
 """Every schema the product sends with `strict: true` is inside OpenAI's documented
-subset for Structured Outputs (the rules: `stream/llm/strict.py`, written from the
+subset for Structured Outputs (the rules: `instanced_stream/llm/strict.py`, written from the
 provider's documentation, and pinned below by the documentation's own cases)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from stream.core.prompt import Ask, PromptBuilder
-from stream.core.spec import AgentSpec, load_spec
-from stream.core.strict_form import strict_form, without_nulls
-from stream.llm.factory import initial_shape
-from stream.llm.strict import violations
+from instanced_stream.core.prompt import Ask, PromptBuilder
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.strict_form import strict_form, without_nulls
+from instanced_stream.llm.factory import initial_shape
+from instanced_stream.llm.strict import violations
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/*.yaml"))
 
@@ -127,7 +127,7 @@ def test_a_schema_that_cannot_be_strict_starts_non_strict_and_says_so(
     base = load_spec(EXAMPLES[0]).model_dump(by_alias=True, exclude_none=True)
     base["tools"][0]["parameters"]["patternProperties"] = {"^x-": {"type": "string"}}
     spec = AgentSpec.model_validate(base)
-    with caplog.at_level("WARNING", logger="stream.llm"):
+    with caplog.at_level("WARNING", logger="instanced_stream.llm"):
         shape = initial_shape(spec)
     assert shape.response_format == "json_schema"
     assert "cannot be strict" in caplog.text and "patternProperties" in caplog.text

@@ -27,9 +27,9 @@ FORBIDDEN = {
 _PROBE = """
 import sys
 before = set(sys.modules)
-import stream.activities.worker, stream.ops.cli
+import instanced_stream.activities.worker, instanced_stream.ops.cli
 names = {m.split('.')[0] for m in set(sys.modules) - before}
-print(' '.join(sorted(names - set(sys.stdlib_module_names) - {'stream'})))
+print(' '.join(sorted(names - set(sys.stdlib_module_names) - {'instanced_stream'})))
 """
 
 

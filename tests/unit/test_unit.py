@@ -11,8 +11,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
 
-from stream.runtime.publish import OutRecord
-from stream.runtime.unit import Unit, UnitGone
+from instanced_stream.runtime.publish import OutRecord
+from instanced_stream.runtime.unit import Unit, UnitGone
 
 IN, RES = "items", "stream.results"
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from stream.core.spec import load_spec
-from stream.ops.audit import AuditReport
-from stream.settings import DEFAULT_SPEC, Settings
-from stream.tools import demo
-from stream.tools.demo import NotAccounted, report_when_accounted, wait_accounted
+from instanced_stream.core.spec import load_spec
+from instanced_stream.ops.audit import AuditReport
+from instanced_stream.settings import DEFAULT_SPEC, Settings
+from instanced_stream.tools import demo
+from instanced_stream.tools.demo import NotAccounted, report_when_accounted, wait_accounted
 
 
 def _report(missing: int) -> AuditReport:

@@ -7,11 +7,17 @@ from typing import Any
 
 import orjson
 
-from stream.activities.worker import Activities
-from stream.core.instance import Instance
-from stream.core.messages import ActivityRecord, BatchRef, Call, ResultRecord, SourcePosition
-from stream.core.spec import Tool
-from stream.settings import Settings
+from instanced_stream.activities.worker import Activities
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import (
+    ActivityRecord,
+    BatchRef,
+    Call,
+    ResultRecord,
+    SourcePosition,
+)
+from instanced_stream.core.spec import Tool
+from instanced_stream.settings import Settings
 from tests.fakes import FakePublisher
 from tests.flows import on, pipeline, tickets_spec
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from stream.core.messages import SourcePosition
-from stream.ops.approvals import pending_proposals
-from stream.runtime.processor import Pipeline
-from stream.testing.samples import tickets
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.ops.approvals import pending_proposals
+from instanced_stream.runtime.processor import Pipeline
+from instanced_stream.testing.samples import tickets
 from tests.fakes import FakePublisher
 from tests.flows import drain, lazy, on, pipeline, tickets_spec
 

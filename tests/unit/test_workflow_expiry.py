@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from stream.core.instance import Instance
-from stream.core.messages import BatchRef, Call, SourcePosition
-from stream.core.state import InstanceState, MemoryStore
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import BatchRef, Call, SourcePosition
+from instanced_stream.core.state import InstanceState, MemoryStore
 from tests.flows import pipeline, tickets_spec
 
 BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
@@ -38,7 +38,7 @@ def _call(tool: str, path: str | None = None) -> Call:
 
 
 def _start(pipe_flow: object, name: str, offset: int) -> Instance:
-    from stream.core.workflow import Workflow
+    from instanced_stream.core.workflow import Workflow
 
     assert isinstance(pipe_flow, Workflow)
     src = SourcePosition(topic="items", partition=0, offset=offset)

@@ -10,15 +10,15 @@ from typing import Any
 
 import orjson
 
-from stream.core.instance import Instance
-from stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
-from stream.core.spec import Advisor, AgentSpec, load_spec
-from stream.core.state import MemoryStore, Outgoing
-from stream.core.validate import Opinion
-from stream.core.workflow import Workflow
-from stream.runtime.processor import Pipeline
-from stream.settings import Settings
-from stream.testing.samples import tickets
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
+from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
+from instanced_stream.core.state import MemoryStore, Outgoing
+from instanced_stream.core.validate import Opinion
+from instanced_stream.core.workflow import Workflow
+from instanced_stream.runtime.processor import Pipeline
+from instanced_stream.settings import Settings
+from instanced_stream.testing.samples import tickets
 from tests.fakes import FakeLLM, FakePublisher
 
 TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets" / "agent.yaml"

@@ -1,0 +1,3 @@
+from instanced_stream.ops.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""When each workflow state next needs the expiry timer: its earliest pending deadline, or
+its end plus the retention (a finished workflow is forgotten then). The timer asks for the
+states that are due instead of reading (and copying) every state twice a second."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from instanced_stream.core.state import InstanceState
+
+__all__ = ["DueIndex"]
+
+
+class DueIndex:
+    """Kept by every put and delete of the workflow; rebuilt from the store (`rebuild`)
+    when the store holds states the workflow did not put (a changelog restore)."""
+
+    def __init__(self, retention_s: float) -> None:
+        self.retention_s = retention_s
+        self.built = False
+        self._due: dict[str, tuple[float, int]] = {}  # instance -> (when, partition)
+
+    def due_at(self, st: InstanceState) -> float | None:
+        times = [p.deadline for p in st.pending.values()]
+        if st.ended is not None and st.status == "done" and not st.outbox:
+            times.append(st.ended.at + self.retention_s)  # an outbox is still owed: kept
+        return min(times) if times else None
+
+    def update(self, st: InstanceState) -> None:
+        when = self.due_at(st)
+        if when is None:
+            self._due.pop(st.instance, None)
+        else:
+            self._due[st.instance] = (when, st.partition)
+
+    def drop(self, instance: str) -> None:
+        self._due.pop(instance, None)
+
+    def rebuild(self, states: Iterable[InstanceState]) -> None:
+        self._due = {}
+        for st in states:
+            self.update(st)
+        self.built = True
+
+    def due(self, now: float, owns: Callable[[int], bool]) -> list[str]:
+        return [name for name, (when, part) in self._due.items() if when < now and owns(part)]

@@ -1,0 +1,294 @@
+"""Checks the model's answer call by call: known tool, known instance, valid arguments.
+
+A refused call never reaches an activity topic; its instance counts as unanswered and is
+asked again. Nothing here raises on bad model output: everything becomes data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jiter
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from instanced_stream.core import compact
+from instanced_stream.core.messages import Call
+from instanced_stream.core.prompt import Ask, PromptBuilder, meta_tools
+from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
+from instanced_stream.core.strict_form import without_nulls
+
+__all__ = [
+    "Opinion",
+    "Refusal",
+    "Validator",
+    "Verdict",
+    "output_path_problem",
+    "scopes_problem",
+]
+
+_REMEMBERED = 4096  # distinct argument sets whose verdict is kept
+
+_META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
+_STATE = "†state"
+
+
+def _path_ok(path: str, root: str) -> bool:
+    """`root` itself or `root.a.b` with non-empty keys."""
+    if path == root:
+        return True
+    keys = path.removeprefix(root + ".").split(".") if path.startswith(root + ".") else []
+    return bool(keys) and all(k.strip() == k and k for k in keys)
+
+
+def output_path_problem(tool: Tool, output_path: str) -> str | None:
+    """Why a call's `_outputPath` cannot be honoured, or None. Each alternative must be a
+    †state path among the tool's declared paths (any †state.key path when it declares
+    none: †state itself only when declared, since a result merged into the whole state
+    must be an object, and only a declared path is that promise); a latent call must
+    name one: the model writes the output, so it chooses."""
+    paths = [p.strip() for p in output_path.split("||")]
+    if not all(paths) or not all(_path_ok(p, _STATE) for p in paths):
+        return f"_outputPath {output_path!r}: each alternative must be {_STATE} or {_STATE}.key"
+    if tool.paths and not set(paths) <= set(tool.paths):
+        return f"_outputPath {output_path!r}: {tool.name} writes only to {tool.paths}"
+    if _STATE in paths and _STATE not in tool.paths and tool.kind == "activity":
+        return (
+            f"_outputPath {output_path!r}: {tool.name} declares no {_STATE} path, so its "
+            f"result may not replace the whole state; write it to {_STATE}.<key>"
+        )
+    if tool.kind == "latent" and len(paths) > 1:
+        return (
+            f"_outputPath {output_path!r}: a latent call writes its own output, so it names "
+            "one path: choose the branch now"
+        )
+    return None
+
+
+def scopes_problem(scopes: Any) -> str | None:
+    """Why a call's `_scopes` do not resolve, or None: each is input, input.<field>,
+    †state or †state.<path>."""
+    if not isinstance(scopes, list) or not all(isinstance(x, str) for x in scopes):
+        return "_scopes must be a list of strings"
+    unknown = [x for x in scopes if not (_path_ok(x, "input") or _path_ok(x, _STATE))]
+    if unknown:
+        return f"_scopes {unknown}: a scope is input, input.<field>, {_STATE} or {_STATE}.<path>"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    code: str
+    reason: str
+    call: dict[str, Any] | None
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Opinion:
+    """One advisor's opinion as the model wrote it; `token` is None for a batch opinion."""
+
+    advisor: str
+    token: str | None
+    fields: dict[str, Any]
+    votes_raw: Any
+    error: str | None = None  # the opinion broke its advisor's schema
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Accepted calls per token (in answer order), refused calls, advisors' opinions,
+    consult requests per token, and whole-answer failure."""
+
+    calls: dict[str, list[Call]] = field(default_factory=dict)
+    refusals: list[Refusal] = field(default_factory=list)
+    opinions: list[Opinion] = field(default_factory=list)
+    consults: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # (advisor, question)
+    stray_opinions: int = 0
+    duplicates: int = 0  # exact repeats of an accepted call, dropped
+    cut_short: bool = False  # the answer broke off: only its complete calls were read
+    malformed: str | None = None
+
+    def missing(self, tokens: Sequence[str]) -> list[str]:
+        return [t for t in tokens if t not in self.calls]
+
+
+def _salvage(text: str) -> Any:
+    """The complete calls of an answer that broke off (the output limit, a dropped
+    connection): what the model finished deciding is kept, only the rest is asked again.
+    The last call of the array may be cut in the middle of a value, so it is dropped."""
+    try:
+        answer = jiter.from_json(text.encode(), partial_mode=True)
+    except ValueError:
+        return None
+    calls = answer.get("calls") if isinstance(answer, dict) else None
+    if isinstance(calls, dict) and calls:
+        # Compact: the last call of the last tool it reached may be cut short.
+        last = list(calls)[-1]
+        group = calls[last] if isinstance(calls[last], list) else []
+        calls = {**calls, last: group[:-1]}
+        return {**answer, "calls": calls} if any(calls.values()) else None
+    if not isinstance(calls, list):
+        return None
+    complete = calls[:-1]
+    return {**answer, "calls": complete} if complete else None
+
+
+class Validator:
+    def __init__(self, spec: AgentSpec) -> None:
+        tools = [*spec.tools, *meta_tools(spec)]
+        self._tools = {t.name: t for t in tools}
+        self._validators = {t.name: Draft202012Validator(t.parameters) for t in tools}
+        self._required = {t.name: set(t.parameters.get("required", [])) for t in tools}
+        self._most = {t.name: t.max_calls_per_instance for t in tools}
+        self._advisors = {a.id: a for a in spec.advisors}
+        self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
+        self._call_fields = PromptBuilder(spec).call_fields
+        self._problems: dict[tuple[str, bytes], str | None] = {}
+
+    def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
+        verdict = Verdict()
+        try:
+            answer = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            answer = _salvage(text)
+            if answer is None:
+                verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
+                return verdict
+            verdict.cut_short = True
+        calls = answer.get("calls") if isinstance(answer, dict) else None
+        if isinstance(calls, dict):
+            # The compact answer; read back into protocol calls, checked the same way.
+            calls = compact.expand(calls, self._call_fields, tokens)
+        if not isinstance(calls, list):
+            verdict.malformed = 'answer has no "calls" array'
+            return verdict
+        known = set(tokens)
+        ask = ask or Ask()
+        for raw in calls:
+            outcome = (
+                Refusal("malformed_call", raw.reason, None, _known(raw.token, known))
+                if isinstance(raw, compact.Unreadable)
+                else self._check_call(raw, known)
+            )
+            if isinstance(outcome, Refusal):
+                verdict.refusals.append(outcome)
+            elif outcome.tool == CONSULT:
+                if ask.consult:
+                    advisor = str(outcome.arguments.get("advisor"))
+                    question = str(outcome.arguments.get("question") or "")
+                    verdict.consults.setdefault(outcome.instance, []).append((advisor, question))
+            else:
+                self._accept(verdict, outcome, raw)
+        # An instance that asked for a consult is decided in the follow-up, not here.
+        for token in verdict.consults:
+            verdict.calls.pop(token, None)
+        raw_opinions = answer.get("advisors", [])
+        for raw in raw_opinions if isinstance(raw_opinions, list) else []:
+            if isinstance(raw, dict) and "_instance" in raw:  # a number in the compact form
+                raw = {**raw, "_instance": compact.token_of(raw["_instance"], tokens)}
+            opinion = self._check_opinion(raw, known, ask)
+            if opinion is None:
+                verdict.stray_opinions += 1
+            else:
+                verdict.opinions.append(opinion)
+        return verdict
+
+    def _accept(self, verdict: Verdict, call: Call, raw: dict[str, Any]) -> None:
+        """A weak model may call one instance twice (approve, then reject): the first
+        call counts, the extra ones are refused so nothing contradictory is published."""
+        calls = verdict.calls.setdefault(call.instance, [])
+        same = [c for c in calls if c.tool == call.tool]
+        if len(same) < self._most[call.tool]:
+            calls.append(call)
+        elif any(c.arguments == call.arguments for c in same):
+            verdict.duplicates += 1  # the same call repeated word for word: nothing to refuse
+        else:
+            verdict.refusals.append(
+                Refusal(
+                    "duplicate_call",
+                    f"{call.tool} already called for this instance in this answer "
+                    f"(at most {self._most[call.tool]})",
+                    raw,
+                    call.instance,
+                )
+            )
+
+    def _check_opinion(self, raw: Any, known: set[str], ask: Ask) -> Opinion | None:
+        """An opinion of an active advisor about a known instance, else None (stray)."""
+        if not isinstance(raw, dict) or raw.get("id") not in ask.active:
+            return None
+        advisor = self._advisors[raw["id"]]
+        token = raw.get("_instance")
+        if advisor.is_instanced and token not in known:
+            return None
+        fields = {k: v for k, v in raw.items() if k not in ("id", "_instance", "calls")}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        error = best_match(self._opinion_validators[advisor.id].iter_errors(fields))
+        return Opinion(
+            advisor=advisor.id,
+            token=token if advisor.is_instanced else None,
+            fields=fields,
+            votes_raw=raw.get("calls"),
+            error=None if error is None else f"opinion breaks its schema: {error.message}",
+        )
+
+    def _problem(self, tool: str, args: dict[str, Any]) -> str | None:
+        """What is wrong with a tool's arguments, remembered per distinct arguments:
+        walking the schema was most of the validator's time, and a stream's calls repeat
+        the same arguments (approve, "within the rules") over and over."""
+        key = (tool, orjson.dumps(args, option=orjson.OPT_SORT_KEYS))
+        if key in self._problems:
+            return self._problems[key]
+        error = best_match(self._validators[tool].iter_errors(args))
+        problem = None
+        if error is not None:
+            path = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
+            problem = f"{tool}: {path}: {error.message}"
+        if len(self._problems) >= _REMEMBERED:
+            self._problems.clear()
+        self._problems[key] = problem
+        return problem
+
+    def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
+        if not isinstance(raw, dict):
+            return Refusal("malformed_call", "call is not a JSON object", None)
+        tool, token = raw.get("_tool"), raw.get("_instance")
+        if token is None and len(known) == 1:
+            # The seeds' single-context examples write calls without `_instance`: in a
+            # request of one instance there is only one it can mean.
+            token = next(iter(known))
+            raw = {**raw, "_instance": token}
+        where = token if isinstance(token, str) else None
+        if not isinstance(tool, str) or tool not in self._validators:
+            return Refusal("unknown_tool", f"unknown tool {tool!r}", raw, where)
+        if not isinstance(token, str) or token not in known:
+            return Refusal("unknown_instance", f"unknown instance {token!r}", raw, None)
+        required = self._required[tool]
+        # Strict output sends optional arguments as null; absent is what the tool means.
+        args = {
+            k: without_nulls(v, self._tools[tool].parameters.get("properties", {}).get(k))
+            for k, v in raw.items()
+            if not k.startswith("_") and (v is not None or k in required)
+        }
+        problem = self._problem(tool, args)
+        if problem is not None:
+            return Refusal("bad_arguments", problem, raw, token)
+        meta = {k: v for k, v in raw.items() if k in _META and v is not None}
+        if "_outputPath" in meta:
+            problem = output_path_problem(self._tools[tool], str(meta["_outputPath"]))
+            if problem:
+                return Refusal("bad_output_path", problem, raw, token)
+        if "_scopes" in meta and (problem := scopes_problem(meta["_scopes"])):
+            return Refusal("bad_scopes", problem, raw, token)
+        try:
+            return Call.model_validate({**meta, **args})
+        except ValueError as exc:
+            return Refusal("malformed_call", f"bad meta property: {exc}", raw, token)
+
+
+def _known(token: str | None, known: set[str]) -> str | None:
+    return token if token in known else None

@@ -1,0 +1,94 @@
+"""The processor's HTTP side: Prometheus metrics, health and readiness probes, and a live
+page for people (throughput, batch sizes, LLM latency, dead letters, latest decisions
+with their advisors' votes, divergence highlighted).
+
+A small aiohttp server of our own on STREAM_WEB_PORT, not faust's web stack: the page and
+probes must answer even while faust is rebalancing.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from importlib import resources
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from instanced_stream.errors import StreamError
+
+__all__ = ["WebServer", "claim_port"]
+
+
+def claim_port(host: str, port: int, setting: str) -> None:
+    """Refuses to start on a busy port: a second process on one host would otherwise run
+    without probes and metrics, which nobody notices until an incident."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # aiohttp binds with SO_REUSEADDR too: a socket in TIME_WAIT is not "busy".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise StreamError(
+                f"port {port} on {host} is busy ({exc.strerror}): set {setting} to a free port"
+            ) from exc
+
+
+class _Source(Protocol):
+    def render(self) -> bytes: ...
+
+    def live(self) -> dict[str, Any]: ...
+
+
+class WebServer:
+    def __init__(self, metrics: _Source, ready: Callable[[], bool], host: str, port: int) -> None:
+        self.metrics = metrics
+        self.ready = ready
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/api/live", self._live)
+        app.router.add_get("/", self._page)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise StreamError(f"port {self.port} on {self.host} is busy: {exc.strerror}") from exc
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ok = self.ready()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    async def _live(self, _: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.metrics.live()), content_type="application/json")
+
+    async def _page(self, _: web.Request) -> web.Response:
+        page = resources.files("instanced_stream.ops").joinpath("live.html").read_text()
+        return web.Response(text=page, content_type="text/html")

@@ -1,0 +1,108 @@
+"""The input edge: turns one Kafka record into an Instance, or says exactly why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.errors import BadRecord
+
+__all__ = ["MAX_DEPTH", "parse_item", "source_of"]
+
+_MAX_ID = 512
+_KEY_KEEP = 256  # characters of a record key that outputs show
+# orjson reads JSON nested up to 1024 levels but writes at most 254, and every request,
+# call record and state write re-serialises the item one or two levels deeper: a
+# deeper item would fail its whole batch at the prompt. Real data stays far below this.
+MAX_DEPTH = 100
+
+
+def _depth_over(value: bytes, payload: Any, limit: int) -> bool:
+    # Fewer brackets than the limit cannot nest deeper: the common case costs two scans.
+    if value.count(b"[") + value.count(b"{") <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > limit:
+            return True
+        if isinstance(node, dict):
+            stack += [(v, level + 1) for v in node.values() if isinstance(v, dict | list)]
+        elif isinstance(node, list):
+            stack += [(v, level + 1) for v in node if isinstance(v, dict | list)]
+    return False
+
+
+def parse_item(
+    value: bytes | None,
+    key: bytes | None,
+    source: SourcePosition,
+    max_bytes: int,
+    *,
+    state_input: bool = False,
+) -> Instance:
+    """Every record is one instance: id from `_instance`, else the record key.
+    `state_input`: the spec accepts `type: state` records (`accept_state_input`); else
+    one is refused, since it would rewrite its instance's workflow state."""
+    if value is None:
+        raise BadRecord("not_json", "record has no value (tombstone)")
+    if len(value) > max_bytes:
+        raise BadRecord("too_large", f"record is {len(value)} bytes; the limit is {max_bytes}")
+    try:
+        payload: Any = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise BadRecord("not_json", f"record value is not JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise BadRecord("not_object", f"record is JSON {type(payload).__name__}, not an object")
+    if _depth_over(value, payload, MAX_DEPTH):
+        raise BadRecord(
+            "too_large", f"record nests objects and arrays more than {MAX_DEPTH} levels deep"
+        )
+    instance = payload.pop("_instance", None)
+    if instance is None and key is not None:
+        instance = key.decode("utf-8", "replace")
+    if isinstance(instance, int | float) and not isinstance(instance, bool):
+        instance = str(instance)
+    if not isinstance(instance, str) or not instance.strip():
+        # Not taken as a global input: the input topic carries producers' data, and a
+        # global message reaches every instance's prompt; globals come from the spec and
+        # the context topic, which operators control.
+        raise BadRecord(
+            "no_instance",
+            "record has neither an '_instance' string nor a record key (global inputs go "
+            "to the spec or the context topic, not the input topic)",
+        )
+    if len(instance) > _MAX_ID:
+        raise BadRecord("no_instance", f"instance id is longer than {_MAX_ID} characters")
+    kind = payload.get("type", "input")
+    if kind == "state" and not state_input:
+        raise BadRecord(
+            "state_input_refused",
+            "a type: state record on the input topic; state comes only from the "
+            "processor's own turns and results unless the spec sets accept_state_input",
+        )
+    if kind not in ("input", "state"):
+        payload["type"] = "input"
+    return Instance(id=instance, payload=payload, source=source, size=len(value))
+
+
+def source_of(
+    topic: str, partition: int, offset: int, key: bytes | None, ts: int
+) -> SourcePosition:
+    """Where a consumed record came from, as every output of it shows. A huge key would
+    be copied into every output record and make them too large for the broker, so it is
+    cut (the id rule refuses it anyway)."""
+    shown = None
+    if key is not None:
+        text = key[: _KEY_KEEP * 4].decode("utf-8", "replace")
+        shown = text if len(key) <= _KEY_KEEP else f"{text[:_KEY_KEEP]}... ({len(key)} bytes)"
+    return SourcePosition(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=shown,
+        timestamp_ms=ts if ts and ts > 0 else None,
+    )

@@ -1,0 +1,234 @@
+"""Workflows on units: what each trigger (an input's admission, a turn's answer, a result,
+an approval, a deadline) changes in state, and which records go with that change.
+
+Every change is made in one synchronous step on the unit's store, and the changelog
+records it queued are taken at once and handed back with the trigger's output records:
+the caller stages them together on the trigger's slot (or, for a next turn or a deadline,
+with the unit's next commit), so state and outputs commit in one transaction or not at
+all. There is no outbox and no rehearsal-then-publish ordering to get right: a crash
+before the commit leaves neither; the next owner restores the store and redoes the
+trigger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pydantic import ValidationError
+
+from instanced_stream.core.binding import Unbound
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import ApprovalRecord, ResultRecord, SourcePosition
+from instanced_stream.core.workflow import Workflow
+from instanced_stream.errors import BadRecord
+from instanced_stream.ops.metrics import Metrics
+from instanced_stream.runtime.coordinator import instance_of, refusal_letter
+from instanced_stream.runtime.guard import fit
+from instanced_stream.runtime.publish import OutRecord
+from instanced_stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result
+from instanced_stream.runtime.store import Stores, UnitStore
+
+__all__ = ["Flows", "Staging"]
+
+log = logging.getLogger("stream.processor")
+
+
+class Staging:
+    """What a trigger changed: its output records (with what they mean, counted by the
+    caller), its changelog records, and the next turns it made ready."""
+
+    def __init__(self) -> None:
+        self.planned = Planned()
+        self.changes: list[OutRecord] = []
+        self.ready: list[Instance] = []
+
+    @property
+    def records(self) -> list[OutRecord]:
+        return [*self.planned.records, *self.changes]
+
+
+class Flows:
+    def __init__(
+        self,
+        workflow: Workflow,
+        stores: Stores,
+        builder: RecordBuilder,
+        metrics: Metrics,
+        worker: str,
+        changelog: str,
+        max_bytes: int,
+    ) -> None:
+        self.workflow = workflow
+        self.stores = stores
+        self.builder = builder
+        self.metrics = metrics
+        self.worker = worker
+        self.changelog = changelog
+        self.max_bytes = max_bytes
+
+    def store_for(self, partition: int) -> UnitStore:
+        store = UnitStore(self.changelog, partition, self.max_bytes)
+        self.stores.add(store)
+        return store
+
+    def ready(self, partition: int) -> list[Instance]:
+        """After a restore: the instances of `partition` waiting for a turn. The deadline
+        index is rebuilt with the restored states."""
+        self.workflow.index.rebuild(self.stores.items())
+        out = []
+        for st in self.stores.by_partition[partition].states():
+            nxt = self.workflow.next_turn(st)
+            if nxt is not None:
+                out.append(nxt)
+        return out
+
+    def _changes(self, partition: int) -> list[OutRecord]:
+        return self.stores.take([partition]).get(partition, [])
+
+    # ------------------------------------------------------------------ turns
+
+    def admit(self, inst: Instance) -> tuple[Instance | None, list[OutRecord]]:
+        """An input starts (or restarts) its instance's workflow; the change to stage."""
+        admitted = self.workflow.admit(inst)
+        return admitted, self._changes(inst.source.partition)
+
+    def rehearsal(self) -> Workflow:
+        return self.workflow.rehearsal()
+
+    def apply(self, turn: TurnChange) -> Staging:
+        """A batch's turn for one instance, into its store."""
+        out = Staging()
+        partition = turn.instance.source.partition
+        try:
+            if turn.failed is not None:
+                self.workflow.fail(turn.instance, *turn.failed)
+            else:
+                self.workflow.turn(turn.instance, turn.calls, turn.batch, turn.opinions)
+        except BadRecord as exc:  # the state would pass the broker's limit
+            self._changes(partition)
+            out.planned.add(self._letter(turn.instance, exc))
+            self.workflow.fail(turn.instance, exc.code, exc.message)
+        out.changes += self._changes(partition)
+        return out
+
+    def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
+        from instanced_stream.core.messages import DeadLetter
+
+        return self.builder.letter(
+            DeadLetter(
+                code=exc.code,
+                reason=exc.message,
+                scope="item",
+                instance=inst.id,
+                source=inst.source,
+            )
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def on_result(self, value: bytes | None, partition: int) -> Staging:
+        """An awaited call's result: into state, with its done record and next turn. One
+        that answers nothing pending is refused with a dead letter (a repeat is counted)."""
+        out = Staging()
+        try:
+            rec = ResultRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not a result record: %s", exc.errors()[:1])
+            self.metrics.count({"results_bad": 1})
+            reason = f"not a result record: {exc.errors()[:1]}"
+            out.planned.add(self._refused("unexpected_result", reason, None, None))
+            return out
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            log.info("result %s not applied: %s", rec.call_id, unbound.reason)
+            out.planned.add(self._unbound(unbound, "unexpected_result", rec.instance, rec.source))
+            return out
+        problem = self.workflow.result_problem(rec)
+        if problem is not None:
+            out.planned.add(self.builder.letter(bad_result(rec, problem)))
+            rec = rec.model_copy(update={"value": None, "error": problem})
+        try:
+            nxt, done = self.workflow.on_result(rec)
+        except BadRecord as exc:  # the state would pass the broker's limit
+            self._changes(partition)
+            out.planned.add(self.builder.letter(bad_result(rec, exc.message)))
+            nxt, done = None, None
+        if done is not None:
+            out.planned.add(self.builder.done(done))
+        if nxt is not None:
+            out.ready.append(nxt)
+        out.planned = fit(out.planned, self.max_bytes, self.builder)
+        out.changes += self._changes(partition)
+        self.metrics.count({"results": 1})
+        return out
+
+    def on_approval(self, value: bytes | None, partition: int) -> Staging:
+        """A person's answer to a lazy plan's proposal, bound to its id and turn."""
+        out = Staging()
+        try:
+            rec = ApprovalRecord.model_validate_json(value or b"")
+        except ValidationError as exc:
+            log.error("not an approval record: %s", exc.errors()[:1])
+            self.metrics.count({"approvals_bad": 1})
+            reason = f"not an approval record naming its proposal_id and turn: {exc.errors()[:1]}"
+            out.planned.add(self._refused("unexpected_approval", reason, instance_of(value), None))
+            return out
+        unbound = self.workflow.refusal(rec)
+        if unbound is not None:
+            log.info("approval for %s not applied: %s", rec.instance, unbound.reason)
+            out.planned.add(self._unbound(unbound, "unexpected_approval", rec.instance, None))
+            return out
+        st = self.workflow.store.get(rec.instance)
+        try:
+            proposal, done = self.workflow.on_approval(rec)
+        except BadRecord as exc:
+            self._changes(partition)
+            out.planned.add(self._refused(exc.code, exc.message, rec.instance, None))
+            return out
+        if st is not None:
+            out.planned.add(self.builder.approved(st, proposal, self.worker))
+        if done is not None:
+            out.planned.add(self.builder.done(done))
+        after = self.workflow.store.get(rec.instance)
+        nxt = self.workflow.next_turn(after) if after is not None else None
+        if nxt is not None:
+            out.ready.append(nxt)
+        out.planned = fit(out.planned, self.max_bytes, self.builder)
+        out.changes += self._changes(partition)
+        return out
+
+    def _unbound(
+        self, unbound: Unbound, code: str, instance: str, source: SourcePosition | None
+    ) -> Planned:
+        if unbound.repeat:  # a redelivery of what was applied: normal, counted
+            self.workflow.results_ignored += 1
+            self.metrics.count({"answers_repeated": 1})
+            return Planned()
+        return self._refused(code, unbound.reason, instance, source)
+
+    def _refused(
+        self, code: str, reason: str, instance: str | None, source: SourcePosition | None
+    ) -> Planned:
+        return self.builder.letter(refusal_letter(code, reason, instance, source))
+
+    # ------------------------------------------------------------------ deadlines
+
+    def expire(self, now: float | None = None) -> dict[int, Staging]:
+        """Awaited calls past their deadline, workflows past their retention: per
+        partition, the records to stage with the unit's next commit."""
+        settled = self.workflow.expire(time.time() if now is None else now)
+        out: dict[int, Staging] = {}
+        for nxt, done in settled:
+            source = nxt.source if nxt is not None else (done.source if done else None)
+            if source is None:
+                continue
+            staging = out.setdefault(source.partition, Staging())
+            if done is not None:
+                staging.planned.add(fit(self.builder.done(done), self.max_bytes, self.builder))
+            if nxt is not None:
+                staging.ready.append(nxt)
+        for partition, changes in self.stores.take().items():
+            if changes:
+                out.setdefault(partition, Staging()).changes += changes
+        return out

@@ -1,0 +1,189 @@
+"""Process settings: one frozen object, read once from the environment (prefix STREAM_).
+
+The agent spec says *what* the agent does; these settings say *where* it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from instanced_stream.testing.faults import parse
+
+__all__ = ["DEFAULT_SPEC", "EXAMPLES", "Settings", "Topics", "examples_dir"]
+
+
+def examples_dir() -> Path:
+    """The bundled examples: inside the installed package (a wheel maps `examples/` to
+    `instanced_stream/examples`, see setup.py), else beside the package in a checkout."""
+    here = Path(__file__).resolve().parent
+    shipped = here / "examples"
+    return shipped if (shipped / "moderation").is_dir() else here.parent / "examples"
+
+
+EXAMPLES = examples_dir()
+DEFAULT_SPEC = EXAMPLES / "moderation" / "agent.yaml"
+
+
+class Topics:
+    """Every topic name the product reads or writes, derived from one prefix."""
+
+    def __init__(self, prefix: str, input_topic: str) -> None:
+        self.prefix = prefix
+        self.input = prefix + input_topic
+        self.dead_letter = prefix + "stream.deadletter"
+        self.no_action = prefix + "stream.noaction"
+        self.context = prefix + "stream.context"
+        self.advice = prefix + "stream.advice"
+        self.results = prefix + "stream.results"
+        self.review = prefix + "stream.review"
+        self.done = prefix + "stream.done"
+        self.proposals = prefix + "stream.proposals"
+        self.approvals = prefix + "stream.approvals"
+
+    def activity(self, tool: str) -> str:
+        return f"{self.prefix}activity.{tool}"
+
+    def outcome_topics(self, tools: list[str]) -> list[str]:
+        """Topics on which an input item can end: what the auditor reads."""
+        return [self.activity(t) for t in tools] + [self.review, self.no_action, self.dead_letter]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="STREAM_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap address; unset: the project starts a local broker"
+    )
+    spec: Path = Field(DEFAULT_SPEC, description="Agent spec file (YAML or JSON)")
+    topic_prefix: str = Field("", description="Prefix for every topic and the consumer group")
+    input_topic: str = Field("items", description="Topic producers publish items to")
+    partitions: int = Field(4, ge=1, description="Partitions for topics the product creates")
+    app_id: str = Field("instanced-stream", description="Consumer group of the processors")
+    max_record_bytes: int = Field(
+        256_000, ge=64, description="Larger input records are dead-lettered (too_large)"
+    )
+    data_dir: Path = Field(Path(".stream-data"), description="Local state of the processor")
+    llm_base_url: str | None = Field(None, description="Overrides the spec's model.base_url")
+    openai_base_url: str | None = Field(
+        None,
+        validation_alias="OPENAI_BASE_URL",
+        description="OPENAI_BASE_URL, read as the openai client reads it: the endpoint when "
+        "neither STREAM_LLM_BASE_URL nor the spec's model.base_url is set",
+    )
+    llm_model: str | None = Field(None, description="Overrides the spec's model.name")
+    llm_api_version: str | None = Field(
+        None, description="Overrides the spec's model.api_version (Azure OpenAI)"
+    )
+    llm_pacing: bool = Field(
+        True,
+        description="Keep requests and tokens per minute under what the endpoint's "
+        "x-ratelimit-* headers say (endpoints without them are not paced)",
+    )
+    llm_api_key: SecretStr | None = Field(
+        None, description="API key; else the env var or file the spec names"
+    )
+    llm_timeout_s: float | None = Field(
+        None, gt=0, description="Overrides the spec's model.timeout_s"
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="Asks per group of instances before it is split or dead-lettered"
+    )
+    session_timeout_s: float = Field(
+        15.0, ge=6, description="A processor silent this long leaves the group (crash take-over)"
+    )
+    pending_timeout_s: float = Field(
+        300.0, gt=0, description="An awaited call unanswered this long is recorded as failed"
+    )
+    max_output_bytes: int = Field(
+        1_000_000,
+        gt=1024,
+        description="An output record larger than this is dead-lettered instead of sent "
+        "(keep it below the broker's message.max.bytes, 1048588 by default)",
+    )
+    publish_timeout_ms: int = Field(
+        30_000,
+        ge=1000,
+        description="A publish unacknowledged this long is sent again (and again, until the "
+        "cluster answers: a batch waits out a broker outage, it is never dead-lettered)",
+    )
+    state_retention_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="A finished workflow's state is kept this long (a late result or a "
+        "redelivered input still finds it), then deleted from the table and its changelog",
+    )
+    drain_s: float = Field(
+        25.0,
+        ge=0,
+        description="On SIGTERM, batches in flight get this long to finish and be committed "
+        "before the worker stops (keep it below the pod's terminationGracePeriodSeconds)",
+    )
+    commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
+    delivery: Literal["exactly_once", "at_least_once"] = Field(
+        "at_least_once",
+        description="exactly_once: one Kafka transaction per input partition carries the "
+        "outputs and the offsets (read_committed consumers see each outcome once); "
+        "at_least_once: duplicates possible after a crash, deduplicated by call_id",
+    )
+    log_level: str = Field("INFO", description="Log level of the processor")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one JSON object per line, with batch and instance ids"
+    )
+    web_host: str = Field("0.0.0.0", description="Address of the metrics/health/live page")
+    web_port: int = Field(
+        6066, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and the page"
+    )
+    # Its own default, so a processor and a worker on one host both keep their probes.
+    worker_web_port: int = Field(
+        6067, ge=0, le=65535, description="Port of the activities worker's probes and metrics"
+    )
+    worker_concurrency: int = Field(
+        8, ge=1, description="Activity handlers an activities worker runs at once"
+    )
+    replication_factor: int | None = Field(
+        None, ge=1, description="Replicas of every topic the product creates; unset: broker default"
+    )
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="min.insync.replicas of created topics; unset: broker default"
+    )
+
+    # Kafka security: passed to every Kafka client the product creates (stream/security.py).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How clients talk to the brokers"
+    )
+    kafka_ssl_cafile: Path | None = Field(None, description="CA certificates (PEM) to trust")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate (PEM), mTLS")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client private key (PEM), mTLS")
+    kafka_ssl_key_password: SecretStr | None = Field(None, description="Password of the key")
+    kafka_ssl_check_hostname: bool = Field(True, description="Check the broker's host name")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="SASL mechanism (SASL_* protocols)"
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user name")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
+    kafka_sasl_password_file: Path | None = Field(
+        None, description="File holding the SASL password (a mounted secret)"
+    )
+
+    crash_at: str | None = Field(
+        None,
+        description="Tests only: [raise:]POINT:N kills (or raises in) the processor at the "
+        "N-th pass of a crash point (stream/faults.py); unset in production",
+    )
+
+    @field_validator("crash_at")
+    @classmethod
+    def _crash_point_known(cls, value: str | None) -> str | None:
+        if value:
+            parse(value)  # a misspelt point would silently never fire
+        return value or None
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix, self.input_topic)

@@ -1,0 +1,55 @@
+"""What the simulated endpoint is configured to be: its name, its latency and limits
+like a real account's, and the faults it injects (see instanced_stream.testing.simulator)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["MODEL_NAME", "Faults", "SimConfig"]
+
+MODEL_NAME = "stream-sim-1"
+
+
+class Faults(BaseModel):
+    next: list[str] = Field(default_factory=list, description="Request faults, used in order")
+    rate_limit_rate: float = 0.0
+    error_rate: float = 0.0
+    hang_rate: float = 0.0
+    malformed_rate: float = 0.0
+    skip_rate: float = 0.0
+    invent_rate: float = 0.0
+    unknown_tool_rate: float = 0.0
+    bad_args_rate: float = 0.0
+    bad_votes_rate: float = 0.0
+    retry_after_s: float = 1.0
+    hang_s: float = 3600.0
+
+
+class SimConfig(BaseModel):
+    """How the simulated endpoint behaves: latency like a real one (a fixed part plus a
+    part per output token), and an account's limits (0: none)."""
+
+    latency_ms: float = 0.0
+    per_output_token_ms: float = 0.0
+    jitter: float = Field(0.0, ge=0, le=1, description="latency varies by up to this share")
+    max_concurrency: int = Field(0, ge=0, description="requests at once; more get a 429")
+    tokens_per_minute: int = Field(0, ge=0, description="prompt + completion tokens per 60 s")
+    limit_retry_after_s: float = Field(0.25, ge=0, description="retry-after of a busy 429")
+    classifier: bool = Field(
+        True, description="judge with the trained classifier; off: cheap word rules only"
+    )
+    seed: int = 7
+    faults: Faults = Field(default_factory=Faults)
+    api_key: str | None = Field(
+        None, description="the one key accepted (401 for others, as a real account); None: any"
+    )
+    provider: Literal["generic", "openai", "azure"] = Field(
+        "generic",
+        description="whose documented request rules, error shapes and rate-limit headers to "
+        "follow (instanced_stream.testing.provider); generic: takes any parameter, as "
+        "llama.cpp does",
+    )
+    requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
+    model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")

@@ -1,0 +1,131 @@
+"""Test-only fault injection: crash (or raise) at a named point of the pipeline.
+
+The fault campaign needs a processor to die at exact moments (after the model answered
+but before the publish, between the publishes of one batch, after publishing but before
+the commit), which a kill from outside cannot hit reliably. `STREAM_CRASH_AT` arms one
+point for one process:
+
+- `after_llm:3`: SIGKILL this process the 3rd time the point `after_llm` is reached;
+- `raise:after_llm:1`: raise `InjectedFault` there the 1st time instead (a bug in the
+  batch body, as the code around the point sees it); `raise:solved:2+`: raise on the
+  2nd time and every time after.
+
+The points: `solved` (runtime/batcher.py, every model answer of a batch in hand,
+no record built yet, inside the processor's retry), `after_llm`
+(runtime/delivery.py: the batch's outcome records built, before its publish), `mid_publish`
+(runtime/publish.py, the first record of a publish acknowledged, the rest not yet
+sent), `after_publish` (delivery.py: every record acknowledged, offsets not yet finished).
+Stateful workflows add `after_state` (delivery.py: a batch's turns stored and durable,
+their records not yet published), `after_result` (runtime/coordinator.py: a result
+stored, its offset not finished, the next turn not yet batched) and `after_approval`
+(coordinator.py: an approval stored with its calls in the outbox, not yet published).
+
+The pipeline never calls this module: its pieces take a `instanced_stream.runtime.probe.Probe`,
+and `stream process` passes a `FaultProbe` only when STREAM_CRASH_AT is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+from instanced_stream.errors import StreamError
+
+__all__ = ["POINTS", "FaultProbe", "InjectedFault", "arm", "armed", "crash_point", "parse"]
+
+log = logging.getLogger("stream.faults")
+
+# The points the pipeline's probe passes: an unknown name in STREAM_CRASH_AT would
+# silently never fire, so `parse` refuses it.
+POINTS = frozenset(
+    {
+        "solved",
+        "after_llm",
+        "after_state",
+        "mid_publish",
+        "after_publish",
+        "after_result",
+        "after_approval",
+    }
+)
+
+
+class InjectedFault(StreamError):
+    """Raised by an armed `raise:` crash point; never raised in production."""
+
+
+@dataclass(slots=True)
+class _Trap:
+    point: str
+    at: int
+    kill: bool
+    onwards: bool = False
+    seen: int = 0
+
+
+_trap: _Trap | None = None
+
+
+def parse(spec: str) -> tuple[str, int, bool, bool]:
+    """`[raise:]POINT:N[+]` -> (point, n, kill, onwards)."""
+    parts = spec.strip().split(":")
+    kill = parts[0] != "raise"
+    if not kill:
+        parts = parts[1:]
+    count = parts[-1].removesuffix("+") if len(parts) == 2 else ""
+    onwards = not kill and parts[-1].endswith("+")
+    if len(parts) != 2 or parts[0] not in POINTS or not count.isdigit() or int(count) < 1:
+        raise ValueError(
+            f"crash point {spec!r}: expected [raise:]POINT:N (raise: also N+) with N >= 1 "
+            f"and POINT one of {', '.join(sorted(POINTS))}"
+        )
+    if kill and parts[-1].endswith("+"):
+        raise ValueError(f"crash point {spec!r}: a process can be killed only once")
+    return parts[0], int(count), kill, onwards
+
+
+def arm(spec: str | None) -> None:
+    """Arms one crash point for this process (None or empty: disarms)."""
+    global _trap
+    if not spec:
+        _trap = None
+        return
+    point, at, kill, onwards = parse(spec)
+    _trap = _Trap(point, at, kill, onwards)
+    log.warning("fault injection armed: %s at hit %d of %s", "kill" if kill else "raise", at, point)
+
+
+def armed(name: str) -> bool:
+    """True when `name` is the armed point: lets a caller prepare the moment it names."""
+    return _trap is not None and _trap.point == name
+
+
+def crash_point(name: str) -> None:
+    """A named moment of the pipeline; a no-op unless armed for it."""
+    trap = _trap
+    if trap is None or trap.point != name:
+        return
+    trap.seen += 1
+    if trap.seen < trap.at or (trap.seen > trap.at and not trap.onwards):
+        return
+    if trap.kill:
+        # Flushed first so the test can see which moment the process died at.
+        log.warning("fault injection: SIGKILL at %s (hit %d)", name, trap.seen)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    log.warning("fault injection: raising at %s (hit %d)", name, trap.seen)
+    raise InjectedFault(f"injected fault at {name} (hit {trap.seen})", point=name)
+
+
+class FaultProbe:
+    """The pipeline's probe (instanced_stream.runtime.probe.Probe) for the fault campaign: every
+    point goes through the armed trap."""
+
+    def at(self, point: str) -> None:
+        crash_point(point)
+
+    def watches(self, point: str) -> bool:
+        return armed(point)

@@ -1,0 +1,236 @@
+"""`stream eval`: what a window size costs in decisions, before you choose it.
+
+Runs a JSONL file of items through the product's own request building, solving and
+validation (no Kafka) at several window sizes against any OpenAI-compatible endpoint,
+and reports per size: agreement with the per-item decisions (window 1), accuracy
+against labels where lines carry them, tokens, requests and cost per item, and request
+latency.
+
+A *decision* is what an instance's calls decide, free text left out: for every call, its
+tool and those arguments whose schema is an enum, a boolean, a number or an integer
+(`moderateComment` with `decision: reject`; its `reason` is prose and ignored). Two
+answers agree when their decisions are equal as sets.
+
+A *label* is the line's `_label`: `{tool: {argument: value}}`, e.g.
+`{"moderateComment": {"decision": "reject"}}`. An answer is right when, for every tool
+in the label, it called that tool with those argument values; other calls do not
+matter. Fields starting with `_` (other than `_instance`) never reach the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from instanced_stream.core.messages import Call, SourcePosition
+from instanced_stream.core.prompt import Instance, PromptBuilder
+from instanced_stream.core.solve import Outcome, Solver
+from instanced_stream.core.spec import AgentSpec, Tool
+from instanced_stream.core.validate import Validator
+from instanced_stream.llm.client import LLM
+
+__all__ = [
+    "EvalItem",
+    "SizeReport",
+    "decision_of",
+    "disagreements",
+    "evaluate",
+    "load_items",
+    "markdown",
+]
+
+_DECIDING = {"boolean", "integer", "number"}
+
+Decision = frozenset[tuple[str, str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalItem:
+    id: str
+    payload: dict[str, Any]
+    label: dict[str, dict[str, Any]] | None
+
+
+@dataclass(slots=True)
+class SizeReport:
+    window: int
+    items: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    unanswered: int = 0
+    cost_usd: float = 0.0
+    agreement: float | None = None
+    accuracy: float | None = None
+    latencies: list[float] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+    def per_item(self, value: float) -> float:
+        return value / self.items if self.items else 0.0
+
+    def latency(self, q: float) -> float:
+        lat = sorted(self.latencies)
+        return lat[min(len(lat) - 1, int(len(lat) * q))] if lat else 0.0
+
+
+def load_items(path: Path) -> list[EvalItem]:
+    """Reads the JSONL file; a line that is not a JSON object is an error naming it."""
+    items = []
+    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
+        label = row.get("_label")
+        payload = {k: v for k, v in row.items() if not k.startswith("_")}
+        ident = str(row.get("_instance", row.get("id", f"line-{number}")))
+        items.append(EvalItem(ident, payload, label if isinstance(label, dict) else None))
+    return items
+
+
+def _deciding(tool: Tool) -> set[str]:
+    props = tool.parameters.get("properties", {})
+    return {
+        name
+        for name, schema in props.items()
+        if isinstance(schema, dict) and ("enum" in schema or schema.get("type") in _DECIDING)
+    }
+
+
+def decision_of(calls: list[Call], spec: AgentSpec) -> Decision:
+    deciding = {t.name: _deciding(t) for t in spec.tools}
+    out = set()
+    for call in calls:
+        keys = deciding.get(call.tool, set())
+        args = {k: v for k, v in call.arguments.items() if k in keys}
+        if not args:
+            out.add((call.tool, "", ""))
+        for key, value in args.items():
+            out.add((call.tool, key, orjson.dumps(value).decode()))
+    return frozenset(out)
+
+
+def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
+    for tool, args in label.items():
+        if not args and not any(t == tool for t, _, _ in decision):
+            return False
+        for key, value in args.items():
+            if (tool, key, orjson.dumps(value).decode()) not in decision:
+                return False
+    return True
+
+
+async def _run_size(
+    spec: AgentSpec, llm: LLM, items: list[EvalItem], window: int, concurrency: int
+) -> SizeReport:
+    solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
+    report = SizeReport(window, len(items))
+    gate = asyncio.Semaphore(concurrency)
+    instances = [
+        Instance(
+            it.id,
+            dict(it.payload),
+            SourcePosition(topic="eval", partition=0, offset=k),
+            len(orjson.dumps(it.payload)),
+        )
+        for k, it in enumerate(items)
+    ]
+
+    async def one(chunk: list[Instance]) -> Outcome:
+        async with gate:
+            return await solver.solve(chunk)
+
+    chunks = [instances[k : k + window] for k in range(0, len(instances), window)]
+    for outcome in await asyncio.gather(*(one(c) for c in chunks)):
+        report.requests += outcome.requests
+        report.prompt_tokens += outcome.prompt_tokens
+        report.completion_tokens += outcome.completion_tokens
+        report.cached_tokens += outcome.cached_tokens
+        report.unanswered += len(outcome.unanswered)
+        report.latencies += outcome.latencies
+        for answer in outcome.answers:
+            report.decisions[answer.instance.id] = decision_of(answer.calls, spec)
+    report.cost_usd = spec.model.cost_usd(
+        report.prompt_tokens, report.completion_tokens, report.cached_tokens
+    )
+    labelled = [it for it in items if it.label]
+    if labelled:
+        right = sum(
+            1
+            for it in labelled
+            if it.id in report.decisions and _right(report.decisions[it.id], it.label or {})
+        )
+        report.accuracy = right / len(labelled)
+    return report
+
+
+async def evaluate(
+    spec: AgentSpec,
+    llm: LLM,
+    items: list[EvalItem],
+    windows: list[int],
+    concurrency: int = 4,
+) -> list[SizeReport]:
+    """One report per window size; window 1 always runs first, as the reference."""
+    sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
+    reports = []
+    for window in sizes:
+        reports.append(await _run_size(spec, llm, items, window, concurrency))
+    reference = reports[0].decisions
+    for report in reports:
+        shared = [i for i in reference if i in report.decisions]
+        same = sum(1 for i in shared if report.decisions[i] == reference[i])
+        report.agreement = same / len(reference) if reference else None
+    return reports
+
+
+def markdown(reports: list[SizeReport], source: str, model: str) -> str:
+    def pct(value: float | None) -> str:
+        return "–" if value is None else f"{100 * value:.1f}%"
+
+    lines = [
+        f"{reports[0].items if reports else 0} items from `{source}`, model `{model}`",
+        "",
+        "| window | requests/item | prompt tok/item | cached | completion tok/item "
+        "| cost/item USD | agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in reports:
+        lines.append(
+            f"| {r.window} | {r.per_item(r.requests):.3f} | {r.per_item(r.prompt_tokens):.1f} "
+            f"| {pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None)} "
+            f"| {r.per_item(r.completion_tokens):.1f} | {r.per_item(r.cost_usd):.7f} "
+            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.unanswered} "
+            f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def disagreements(reports: list[SizeReport], items: list[EvalItem], most: int = 3) -> str:
+    """Examples of items decided differently at a larger window than at window 1."""
+
+    def shown(decision: Decision | None) -> str:
+        if decision is None:
+            return "(unanswered)"
+        return ", ".join(sorted(f"{t}.{k}={v}" if k else t for t, k, v in decision)) or "-"
+
+    base = reports[0].decisions if reports else {}
+    lines: list[str] = []
+    for report in reports[1:]:
+        differ = [i for i in items if report.decisions.get(i.id) != base.get(i.id)][:most]
+        lines += [
+            f"- window {report.window}, `{i.id}` {orjson.dumps(i.payload).decode()[:70]}: "
+            f"window 1 {shown(base.get(i.id))}, window {report.window} "
+            f"{shown(report.decisions.get(i.id))}"
+            for i in differ
+        ]
+    return ("Decided differently than at window 1:\n" + "\n".join(lines) + "\n") if lines else ""

@@ -1,3 +1,0 @@
-from stream.ops.cli import main
-
-raise SystemExit(main())
