@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stream",
         description="Batched, multi-instance LLM decisions on a Kafka stream. Settings come "
-        "from STREAM_* environment variables or a .env file (see README).",
+        "from STREAM_* environment variables or a .env file (see docs/settings.md).",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

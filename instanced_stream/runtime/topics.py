@@ -97,7 +97,7 @@ async def check_partitions(bootstrap: str, settings: Settings) -> None:
         shown = ", ".join(f"{name}: {n}" for name, n in counts.items())
         raise StreamError(
             f"a stateful spec needs one partition count everywhere, found {shown}: "
-            "partitions were added or STREAM_PARTITIONS changed; see README, "
+            "partitions were added or STREAM_PARTITIONS changed; see docs/operations.md, "
             "'Growing a stateful deployment'"
         )
 
