@@ -20,11 +20,13 @@ ENV PYTHONUNBUFFERED=1 \
 
 # Dependencies first, read from pyproject.toml, in their own layer: editing the
 # source then rebuilds in seconds instead of reinstalling faust, sklearn, openai...
-COPY pyproject.toml /tmp/pyproject.toml
+# Their versions are constraints.txt's (`./dev lock`), the ones CI tested.
+COPY pyproject.toml constraints.txt /tmp/
 RUN python -c "import subprocess, sys, tomllib; \
 deps = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']; \
-subprocess.check_call([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', *deps])" \
-    && rm /tmp/pyproject.toml
+subprocess.check_call([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', \
+'-c', '/tmp/constraints.txt', *deps])" \
+    && rm /tmp/pyproject.toml /tmp/constraints.txt
 
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
