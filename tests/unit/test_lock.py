@@ -18,7 +18,7 @@ LOCK = ROOT / "constraints.txt"
 
 
 def _pins() -> dict[str, Requirement]:
-    pins = {}
+    pins: dict[str, Requirement] = {}
     for line in LOCK.read_text(encoding="utf-8").splitlines():
         if line and not line.startswith((" ", "#")):
             req = Requirement(line)
