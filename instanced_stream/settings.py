@@ -5,15 +5,42 @@ The agent spec says *what* the agent does; these settings say *where* it runs.
 
 from __future__ import annotations
 
+import difflib
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from instanced_stream.testing.faults import parse
 
-__all__ = ["DEFAULT_SPEC", "EXAMPLES", "Settings", "Topics", "examples_dir"]
+__all__ = [
+    "DEFAULT_SPEC",
+    "EXAMPLES",
+    "OTHER_VARIABLES",
+    "Settings",
+    "Topics",
+    "examples_dir",
+    "setting_problem",
+    "unknown_variables",
+    "warn_unknown_variables",
+]
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# STREAM_* variables that are not settings: read by the tools, examples and scripts.
+OTHER_VARIABLES = frozenset(
+    {
+        "STREAM_KAFKA_CACHE",  # where the broker's jars are resolved (testing/jars.py)
+        "STREAM_VENV",  # ./dev's virtual environment
+        "STREAM_SPEC_FILE",  # docker-compose: the spec file mounted as STREAM_SPEC
+        "STREAM_DECISIONS_FILE",  # the moderation example's activity writes decisions there
+        "STREAM_CHAOS_RUNS",  # the fault campaign's runs and seed (tests)
+        "STREAM_CHAOS_SEED",
+    }
+)
 
 
 def examples_dir() -> Path:
@@ -131,7 +158,9 @@ class Settings(BaseSettings):
         "outputs and the offsets (read_committed consumers see each outcome once); "
         "at_least_once: duplicates possible after a crash, deduplicated by call_id",
     )
-    log_level: str = Field("INFO", description="Log level of the processor")
+    log_level: str = Field(
+        "INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL, any case"
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per line, with batch and instance ids"
     )
@@ -177,6 +206,13 @@ class Settings(BaseSettings):
         "N-th pass of a crash point (stream/faults.py); unset in production",
     )
 
+    @field_validator("log_level")
+    @classmethod
+    def _level_known(cls, value: str) -> str:
+        if value.upper() not in _LEVELS:
+            raise ValueError(f"a log level is one of {', '.join(_LEVELS)}")
+        return value.upper()
+
     @field_validator("crash_at")
     @classmethod
     def _crash_point_known(cls, value: str | None) -> str | None:
@@ -187,3 +223,47 @@ class Settings(BaseSettings):
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix, self.input_topic)
+
+
+def _variable(field: str) -> str:
+    """The environment variable a setting is read from."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    return alias if isinstance(alias, str) else f"STREAM_{field.upper()}"
+
+
+def setting_problem(exc: ValidationError) -> str:
+    """A refused setting in one line, named as the user wrote it: `STREAM_PARTITIONS='many':
+    Input should be a valid integer ...`, never pydantic's location tuple."""
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    name = field if field.isupper() else _variable(field)
+    shown = first.get("input")
+    given = f"={shown!r}" if isinstance(shown, str | int | float) else ""
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"bad setting {name}{given}: {first['msg']}{more}"
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """Warnings for STREAM_* names that are no setting (a typo is otherwise silently
+    ignored, and the default quietly used), naming the closest known one."""
+    known = {_variable(field) for field in Settings.model_fields} | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(set(names)):
+        if not name.upper().startswith("STREAM_") or name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
+
+
+def warn_unknown_variables(environ: Iterable[str], env_file: Path = Path(".env")) -> None:
+    """Logs unknown_variables() for the environment and the .env file pydantic reads."""
+    names = list(environ)
+    if env_file.is_file():
+        from dotenv import dotenv_values
+
+        names += list(dotenv_values(env_file))
+    for warning in unknown_variables(names):
+        logging.getLogger("stream.settings").warning("%s", warning)

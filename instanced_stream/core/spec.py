@@ -42,6 +42,7 @@ __all__ = [
     "Tool",
     "Window",
     "load_spec",
+    "spec_document",
 ]
 
 # The model's explicit way to say "this instance needs nothing": an outcome that is
@@ -381,8 +382,9 @@ def _yaml_on_key(data: dict[Any, Any]) -> dict[Any, Any]:
     return data
 
 
-def load_spec(path: Path) -> AgentSpec:
-    """Read and validate a spec file; every failure is a SpecError naming file and field."""
+def spec_document(path: Path) -> Any:
+    """A spec file's document as written (before `${VAR}` interpolation): what
+    schemas/agent-spec.json describes. A SpecError when it cannot be read or parsed."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -391,9 +393,12 @@ def load_spec(path: Path) -> AgentSpec:
         data = orjson.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
         raise SpecError(f"agent spec {path} is not valid YAML/JSON: {exc}") from exc
-    if isinstance(data, dict):
-        data = _yaml_on_key(data)
-    data = interpolate(data, os.environ, f"agent spec {path}")
+    return _yaml_on_key(data) if isinstance(data, dict) else data
+
+
+def load_spec(path: Path) -> AgentSpec:
+    """Read and validate a spec file; every failure is a SpecError naming file and field."""
+    data = interpolate(spec_document(path), os.environ, f"agent spec {path}")
     try:
         return AgentSpec.model_validate(data)
     except ValidationError as exc:

@@ -15,7 +15,7 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["check", "check_endpoint", "lint_settings"]
+__all__ = ["check", "check_endpoint", "lint_settings", "preflight"]
 
 
 def lint_settings(settings: Settings) -> list[str]:
@@ -37,21 +37,25 @@ def lint_settings(settings: Settings) -> list[str]:
     return problems
 
 
-def _simulated_model(settings: Settings, spec: AgentSpec) -> str | None:
-    """With no endpoint configured the model is the bundled simulator (`stream demo`,
-    `stream eval`), which serves one model name only: a spec naming another is a mistake
-    that would otherwise show up as a refused request at run time."""
-    from instanced_stream.testing.account import MODEL_NAME
+def preflight(settings: Settings, spec: AgentSpec) -> None:
+    """Every configuration mistake `stream process` refuses before it touches the network,
+    in one place: `stream check` runs exactly this, so it never passes what a processor
+    would refuse. Raises StreamError (or SpecError) at the first."""
+    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.core.tokenizer import Tokenizer
+    from instanced_stream.llm.factory import endpoint, resolve_api_key
+    from instanced_stream.llm.limiter import Limiter
+    from instanced_stream.runtime.budget import Budget
+    from instanced_stream.runtime.security import client_options
 
-    model = settings.llm_model or spec.model.name
-    configured = settings.llm_base_url or spec.model.base_url or settings.openai_base_url
-    if configured or model == MODEL_NAME:
-        return None
-    return (
-        f"model {model!r} is unknown to the bundled LLM simulator, which serves only "
-        f"{MODEL_NAME!r}: set model.base_url (or STREAM_LLM_BASE_URL) to an endpoint that "
-        f"serves it, or name {MODEL_NAME!r}"
-    )
+    problems = lint_settings(settings)
+    if problems:
+        raise StreamError("; ".join(problems))
+    endpoint(settings, spec)  # no endpoint at all
+    resolve_api_key(settings, spec)  # a hosted endpoint without a key
+    client_options(settings)  # Kafka certificate and password files
+    # a window too small for the instructions, tools and advisors alone
+    Budget(spec, Tokenizer(spec.model.name), PromptBuilder(spec).system, Limiter(1))
 
 
 async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:
@@ -89,26 +93,17 @@ async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:
 
 def check(settings: Settings, endpoint: bool = False) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
-    from instanced_stream.llm.factory import resolve_api_key
+    from instanced_stream.llm.factory import endpoint as endpoint_of
 
     spec = load_spec(settings.spec)
     lines = [
         f"spec {settings.spec}: valid ({spec.name}: {len(spec.tools)} tools, "
         f"{len(spec.advisors)} advisors, {'a plan' if spec.plan else 'no plan'})"
     ]
-    problems = lint_settings(settings)
-    if problems:
-        raise StreamError("; ".join(problems))
-    lines.append("settings: consistent")
-    mistake = _simulated_model(settings, spec)
-    if mistake:
-        raise StreamError(mistake)
-    if not (settings.llm_base_url or spec.model.base_url or settings.openai_base_url):
-        lines.append("model: the bundled LLM simulator (no endpoint configured)")
-        return lines
-    resolve_api_key(settings, spec)  # a missing key is a mistake even offline
+    preflight(settings, spec)
+    lines.append("settings: consistent, as `stream process` needs them")
     if endpoint:
         lines += asyncio.run(check_endpoint(settings, spec))
     else:
-        lines.append("endpoint: not contacted (add --endpoint to ask it)")
+        lines.append(f"endpoint {endpoint_of(settings, spec)}: not contacted (add --endpoint)")
     return lines

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,9 +47,11 @@ def _secure(settings: Settings) -> None:
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.ops.check import preflight
     from instanced_stream.runtime.app import run_processor
 
     spec, bootstrap = _configured(settings)
+    preflight(settings, spec)  # what `stream check` refuses, refused here the same way
     return run_processor(settings, spec, bootstrap)
 
 
@@ -120,7 +123,11 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.
     example = args.example or ("moderation" if args.llm == "simulator" else "seed_moderation")
     if not (EXAMPLES / example).is_dir():
-        raise StreamError(f"no example named {example!r} (try moderation or tickets)")
+        # name what is there, so the message never offers the very name that was missing
+        there = sorted(p.name for p in EXAMPLES.glob("*/") if any(p.glob("*.yaml")))
+        if not there:
+            raise StreamError(f"no examples are installed (looked in {EXAMPLES})")
+        raise StreamError(f"no example named {example!r}; there are: {', '.join(there)}")
     return run_demo(
         args.items,
         args.json,
@@ -308,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         _logging(args, settings)
+        from instanced_stream.settings import warn_unknown_variables
+
+        warn_unknown_variables(os.environ)
         return int(_COMMANDS[args.command](args, settings))
     except KafkaUnreachable as exc:
         print(f"stream: error: {exc.message}", file=sys.stderr)
@@ -320,10 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stream: error: cannot reach Kafka at {where or 'the address'}", file=sys.stderr)
         return 3
     except ValidationError as exc:
-        print(
-            f"stream: error: bad setting: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
-            file=sys.stderr,
-        )
+        from instanced_stream.settings import setting_problem
+
+        print(f"stream: error: {setting_problem(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

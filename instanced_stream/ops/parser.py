@@ -4,18 +4,39 @@ command does lives in instanced_stream/ops/cli.py and the modules it dispatches 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from instanced_stream import __version__
 
-__all__ = ["SETTING_FLAGS", "build_parser"]
+__all__ = ["SETTING_FLAGS", "build_parser", "window_sizes"]
 
 # Global flags that are settings: they win over STREAM_* variables and the .env file.
 SETTING_FLAGS = ("bootstrap_servers", "topic_prefix", "spec")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage mistake ends in one line, like every other mistake (argparse's own error
+    prints the whole usage first); sub-commands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def window_sizes(text: str) -> tuple[int, ...]:
+    """`--windows 1,10,25`: positive whole numbers, comma-separated."""
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of window sizes, e.g. 1,10,25"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"window sizes are 1 or more, got {text!r}")
+    return sizes
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="stream",
         description="Batched, multi-instance LLM decisions on a Kafka stream. Settings come "
         "from STREAM_* environment variables or a .env file (see docs/settings.md).",
@@ -27,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic-prefix", help="prefix of every topic (STREAM_TOPIC_PREFIX)")
     p.add_argument("--spec", help="agent spec file (STREAM_SPEC)")
     sub = p.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _OneLineParser(add_help=False)
     # The setting flags work after the command too (`stream check --spec F`); SUPPRESS
     # keeps a flag given before the command when it is not repeated after it.
     for flag, text in (
@@ -131,7 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     bn = add("bench", help="measure windows against the per-item baseline, one run")
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
     bn.add_argument("--partitions", type=int, default=4, help="input partitions (default 4)")
-    bn.add_argument("--windows", default="10,25,50,100", help="window sizes (default 10,25,50,100)")
+    bn.add_argument(
+        "--windows",
+        type=window_sizes,
+        default=(10, 25, 50, 100),
+        help="window sizes (default 10,25,50,100)",
+    )
     bn.add_argument("--latency-ms", type=float, default=500, help="endpoint fixed latency")
     bn.add_argument("--ms-per-token", type=float, default=2, help="endpoint ms per output token")
     bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
@@ -158,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--endpoint", default=None, metavar="URL", help="same as --llm URL")
     ev = add("eval", help="decisions, tokens and cost per window size, no Kafka")
     ev.add_argument("file", help="JSONL file: one item per line, optional _label")
-    ev.add_argument("--windows", default="1,10,25,50", help="window sizes (default 1,10,25,50)")
+    ev.add_argument(
+        "--windows",
+        type=window_sizes,
+        default=(1, 10, 25, 50),
+        help="window sizes (default 1,10,25,50)",
+    )
     ev.add_argument("--concurrency", type=int, default=4, help="requests at once (default 4)")
     ev.add_argument("--limit", type=int, default=0, help="only the first N items")
     ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")

@@ -32,7 +32,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.soak:
         return soak(args, endpoint, settings)
-    windows = tuple(int(w) for w in args.windows.split(","))
+    windows = tuple(args.windows)
     # The bench's own default spec unless one was chosen (flag, STREAM_SPEC or .env).
     spec = bench_spec(settings.spec) if "spec" in settings.model_fields_set else None
     out = Path(args.out)
@@ -95,7 +95,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
         raise StreamError(str(exc)) from exc
     if args.limit:
         items = items[: args.limit]
-    windows = [int(w) for w in args.windows.split(",")]
+    windows = list(args.windows)
     choice = args.llm or settings.llm_base_url or spec.model.base_url or "simulator"
     if choice == "simulator" and not args.llm:
         print(

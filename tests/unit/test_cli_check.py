@@ -37,25 +37,118 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out.strip() == f"stream {__version__}"
 
 
-def test_check_passes_on_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_passes_on_the_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
     assert cli.main(["check", "--spec", str(SPEC)]) == 0
     assert cli.main(["--spec", str(SPEC), "check"]) == 0
     out = capsys.readouterr().out
     assert "valid (moderation" in out
-    assert "bundled LLM simulator" in out
+    assert "endpoint http://127.0.0.1:8000/v1: not contacted" in out
 
 
-def test_check_refuses_a_model_the_simulator_does_not_serve(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    data = yaml.safe_load(SPEC.read_text())
-    data["model"]["name"] = "gpt-nonexistent"
-    spec = tmp_path / "agent.yaml"
-    spec.write_text(yaml.safe_dump(data))
-    assert cli.main(["--spec", str(spec), "check"]) == 2
+def _refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert cli.main(list(argv)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1
-    assert "'gpt-nonexistent' is unknown to the bundled LLM simulator" in err[0]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_check_refuses_what_process_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each mistake a processor refuses before touching the network, `stream check`
+    refuses in the same words (no broker is needed for either to say so)."""
+    monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    # no model endpoint at all
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert "no model endpoint" in said
+    # a window too small for the instructions alone
+    data = yaml.safe_load(SPEC.read_text())
+    data["window"]["max_input_tokens"] = 300
+    small = tmp_path / "agent.yaml"
+    small.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    said = _refusal(capsys, "--spec", str(small), "check")
+    assert said == _refusal(capsys, "--spec", str(small), "process")
+    assert "window.max_input_tokens is 300" in said
+    # a Kafka CA file that is not there
+    monkeypatch.setenv("STREAM_KAFKA_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("STREAM_KAFKA_SSL_CAFILE", str(tmp_path / "nope.pem"))
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert "STREAM_KAFKA_SSL_CAFILE: no such file" in said
+
+
+def test_bad_settings_name_their_variable_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STREAM_LOG_LEVEL", "foo")
+    said = _refusal(capsys, "check")
+    assert said.startswith("stream: error: bad setting STREAM_LOG_LEVEL='foo': ")
+    monkeypatch.delenv("STREAM_LOG_LEVEL")
+    monkeypatch.setenv("STREAM_PARTITIONS", "many")
+    assert _refusal(capsys, "check").startswith(
+        "stream: error: bad setting STREAM_PARTITIONS='many': Input should be a valid integer"
+    )
+    monkeypatch.setenv("STREAM_PARTITIONS", "0")
+    assert "STREAM_PARTITIONS='0': Input should be greater than or equal to 1" in _refusal(
+        capsys, "check"
+    )
+    monkeypatch.delenv("STREAM_PARTITIONS")
+    monkeypatch.setenv("OPENAI_BASE_URL", "")
+    monkeypatch.setenv("STREAM_LLM_PACING", "sometimes")
+    assert "bad setting STREAM_LLM_PACING='sometimes'" in _refusal(capsys, "check")
+
+
+def test_the_log_level_is_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    from instanced_stream.settings import Settings
+
+    monkeypatch.setenv("STREAM_LOG_LEVEL", "debug")
+    assert Settings().log_level == "DEBUG"
+
+
+def test_bad_flags_end_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, words in (
+        (["eval", "x.jsonl", "--windows", "x"], "'x' is not a comma-separated list"),
+        (["eval", "x.jsonl", "--windows", "10,0"], "window sizes are 1 or more"),
+        (["bench", "--windows", "ten"], "'ten' is not a comma-separated list"),
+        (["demo", "--items", "many"], "invalid int value: 'many'"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (argv, err)
+        assert err[0].startswith("stream")
+
+
+def test_a_misspelt_variable_is_named_with_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from instanced_stream.settings import unknown_variables
+
+    assert unknown_variables(["STREAM_PARTITONS", "STREAM_LOG_LEVEL", "STREAM_KAFKA_CACHE"]) == [
+        "STREAM_PARTITONS is not a setting and is ignored; did you mean STREAM_PARTITIONS?"
+    ]
+    assert unknown_variables(["STREAM_ZZZZZZZZZZZZZZZZZZZZZ", "HOME"]) == [
+        "STREAM_ZZZZZZZZZZZZZZZZZZZZZ is not a setting and is ignored"
+    ]
+    # the CLI logs it as a warning and goes on
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("STREAM_BOOTSTRAP_SERVER", "127.0.0.1:9092")
+    assert cli.main(["check"]) == 0
+    assert "STREAM_BOOTSTRAP_SERVER is not a setting" in caplog.text
+    assert "did you mean STREAM_BOOTSTRAP_SERVERS?" in caplog.text
+    # and of the .env file pydantic reads
+    monkeypatch.delenv("STREAM_BOOTSTRAP_SERVER")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("STREAM_TOPIC_PREFX=x.\n")
+    assert cli.main(["check"]) == 0
+    assert "did you mean STREAM_TOPIC_PREFIX?" in caplog.text
 
 
 def test_check_refuses_colliding_ports_and_an_impossible_isr(
