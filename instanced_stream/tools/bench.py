@@ -21,7 +21,6 @@ it. Results go to a markdown table and PNG plots.
 from __future__ import annotations
 
 import contextlib
-import logging
 import secrets
 import tempfile
 import time
@@ -35,6 +34,7 @@ import orjson
 import yaml
 
 from instanced_stream.core.spec import ModelEndpoint, load_spec
+from instanced_stream.ops.progress import Progress
 from instanced_stream.runtime.topics import activity_topics, ensure_product_topics
 from instanced_stream.settings import DEFAULT_SPEC, Settings
 from instanced_stream.testing.broker import free_port
@@ -54,7 +54,6 @@ from instanced_stream.tools.target import SimProcess, Target, llm_target, proces
 
 __all__ = ["Bench", "bench_session", "bench_spec", "results_json", "run_bench"]
 
-log = logging.getLogger("stream.bench")
 
 # Records of the rows that measure the machine (the passthrough, the instant endpoint)
 # whatever --items says: a pass over a few thousand lasted a fraction of a second.
@@ -74,6 +73,7 @@ class Bench:
     paced_s: float
     results: list[Result] = field(default_factory=list)
     n: int = 0  # items of an LLM-bound run (`items` may hold more: see MACHINE_ITEMS)
+    progress: Progress = field(default_factory=lambda: Progress("bench", None, unit="runs"))
 
     def _spec_file(self, window: int, in_flight: int, model: dict[str, Any]) -> Path:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
@@ -192,7 +192,7 @@ class Bench:
                 for proc in procs:
                     proc.stop()
         self.results.append(result)
-        log.warning("%s", _line(result))
+        self.progress.finished(_line(result))
         return result
 
     async def _usage(self, procs: list[ProcessorProcess]) -> dict[str, float]:
@@ -285,7 +285,7 @@ class Bench:
         median of `runs` passes (one lasts under a second and scatters threefold)."""
         result = await passthrough_row(self.bootstrap, self.items, partitions, runs)
         self.results.append(result)
-        log.warning("%s", _line(result))
+        self.progress.finished(_line(result))
         return result
 
 

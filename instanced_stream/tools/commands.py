@@ -120,7 +120,9 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 # The same request shape `stream process` would send.
                 if spec.model.request is None:
                     llm.shape = (await probe(llm, PromptBuilder(spec))).shape
-                return await run_eval(spec, llm, items, windows, args.concurrency)
+                return await run_eval(
+                    spec, llm, items, windows, args.concurrency, show_progress=True
+                )
             finally:
                 await llm.close()
 

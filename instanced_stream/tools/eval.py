@@ -32,6 +32,7 @@ from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.core.validate import Validator
 from instanced_stream.llm.client import LLM
+from instanced_stream.ops.progress import Progress
 
 __all__ = [
     "EvalItem",
@@ -130,7 +131,12 @@ def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
 
 
 async def _run_size(
-    spec: AgentSpec, llm: LLM, items: list[EvalItem], window: int, concurrency: int
+    spec: AgentSpec,
+    llm: LLM,
+    items: list[EvalItem],
+    window: int,
+    concurrency: int,
+    progress: Progress | None = None,
 ) -> SizeReport:
     solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
     report = SizeReport(window, len(items))
@@ -147,7 +153,10 @@ async def _run_size(
 
     async def one(chunk: list[Instance]) -> Outcome:
         async with gate:
-            return await solver.solve(chunk)
+            outcome = await solver.solve(chunk)
+        if progress is not None:
+            progress.advance(len(chunk))
+        return outcome
 
     chunks = [instances[k : k + window] for k in range(0, len(instances), window)]
     for outcome in await asyncio.gather(*(one(c) for c in chunks)):
@@ -179,12 +188,19 @@ async def evaluate(
     items: list[EvalItem],
     windows: list[int],
     concurrency: int = 4,
+    show_progress: bool = False,
 ) -> list[SizeReport]:
-    """One report per window size; window 1 always runs first, as the reference."""
+    """One report per window size; window 1 always runs first, as the reference. With
+    `show_progress`, each size's items answered so far go to stderr (a real model takes
+    minutes per size)."""
     sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
     reports = []
     for window in sizes:
-        reports.append(await _run_size(spec, llm, items, window, concurrency))
+        if not show_progress:
+            reports.append(await _run_size(spec, llm, items, window, concurrency))
+            continue
+        with Progress(f"eval window {window}", total=len(items)) as progress:
+            reports.append(await _run_size(spec, llm, items, window, concurrency, progress))
     reference = reports[0].decisions
     for report in reports:
         shared = [i for i in reference if i in report.decisions]

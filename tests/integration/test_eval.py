@@ -18,7 +18,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "eval
 
 
 async def test_eval_reports_agreement_accuracy_and_cost_per_window(
-    simulator: tuple[Simulator, str],
+    simulator: tuple[Simulator, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, url = simulator
     spec = load_spec(DEFAULT_SPEC)
@@ -27,9 +27,15 @@ async def test_eval_reports_agreement_accuracy_and_cost_per_window(
     assert all(not k.startswith("_") for it in items for k in it.payload)  # labels stay out
     llm = LLM(base_url=url, api_key="simulator", model=spec.model.name, timeout_s=30)
     try:
-        reports = await evaluate(spec, llm, items, [10, 50])
+        reports = await evaluate(spec, llm, items, [10, 50], show_progress=True)
     finally:
         await llm.close()
+    # progress on stderr as it goes (plain lines off a terminal), nothing on stdout
+    shown = capsys.readouterr()
+    assert shown.out == ""
+    for window in (1, 10, 50):
+        assert f"eval window {window}: {len(items)}/{len(items)} items (100%)" in shown.err
+    assert shown.err.count("eval window 1:") <= 11  # a line per tenth at most
     assert [r.window for r in reports] == [1, 10, 50]
     one, ten, fifty = reports
     assert one.agreement == 1.0
