@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from instanced_stream.errors import StreamError
 
@@ -39,7 +40,7 @@ def claim_port(host: str, port: int, setting: str) -> None:
 
 
 class _Source(Protocol):
-    def render(self) -> bytes: ...
+    registry: CollectorRegistry
 
     def live(self) -> dict[str, Any]: ...
 
@@ -54,7 +55,9 @@ class WebServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        # prometheus-client's own handler: the text format or OpenMetrics as the scraper
+        # asks (Accept), gzip when it accepts it, `?name[]=` to pick series
+        app.router.add_get("/metrics", make_aiohttp_handler(self.metrics.registry))
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/live", self._live)
@@ -73,11 +76,6 @@ class WebServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
