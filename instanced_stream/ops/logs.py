@@ -1,34 +1,29 @@
 """Structured logs: one JSON object per line, for log pipelines (STREAM_LOG_FORMAT=json).
 
-Records carry `batch_id` and `instance` when the code that logs knows them (passed with
-`extra=`), so one item can be followed through the processor's log.
+python-json-logger's formatter (orjson underneath) in our field names: `ts` (UTC, ISO
+8601), `level`, `logger`, `message`, `error` (a traceback) and every field the code that
+logs passes with `extra=` (`batch_id`, `instance`, source position...), so one item can be
+followed through the processor's log.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
-import orjson
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 __all__ = ["JsonFormatter", "json_handler"]
 
-_FIELDS = ("batch_id", "instance", "code", "topic", "partition", "offset")
 
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: getattr(record, k) for k in _FIELDS if hasattr(record, k)})
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry, default=str).decode()
+class JsonFormatter(OrjsonFormatter):
+    def __init__(self) -> None:
+        super().__init__(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger", "exc_info": "error"},
+            timestamp="ts",
+            json_default=str,
+        )
 
 
 def json_handler() -> logging.Handler:
