@@ -4,14 +4,20 @@ this checkout (issue 27, item 1)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -24,7 +30,7 @@ def _run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Compl
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))}
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(
+    return subprocess.run(
         [str(a) for a in argv],
         cwd=cwd,
         env=env,
@@ -33,7 +39,11 @@ def _run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Compl
         timeout=timeout,
         check=False,
     )
-    assert done.returncode == 0 or "demo" in argv, f"{argv}: {done.stdout}\n{done.stderr}"
+
+
+def _ok(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    done = _run(*argv, cwd=cwd, timeout=timeout)
+    assert done.returncode == 0, f"{argv}: {done.stdout}\n{done.stderr}"
     return done
 
 
@@ -48,7 +58,7 @@ def build_wheel(sources: tuple[str, ...], project: Path, tmp: Path) -> Path:
             tree.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, tree / name)
     out = tmp / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, tree, cwd=tmp)
+    _ok(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, tree, cwd=tmp)
     (wheel,) = out.glob("*.whl")
     return wheel
 
@@ -57,18 +67,25 @@ def clean_venv(wheel: Path, tmp: Path) -> Path:
     """A new venv with `wheel` and its declared dependencies, pinned by constraints.txt
     (pip's cache serves what ./dev already downloaded)."""
     venv = tmp / "venv"
-    _run(sys.executable, "-m", "venv", venv, cwd=tmp)
+    _ok(sys.executable, "-m", "venv", venv, cwd=tmp)
     pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
-    _run(*pip, "-c", ROOT / "constraints.txt", wheel, cwd=tmp)
+    _ok(*pip, "-c", ROOT / "constraints.txt", wheel, cwd=tmp)
     return venv
 
 
-def test_an_installed_wheel_runs_the_demo_from_anywhere(tmp_path: Path) -> None:
-    wheel = build_wheel(SOURCES, ROOT, tmp_path)
+@pytest.fixture(scope="module")
+def product_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(SOURCES, ROOT, tmp_path_factory.mktemp("product"))
+
+
+def test_an_installed_wheel_runs_the_demo_from_anywhere(
+    product_wheel: Path, tmp_path: Path
+) -> None:
+    wheel = product_wheel
     venv = clean_venv(wheel, tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run(
+    where = _ok(
         venv / "bin" / "python",
         "-c",
         "import instanced_stream; print(instanced_stream.__file__)",
@@ -87,3 +104,147 @@ def test_an_installed_wheel_runs_the_demo_from_anywhere(tmp_path: Path) -> None:
     assert report["items"] == 20 and report["unaccounted"] == 0, report
     assert report["example"] == "moderation" and report["dead_letters"] == 4
     assert not list(elsewhere.iterdir()) or all(p.name.startswith(".") for p in elsewhere.iterdir())
+
+
+HANDLERS = """
+from pathlib import Path
+
+from instanced_stream_worker.activities import Activities
+
+activities = Activities()
+
+
+@activities.activity("moderateComment")
+async def moderate(call, tool, context):
+    with open(Path(__file__).with_name("handled.txt"), "a") as out:
+        out.write(call.instance + "\\n")
+"""
+
+
+def _activity_record(i: int) -> bytes:
+    return orjson.dumps(
+        {
+            "call_id": f"items/0/{i}/moderateComment/0",
+            "tool": "moderateComment",
+            "instance": f"c-{i}",
+            "call": {"_tool": "moderateComment", "_instance": f"c-{i}", "decision": "approve"},
+            "source": {"topic": "items", "partition": 0, "offset": i},
+            "batch": {"id": "b", "size": 3, "token": "①", "attempt": 1},
+            "model": "m",
+        }
+    )
+
+
+def _files(venv: Path, distribution: str) -> set[str]:
+    listed = _ok(
+        venv / "bin" / "python", "-m", "pip", "show", "-f", distribution, cwd=venv
+    ).stdout.split("Files:", 1)[1]
+    return {line.strip() for line in listed.splitlines() if line.strip()}
+
+
+async def _publish_calls(bootstrap: str, topic: str, n: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i in range(n):
+            await producer.send_and_wait(topic, _activity_record(i), key=f"c-{i}".encode())
+    finally:
+        await producer.stop()
+
+
+def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
+    bootstrap: str, product_wheel: Path, tmp_path: Path
+) -> None:
+    """`python -m build packages/activities` writes nothing into the checkout; its wheel
+    in a clean venv runs a worker, refuses the processor's commands in one line, and
+    installs beside the product without sharing a module with it."""
+    before = set(ROOT.iterdir())
+    out = tmp_path / "dist"
+    _ok(sys.executable, "-m", "build", "-o", out, ROOT / "packages" / "activities", cwd=tmp_path)
+    # nothing new at the root (no egg-info, no build/): only its generated copy, ignored
+    assert set(ROOT.iterdir()) == before, set(ROOT.iterdir()) - before
+    generated = ROOT / "packages" / "activities" / "src"
+    ignored = _ok("git", "check-ignore", generated, cwd=ROOT)
+    assert ignored.stdout.strip(), "the generated copy must be ignored by git"
+    (thin,) = out.glob("*.whl")
+    assert len(list(out.glob("*.tar.gz"))) == 1
+
+    worker_venv = tmp_path / "worker"
+    worker_venv.mkdir()
+    venv = clean_venv(thin, worker_venv)
+    stream = venv / "bin" / "stream"
+    imported = _run(
+        venv / "bin" / "python", "-c", "import faust, openai", cwd=worker_venv
+    )  # the processor's dependencies are not there
+    assert imported.returncode != 0, "the worker venv has faust or openai"
+    for command in ("process", "check", "demo"):
+        done = _run(stream, command, cwd=worker_venv)
+        assert done.returncode == 2, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "not installed in the worker package" in lines[0], lines
+
+    # a worker with its handlers only (--no-spec) handles calls from a real broker
+    prefix = f"thin{secrets.token_hex(3)}."
+    topic = f"{prefix}activity.moderateComment"
+    asyncio.run(_publish_calls(bootstrap, topic, 3))
+    module = worker_venv / "handlers.py"
+    module.write_text(HANDLERS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "VIRTUAL_ENV"))}
+    env |= {"STREAM_BOOTSTRAP_SERVERS": bootstrap, "STREAM_TOPIC_PREFIX": prefix}
+    env["STREAM_WORKER_WEB_PORT"] = "0"
+    worker = subprocess.Popen(
+        [stream, "activities", module, "--no-spec", "--group", f"{prefix}team"],
+        cwd=worker_venv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    handled = worker_venv / "handled.txt"
+    try:
+        for _ in range(600):
+            if handled.exists() and len(handled.read_text().split()) >= 3:
+                break
+            assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
+            time.sleep(0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=30)[0]
+    assert sorted(handled.read_text().split()) == ["c-0", "c-1", "c-2"], output
+    assert worker.returncode == 0, output
+
+    # beside the product: no file in common but the `stream` script, which is the product's
+    # --no-deps: the files and imports are the point here, the demo test installs its deps
+    _ok(
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        product_wheel,
+        cwd=tmp_path,
+    )
+    shared = _files(venv, "instanced-stream") & _files(venv, "instanced-stream-activities")
+    assert {Path(f).name for f in shared} <= {"stream"}, shared
+    both = _run(
+        venv / "bin" / "python",
+        "-c",
+        "import instanced_stream.ops.cli, instanced_stream_worker.activities.worker",
+        cwd=worker_venv,
+    )
+    assert both.returncode == 0, both.stderr
+    # the worker's `stream`, should it be the one on PATH, hands over to the product's
+    delegated = _run(
+        venv / "bin" / "python",
+        "-c",
+        "from instanced_stream_worker.activities.cli import main; main(['process', '--help'])",
+        cwd=worker_venv,
+    )
+    assert delegated.returncode == 0 and "usage: stream process" in delegated.stdout
