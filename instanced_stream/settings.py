@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     delivery: Literal["exactly_once", "at_least_once"] = Field(
-        "at_least_once",
+        "exactly_once",
         description="exactly_once: one Kafka transaction per input partition carries the "
         "outputs and the offsets (read_committed consumers see each outcome once); "
         "at_least_once: duplicates possible after a crash, deduplicated by call_id",

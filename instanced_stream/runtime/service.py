@@ -25,6 +25,7 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.factory import build_llm
+from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.web import WebServer
 from instanced_stream.runtime.guard import refused
@@ -32,7 +33,6 @@ from instanced_stream.runtime.intake import source_of
 from instanced_stream.runtime.membership import Fetched, Membership
 from instanced_stream.runtime.overrides import OverrideFollower
 from instanced_stream.runtime.probe import NO_PROBE, Probe
-from instanced_stream.runtime.processor import limiter_for
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import RecordBuilder
 from instanced_stream.runtime.stager import Stager
@@ -42,7 +42,7 @@ from instanced_stream.runtime.unit import Unit
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
-__all__ = ["run_units"]
+__all__ = ["limiter_for", "run_processor"]
 
 log = logging.getLogger("stream.processor")
 
@@ -54,6 +54,13 @@ _FETCH_RECORDS = 2000
 # happens only when the window really cannot take more (an LLM outage, a slow model).
 _QUEUED_FETCHES = 4
 _HELD_POLL_MS = 20  # while held: results and approvals still flow, heartbeats go on
+
+
+def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
+    """The in-flight limiter the spec asks for, reporting its limit to the metrics."""
+    return Limiter(
+        spec.window.max_in_flight, adaptive=spec.window.adaptive, on_change=metrics.on_limit
+    )
 
 
 class _Service:
@@ -298,18 +305,32 @@ async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
             log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
 
 
-def run_units(
-    settings: Settings,
-    spec: AgentSpec,
-    bootstrap: str,
-    llm_url: str,
-    overrides: tuple[Messages, dict[int, int]],
-    probe: Probe = NO_PROBE,
-) -> int:
-    """`stream process` with `STREAM_DELIVERY=exactly_once`: runs until stopped."""
+def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
+    """`stream process`: checks the endpoint, creates the topics, reads the context
+    topic, then runs the units until SIGTERM or SIGINT."""
+    from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
+    from instanced_stream.ops.web import claim_port
+    from instanced_stream.runtime.overrides import load_overrides
+    from instanced_stream.runtime.topics import check_partitions, ensure_product_topics
+
+    llm_url = endpoint(settings, spec)
+    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
+    probe: Probe = NO_PROBE
+    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
+        from instanced_stream.testing.faults import FaultProbe, arm
+
+        arm(settings.crash_at)
+        probe = FaultProbe()
 
     async def main() -> None:
-        service = _Service(settings, spec, bootstrap, llm_url, overrides, probe)
+        probed = await check_llm(settings, spec)
+        await ensure_product_topics(bootstrap, settings, spec)
+        if PromptBuilder(spec).stateful:
+            await check_partitions(bootstrap, settings)
+        overrides = await load_overrides(bootstrap, settings.topics.context)
+        # The probed shape becomes the spec's, as if model.request had said it.
+        service = _Service(settings, probed.pinned(spec), bootstrap, llm_url, overrides, probe)
         with contextlib.suppress(asyncio.CancelledError):
             await service.run()
 

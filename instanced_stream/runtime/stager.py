@@ -15,21 +15,25 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import orjson
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.tokenizer import Tokenizer
+from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.batcher import make_solver
+from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime.budget import Budget
-from instanced_stream.runtime.delivery import BATCH_TRIES, retried
 from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
@@ -39,9 +43,40 @@ from instanced_stream.runtime.windowing import Windower
 from instanced_stream.runtime.workflows import Flows, Staging
 from instanced_stream.settings import Settings
 
-__all__ = ["Staged", "Stager"]
+__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
 
 log = logging.getLogger("stream.processor")
+
+BATCH_TRIES = 3
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's step that raised
+_T = TypeVar("_T")
+
+
+def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
+    return Solver(
+        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
+    )
+
+
+async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
+    """Runs `step` up to BATCH_TRIES times; its result, or the last error. A bug must cost
+    a retry, never an item: the caller dead-letters with the error."""
+    error: Exception = RuntimeError(f"{what} was not tried")
+    for attempt in range(1, BATCH_TRIES + 1):
+        try:
+            return await step()
+        except Exception as exc:
+            log.exception(
+                "batch %s: %s failed (try %d of %d)",
+                batch_id,
+                what,
+                attempt,
+                BATCH_TRIES,
+                extra={"batch_id": batch_id},
+            )
+            error = exc
+            await asyncio.sleep(_BACKOFF.delay(attempt))
+    return error
 
 
 @dataclass(slots=True, eq=False)

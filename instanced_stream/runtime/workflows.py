@@ -15,15 +15,20 @@ from __future__ import annotations
 import logging
 import time
 
+import orjson
 from pydantic import ValidationError
 
 from instanced_stream.core.binding import Unbound
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.messages import ApprovalRecord, ResultRecord, SourcePosition
+from instanced_stream.core.messages import (
+    ApprovalRecord,
+    DeadLetter,
+    ResultRecord,
+    SourcePosition,
+)
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.errors import BadRecord
 from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.coordinator import instance_of, refusal_letter
 from instanced_stream.runtime.guard import fit
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result
@@ -113,7 +118,6 @@ class Flows:
         return out
 
     def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
-        from instanced_stream.core.messages import DeadLetter
 
         return self.builder.letter(
             DeadLetter(
@@ -232,3 +236,23 @@ class Flows:
             if changes:
                 out.setdefault(partition, Staging()).changes += changes
         return out
+
+
+def refusal_letter(
+    code: str, reason: str, instance: str | None, source: SourcePosition | None
+) -> DeadLetter:
+    """The dead letter of a result or approval that answers nothing pending."""
+    letter = DeadLetter.model_validate(
+        {"code": code, "reason": reason[:1000], "scope": "call", "instance": instance}
+    )
+    return letter if source is None else letter.model_copy(update={"source": source})
+
+
+def instance_of(value: bytes | None) -> str | None:
+    """The instance a malformed approval names, if it names one (its dead letter's key)."""
+    try:
+        found = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    name = found.get("instance") if isinstance(found, dict) else None
+    return name if isinstance(name, str) else None
