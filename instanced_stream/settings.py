@@ -109,8 +109,9 @@ class Settings(BaseSettings):
     publish_timeout_ms: int = Field(
         30_000,
         ge=1000,
-        description="A publish unacknowledged this long is sent again (and again, until the "
-        "cluster answers: a batch waits out a broker outage, it is never dead-lettered)",
+        description="A commit's records unacknowledged this long fail the commit: the "
+        "partition's unit is reopened and redoes its uncommitted work once the cluster "
+        "answers (an outage is waited out, nothing is dead-lettered for it)",
     )
     state_retention_s: float = Field(
         86_400.0,

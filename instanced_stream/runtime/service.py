@@ -10,13 +10,12 @@ heartbeats and rebalances go on. Nothing here knows about transactions; the unit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
-import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import mode
 import orjson
 
 from instanced_stream.core.instance import Instance
@@ -63,7 +62,7 @@ def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
     )
 
 
-class _Service:
+class _Service(mode.Service):
     def __init__(
         self,
         settings: Settings,
@@ -73,8 +72,10 @@ class _Service:
         overrides: tuple[Messages, dict[int, int]],
         probe: Probe,
     ) -> None:
+        super().__init__()
         self.settings = settings
         topics = settings.topics
+        self.fetching: asyncio.Future[None] | None = None
         self.metrics = Metrics(spec.model)
         self.limiter = limiter_for(spec, self.metrics)
         self.llm = build_llm(
@@ -89,6 +90,7 @@ class _Service:
         self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
         self.flows: Flows | None = None
+        self.probe = probe
         if PromptBuilder(merged).stateful:
             stores = Stores()
             workflow = Workflow(
@@ -127,17 +129,19 @@ class _Service:
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
             replace=self._refused,
+            probe=probe,
+            request_timeout_ms=settings.publish_timeout_ms,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
         self.web = WebServer(
             self.metrics,
-            lambda: self.started and not self.membership.rebalancing and self.metrics.endpoint_ok,
+            lambda: self.serving and not self.membership.rebalancing and self.metrics.endpoint_ok,
             settings.web_host,
             settings.web_port,
         )
-        self.started = False
+        self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
@@ -177,10 +181,7 @@ class _Service:
         self.stager.reconfigure(spec)
         self.builder.spec = spec
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+    async def on_start(self) -> None:
         await self.membership.start()
         self.stager.start()
         try:
@@ -188,34 +189,36 @@ class _Service:
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
         await self.follower.start()
-        self.started = True
+
+    async def on_started(self) -> None:
+        self.serving = True
         log.info("processor %s started (delivery %s)", self.worker, self.settings.delivery)
-        intake = asyncio.create_task(self._intake(), name="intake")
-        intake.add_done_callback(self._intake_ended)
-        tasks = [
-            intake,
-            asyncio.create_task(self._next_turns(), name="turns"),
-            asyncio.create_task(_every(5.0, self._lag), name="lag"),
-            asyncio.create_task(_every(1.0, self._expire), name="expire"),
-            asyncio.create_task(_every(30.0, self._report), name="report"),
-        ]
-        try:
-            await self._fetch_loop()
-        finally:
-            self.started = False
-            left = await self.stager.drain(self.settings.drain_s)
-            if left:
-                log.warning("drain: %d batches still in flight; redone by the next owner", left)
-            else:
-                log.info("drain: every batch in flight was delivered")
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.stager.stop()
-            await self.membership.stop()
-            await self.follower.stop()
-            await self.web.stop()
-            await self.llm.close()
+        # Supervised by mode: a task that raises crashes the service, and the worker
+        # exits non-zero (a partition that keeps failing, an intake bug).
+        self.fetching = self.add_future(self._fetch_loop())
+        self.add_future(self._intake())
+        self.add_future(self._next_turns())
+        self.add_future(_every(5.0, self._lag))
+        self.add_future(_every(1.0, self._expire))
+        self.add_future(_every(30.0, self._report))
+
+    async def on_stop(self) -> None:
+        """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
+        `drain_s` to be staged and committed, then every unit commits and leaves."""
+        self.stopping.set()
+        if self.fetching is not None:
+            await asyncio.gather(self.fetching, return_exceptions=True)
+        self.serving = False
+        left = await self.stager.drain(self.settings.drain_s)
+        if left:
+            log.warning("drain: %d batches still in flight; redone by the next owner", left)
+        else:
+            log.info("drain: every batch in flight was delivered")
+        await self.stager.stop()
+        await self.membership.stop()
+        await self.follower.stop()
+        await self.web.stop()
+        await self.llm.close()
 
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():
@@ -247,11 +250,6 @@ class _Service:
                 source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
                 await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
 
-    def _intake_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.critical("the intake failed, stopping: %r", task.exception())
-            self.stopping.set()
-
     async def _next_turns(self) -> None:
         while True:
             unit, inst = await self.turns.get()
@@ -267,10 +265,11 @@ class _Service:
             return
         rec, topics = got.record, self.settings.topics
         if rec.topic == topics.results:
-            change = self.flows.on_result(rec.value, rec.partition)
+            change, point = self.flows.on_result(rec.value, rec.partition), "after_result"
         else:
-            change = self.flows.on_approval(rec.value, rec.partition)
+            change, point = self.flows.on_approval(rec.value, rec.partition), "after_approval"
         self._ready(got.unit, self.stager.staged(got.unit, got.slot, change))
+        self.probe.at(point)  # staged on its unit, not yet committed
 
     async def _expire(self) -> None:
         if self.flows is None or self.membership.rebalancing:
@@ -323,16 +322,30 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         arm(settings.crash_at)
         probe = FaultProbe()
 
-    async def main() -> None:
+    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
         probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         if PromptBuilder(spec).stateful:
             await check_partitions(bootstrap, settings)
-        overrides = await load_overrides(bootstrap, settings.topics.context)
         # The probed shape becomes the spec's, as if model.request had said it.
-        service = _Service(settings, probed.pinned(spec), bootstrap, llm_url, overrides, probe)
-        with contextlib.suppress(asyncio.CancelledError):
-            await service.run()
+        return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
 
-    asyncio.run(main())
+    pinned, overrides = asyncio.run(prepare())
+    # asyncio.run closed its loop; mode's worker runs on the current one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
+    # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
+    # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
+    # non-zero exit. Logging stays as the CLI set it up.
+    worker = mode.Worker(
+        service,
+        loglevel=settings.log_level,
+        quiet=True,
+        override_logging=False,
+        redirect_stdouts=False,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
     return 0

@@ -244,8 +244,12 @@ class Stager:
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             planned = await self._solved(batch_id, [i.instance for i in live])
-            self.probe.at("after_llm")
-            self._stage(batch_id, live, planned)
+            try:
+                self._stage(batch_id, live, planned)
+            except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
+                log.exception("batch %s: staging failed", batch_id)
+                for item in live:
+                    item.unit.fail(exc)
         finally:
             self.limiter.release()
             self.metrics.batch_ended()
@@ -265,7 +269,9 @@ class Stager:
                 len({id(a.instance) for a in outcome.answers}),
             )
             flow = self.flows.rehearsal() if self.flows is not None else None
-            return self.builder.batch(batch_id, outcome, flow)
+            planned = self.builder.batch(batch_id, outcome, flow)
+            self.probe.at("after_llm")  # the batch's records built, none staged yet
+            return planned
 
         planned = await retried(batch_id, "solving", solve)
         if isinstance(planned, Exception):
