@@ -23,6 +23,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import (
     ApprovalRecord,
     DeadLetter,
+    DoneRecord,
     ResultRecord,
     SourcePosition,
 )
@@ -176,8 +177,8 @@ class Flows:
             nxt, done = self.workflow.on_result(rec)
         except BadRecord as exc:  # the state would pass the broker's limit
             self._changes(partition)
-            out.planned.add(self.builder.letter(bad_result(rec, exc.message)))
-            nxt, done = None, None
+            out.planned.add(self.builder.letter(unstorable(rec, exc)))
+            nxt, done = self._failed(rec, exc.message, partition)
         if done is not None:
             out.planned.add(self.builder.done(done))
         if nxt is not None:
@@ -186,6 +187,17 @@ class Flows:
         out.changes += self._changes(partition)
         self.metrics.count({"results": 1})
         return out
+
+    def _failed(
+        self, rec: ResultRecord, error: str, partition: int
+    ) -> tuple[Instance | None, DoneRecord | None]:
+        """A result its state cannot hold is its call's error: the workflow goes on now,
+        instead of waiting for the call's deadline as if no result had come."""
+        try:
+            return self.workflow.on_result(rec.model_copy(update={"value": None, "error": error}))
+        except BadRecord:  # the state is at the limit even without it: left to the deadline
+            self._changes(partition)
+            return None, None
 
     def on_approval(self, value: bytes | None, partition: int) -> Staging:
         """A person's answer to a lazy plan's proposal, bound to its id and turn."""
@@ -278,6 +290,16 @@ def refusal_letter(
         {"code": code, "reason": reason[:1000], "scope": "call", "instance": instance}
     )
     return letter if source is None else letter.model_copy(update={"source": source})
+
+
+def unstorable(rec: ResultRecord, exc: BadRecord) -> DeadLetter:
+    """The dead letter of a result its instance's state cannot hold (`exc`): it names the
+    call, and leaves out the value that was too large."""
+    call = {"call_id": rec.call_id, "_tool": rec.tool}
+    letter = DeadLetter.model_validate(
+        {"code": exc.code, "reason": exc.message, "scope": "call", "instance": rec.instance}
+    )
+    return letter.model_copy(update={"source": rec.source, "call": call})
 
 
 def instance_of(value: bytes | None) -> str | None:
