@@ -24,7 +24,7 @@ from instanced_stream.runtime.service import limiter_for
 from instanced_stream.runtime.stager import Stager
 from instanced_stream.runtime.store import Stores
 from instanced_stream.runtime.topics import state_changelog
-from instanced_stream.runtime.unit import Refusals, Unit
+from instanced_stream.runtime.unit import Refusals, Slot, Unit
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 from tests.fakes import FakeLLM, FakeProducer, Sent
@@ -73,7 +73,13 @@ class Rig:
         self.stores = stores if stores is not None else Stores()
         self.flows: Flows | None = None
         if PromptBuilder(spec).stateful:
-            workflow = Workflow(spec, self.stores, 60, self.settings.state_retention_s, self.worker)
+            workflow = Workflow(
+                spec,
+                self.stores,
+                self.settings.pending_timeout_s,
+                self.settings.state_retention_s,
+                self.worker,
+            )
             self.flows = Flows(
                 workflow,
                 self.stores,
@@ -121,7 +127,7 @@ class Rig:
             self.units[partition] = unit
         return self.units[partition]
 
-    def _slot_at(self, topic: str, partition: int, offset: int | None) -> tuple[Any, int]:
+    def _slot_at(self, topic: str, partition: int, offset: int | None) -> tuple[Slot, int]:
         at = self._next.get((topic, partition), 0) if offset is None else offset
         self._next[(topic, partition)] = at + 1
         return self.unit(partition).track(topic, at), at
