@@ -31,7 +31,7 @@ from instanced_stream.runtime.topics import record_limits
 from instanced_stream.runtime.tracing import traceparent_of
 from instanced_stream.runtime.unit import Refusals, Replace, Slot, Unit
 
-__all__ = ["MAX_FAILURES", "Fetched", "Membership", "PartitionFailing"]
+__all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
 
 log = logging.getLogger("stream.membership")
 
@@ -42,6 +42,41 @@ MAX_FAILURES = 5  # a partition's failures in a row before the process stops
 
 class PartitionFailing(StreamError):
     """A partition's unit kept failing: its work cannot be delivered by this process."""
+
+
+class Failures:
+    """When a failed unit may be reopened: after a back-off that doubles with each
+    failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
+    fenced) are waited out for as long as they last; any other failure counts, and a
+    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
+    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
+    another member) is the remedy an operator sees, rather than a silent loop that asks
+    the model again and again."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, tuple[int, float]] = {}  # (failures, retry at)
+
+    def due(self, p: int, unit: Unit, now: float) -> bool:
+        """Whether `unit` of partition `p` is to be reopened now."""
+        if unit.alive:
+            if unit.commits:
+                self.by_partition.pop(p, None)
+            return False
+        count, retry_at = self.by_partition.get(p, (0, 0.0))
+        if retry_at == 0.0:  # just failed: count it, and wait before reopening
+            tries = count + 1
+            if not isinstance(unit.failed, KafkaError):
+                count += 1
+                if count >= MAX_FAILURES:
+                    raise PartitionFailing(
+                        f"partition {p} failed {count} times in a row: {unit.failed!r}"
+                    )
+            self.by_partition[p] = (count, now + min(0.5 * 2 ** min(tries - 1, 5), 10.0))
+            return False
+        if now < retry_at:
+            return False
+        self.by_partition[p] = (count, 0.0)
+        return True
 
 
 # A commit hands its whole prefix over at once: in large batches it goes out in one
@@ -102,9 +137,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer: AIOKafkaConsumer | None = None
         self._shared: Any = None  # at least once: one idempotent producer for all units
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
-        # Per partition: failures in a row without a commit between, and when the next
-        # reopening may be tried (monotonic).
-        self._failures: dict[int, tuple[int, float]] = {}
+        self._failures = Failures()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -244,33 +277,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.commit(offsets)
 
     async def heal(self) -> None:
-        """Replaces every unit that failed while its partition is still owned here, after
-        a back-off that doubles with each failure in a row (up to 10 s). The broker's
-        own errors (unreachable, timed out, fenced) are waited out for as long as they
-        last; any other failure counts, and a partition that fails `MAX_FAILURES` times
-        in a row without a commit between stops the process (`PartitionFailing`): its
-        prefix cannot be delivered here, and a restart (or another member) is the remedy
-        an operator sees, rather than a silent loop that asks the model again and again."""
+        """Reopens each failed unit of a partition still owned here (see `Failures`)."""
         now = time.monotonic()
         for p, unit in list(self.units.items()):
-            if unit.alive:
-                if unit.commits:
-                    self._failures.pop(p, None)
+            if not self._failures.due(p, unit, now):
                 continue
-            count, retry_at = self._failures.get(p, (0, 0.0))
-            if retry_at == 0.0:  # just failed: count it, and wait before reopening
-                tries = count + 1
-                if not isinstance(unit.failed, KafkaError):
-                    count += 1
-                    if count >= MAX_FAILURES:
-                        raise PartitionFailing(
-                            f"partition {p} failed {count} times in a row: {unit.failed!r}"
-                        )
-                self._failures[p] = (count, now + min(0.5 * 2 ** min(tries - 1, 5), 10.0))
-                continue
-            if now < retry_at:
-                continue
-            self._failures[p] = (count, 0.0)
             log.warning(
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
@@ -280,8 +291,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self._open([p])
             except Exception as exc:  # the broker still away: tried again after the wait
                 log.warning("partition %d: reopening failed: %r", p, exc)
-                unit.failed = exc
-                self.units[p] = unit
+                unit.failed, self.units[p] = exc, unit
 
     # ------------------------------------------------------------------ fetching
 

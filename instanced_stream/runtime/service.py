@@ -27,12 +27,10 @@ from instanced_stream.llm.factory import build_llm
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.web import WebServer
-from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import source_of
 from instanced_stream.runtime.membership import Fetched, Membership
 from instanced_stream.runtime.overrides import OverrideFollower
 from instanced_stream.runtime.probe import NO_PROBE, Probe
-from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import RecordBuilder
 from instanced_stream.runtime.stager import Stager
 from instanced_stream.runtime.store import Stores
@@ -128,7 +126,7 @@ class _Service(mode.Service):
             client_id=f"{group}-{self.worker}",
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
-            replace=self._refused,
+            replace=self.stager.replacement,
             probe=probe,
             request_timeout_ms=settings.publish_timeout_ms,
         )
@@ -160,12 +158,6 @@ class _Service(mode.Service):
         )
         self._ready(unit, ready)
 
-    def _refused(self, record: OutRecord, said: str) -> list[OutRecord]:
-        """A record the broker refused for itself: its item's dead letter instead."""
-        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
-        self.stager.count(letters)
-        return letters.records
-
     def _closed(self, unit: Unit) -> None:
         assert self.flows is not None
         self.flows.stores.drop(unit.partition)
@@ -179,7 +171,6 @@ class _Service(mode.Service):
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
         self.stager.reconfigure(spec)
-        self.builder.spec = spec
 
     async def on_start(self) -> None:
         await self.membership.start()
@@ -263,21 +254,17 @@ class _Service(mode.Service):
             self.metrics.count({"results_ignored": 1})
             got.unit.finish(got.slot)
             return
-        rec, topics = got.record, self.settings.topics
-        if rec.topic == topics.results:
-            change, point = self.flows.on_result(rec.value, rec.partition), "after_result"
-        else:
-            change, point = self.flows.on_approval(rec.value, rec.partition), "after_approval"
-        self._ready(got.unit, self.stager.staged(got.unit, got.slot, change))
-        self.probe.at(point)  # staged on its unit, not yet committed
+        result = got.record.topic == self.settings.topics.results
+        ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
+        self._ready(got.unit, ready)
+        # Staged on its unit, not yet committed.
+        self.probe.at("after_result" if result else "after_approval")
 
     async def _expire(self) -> None:
         if self.flows is None or self.membership.rebalancing:
             return
-        for partition, change in self.flows.expire().items():
-            unit = self.membership.units.get(partition)
-            if unit is not None and unit.alive:
-                self._ready(unit, self.stager.staged(unit, None, change))
+        for unit, inst in self.flows.expired(self.membership.units):
+            self.turns.put_nowait((unit, inst))
 
     async def _lag(self) -> None:
         self.metrics.set_lag(await self.membership.lag())

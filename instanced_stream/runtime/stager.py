@@ -34,13 +34,14 @@ from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime.budget import Budget
+from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
-from instanced_stream.runtime.workflows import Flows, Staging
+from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
 __all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
@@ -131,11 +132,15 @@ class Stager:
         self.draining = False
 
     def reconfigure(self, spec: AgentSpec) -> None:
-        """A new spec (from the context topic); batches in flight finish as asked."""
+        """A new spec (from the context topic) for the batches, their records and the
+        workflows; batches in flight finish as asked."""
         solver = make_solver(self.llm, spec, self.settings)
         self.budget.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.windower.max_tokens = self.budget.item_tokens
+        self.builder.spec = spec
+        if self.flows is not None:  # a finish advisor from the context is heard too
+            self.flows.workflow.spec = spec
 
     def start(self) -> None:
         self.windower.start()
@@ -325,15 +330,12 @@ class Stager:
                 len(items) - staged,
             )
 
-    def staged(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
-        """A trigger's change (a result, an approval, a deadline) onto its unit; returns
-        the next turns it made ready."""
-        self.count(change.planned)
-        if slot is None:
-            unit.stage(change.records)
-        else:
-            unit.finish(slot, change.records)
-        return change.ready
+    def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
+        """A record the broker refused for itself (`said`): its item's dead letter, to
+        write instead (the units' `Refusals.replace`)."""
+        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
+        self.count(letters)
+        return letters.records
 
     def count(self, planned: Planned) -> None:
         """Counts what the records mean (metrics, the live page's decisions)."""
