@@ -19,7 +19,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Dependencies first, read from pyproject.toml, in their own layer: editing the
-# source then rebuilds in seconds instead of reinstalling faust, sklearn, openai...
+# source then rebuilds in seconds instead of reinstalling aiokafka, sklearn, openai...
 # Their versions are constraints.txt's (`./dev lock`), the ones CI tested.
 COPY pyproject.toml constraints.txt /tmp/
 RUN python -c "import subprocess, sys, tomllib; \

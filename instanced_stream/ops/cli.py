@@ -48,7 +48,7 @@ def _secure(settings: Settings) -> None:
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.check import preflight
-    from instanced_stream.runtime.app import run_processor
+    from instanced_stream.runtime.service import run_processor
 
     spec, bootstrap = _configured(settings)
     preflight(settings, spec)  # what `stream check` refuses, refused here the same way
