@@ -2,27 +2,30 @@
 
 Pure by rule: nothing here imports faust, aiokafka, aiohttp or openai (a unit test
 checks it). The model is reached through the `Model` protocol in `solve`.
+
+Modules (imported where used, so the activity workers' package, which needs only
+`messages` and `spec`, ships and loads nothing else): `spec` (the agent spec), `messages`
+(every record's model), `instance`, `prompt`, `compact` (the compact answer form),
+`validate`, `solve`, `model`, `advice`, `workflow`, `binding`, `state`, `expiry`,
+`overrides`, `tokenizer`, `strict_form`, `interpolate`.
 """
 
-from instanced_stream.core.instance import Instance
-from instanced_stream.core.messages import Call, SourcePosition
-from instanced_stream.core.prompt import Ask, PromptBuilder, token_for
-from instanced_stream.core.solve import Outcome, Solver
-from instanced_stream.core.spec import AgentSpec, Tool, load_spec
-from instanced_stream.core.validate import Validator, Verdict
-
 __all__ = [
-    "AgentSpec",
-    "Ask",
-    "Call",
-    "Instance",
-    "Outcome",
-    "PromptBuilder",
-    "Solver",
-    "SourcePosition",
-    "Tool",
-    "Validator",
-    "Verdict",
-    "load_spec",
-    "token_for",
+    "advice",
+    "binding",
+    "compact",
+    "expiry",
+    "instance",
+    "interpolate",
+    "messages",
+    "model",
+    "overrides",
+    "prompt",
+    "solve",
+    "spec",
+    "state",
+    "strict_form",
+    "tokenizer",
+    "validate",
+    "workflow",
 ]
