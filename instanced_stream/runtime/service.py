@@ -124,11 +124,14 @@ class _Service:
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
+        # Ready: joined the group and serving its partitions (what a rollout and a
+        # disruption budget need to know); the model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: self.started and not self.membership.rebalancing and self.metrics.endpoint_ok,
+            lambda: self.started and not self.membership.rebalancing,
             settings.web_host,
             settings.web_port,
+            model_ok=lambda: self.metrics.endpoint_ok,
         )
         self.started = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
