@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from instanced_stream.errors import KafkaUnreachable, StreamError
 from instanced_stream.ops.parser import SETTING_FLAGS, build_parser
+from instanced_stream.ops.termination import TERMINATED_EXIT, Terminated, unwind_on_sigterm
 
 if TYPE_CHECKING:
     from instanced_stream.core.spec import AgentSpec
@@ -305,6 +306,7 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = None
+    unwind_on_sigterm()
     try:
         settings = _settings(args)
         _logging(args, settings)
@@ -325,5 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except Terminated:
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         return 130
