@@ -40,10 +40,12 @@ def _configured(settings: Settings) -> tuple[AgentSpec, str]:
 
 def _secure(settings: Settings) -> None:
     """Files the Kafka security settings under the configured broker address."""
+    from instanced_stream.runtime.clients import register_producer
     from instanced_stream.runtime.security import client_options, register
 
     if settings.bootstrap_servers:
         register(settings.bootstrap_servers, client_options(settings))
+        register_producer(settings.bootstrap_servers, settings.kafka_compression)
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:

@@ -69,6 +69,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_close: Callable[[Unit], None] | None = None,
         replace: Replace | None = None,
         client_id: str | None = None,
+        group_instance_id: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -81,6 +82,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_close = on_close
         self.replace = replace
         self.client_id = client_id
+        self.group_instance_id = group_instance_id
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
         self.rebalances = 0
@@ -97,6 +99,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         options: dict[str, Any] = {}
         if self.client_id:
             options["client_id"] = self.client_id
+        if self.group_instance_id:
+            # Static membership: a restart under the same name within the session timeout
+            # gets its partitions back without a rebalance of the whole group (and a
+            # leave is not announced: the partitions wait out the session timeout).
+            options["group_instance_id"] = self.group_instance_id
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -116,7 +118,8 @@ class _Service:
             transactional=settings.delivery == "exactly_once",
             transactional_prefix=f"{group}.{topics.input}",
             session_timeout_s=settings.session_timeout_s,
-            client_id=f"{group}-{self.worker}",
+            client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
+            group_instance_id=settings.group_instance_id,
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
             replace=self._refused,
