@@ -80,7 +80,12 @@ _HEADERS = {
             "description": "W3C Trace Context; copied from the input record to every "
             "record it leads to",
             "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
-        }
+        },
+        "tracestate": {
+            "type": "string",
+            "description": "W3C Trace Context vendor state; copied along with its traceparent",
+            "maxLength": 512,
+        },
     },
 }
 

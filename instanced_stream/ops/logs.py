@@ -16,6 +16,16 @@ __all__ = ["JsonFormatter", "json_handler"]
 _FIELDS = ("batch_id", "instance", "code", "topic", "partition", "offset")
 
 
+def _trace_ids() -> dict[str, str]:
+    """The current span's ids (OpenTelemetry), so a log line joins its trace. The thin
+    worker package does not ship OpenTelemetry: there, no ids."""
+    try:
+        from instanced_stream.ops.telemetry import current_ids
+    except ImportError:
+        return {}
+    return current_ids()
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -26,6 +36,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         entry.update({k: getattr(record, k) for k in _FIELDS if hasattr(record, k)})
+        entry.update(_trace_ids())
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()

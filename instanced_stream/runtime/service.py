@@ -28,6 +28,7 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.factory import build_llm
 from instanced_stream.ops.metrics import Metrics
+from instanced_stream.ops.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.ops.web import WebServer
 from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import source_of
@@ -319,5 +320,11 @@ def run_units(
         with contextlib.suppress(asyncio.CancelledError):
             await service.run()
 
-    asyncio.run(main())
+    tracing = setup_tracing("instanced-stream-processor")
+    if tracing:
+        log.info("tracing: spans go over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+    try:
+        asyncio.run(main())
+    finally:
+        shutdown_tracing()
     return 0

@@ -27,6 +27,7 @@ from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import BadRecord
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
+from instanced_stream.ops.telemetry import batch_span, context_of
 from instanced_stream.runtime.batcher import make_solver
 from instanced_stream.runtime.budget import Budget
 from instanced_stream.runtime.delivery import BATCH_TRIES, retried
@@ -208,7 +209,9 @@ class Stager:
             live = [i for i in items if i.unit.alive]
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
-            planned = await self._solved(batch_id, [i.instance for i in live])
+            contexts = [context_of(i.slot.headers) for i in live if i.slot is not None]
+            with batch_span(batch_id, contexts):
+                planned = await self._solved(batch_id, [i.instance for i in live])
             self.probe.at("after_llm")
             self._stage(batch_id, live, planned)
         finally:
