@@ -7,7 +7,7 @@ consumption pauses: an outage never dead-letters the backlog.
 
 A 400 is one of two things. One that names a parameter, the response format or the
 schema refuses the request's shape: a configuration error, handled like a wrong key (one
-ERROR line, the `stream_llm_refused` gauge, retried until an operator fixes it), never an
+ERROR line, the `instanced_stream_llm_refused` gauge, retried until an operator fixes it), never an
 item's fault. Any other 400 (a content filter, a context overflow) depends on what the
 items say: it is raised, and the caller splits the request to isolate the item.
 

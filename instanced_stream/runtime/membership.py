@@ -70,6 +70,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         replace: Replace | None = None,
         client_id: str | None = None,
         group_instance_id: str | None = None,
+        on_rebalance: Callable[[], None] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -83,6 +84,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.replace = replace
         self.client_id = client_id
         self.group_instance_id = group_instance_id
+        self.on_rebalance = on_rebalance
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
         self.rebalances = 0
@@ -132,6 +134,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.rebalancing = True
         self.rebalances += 1
+        if self.on_rebalance is not None:
+            self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
         for p in gone:
             unit = self.units.pop(p, None)

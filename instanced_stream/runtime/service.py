@@ -121,6 +121,7 @@ class _Service:
             session_timeout_s=settings.session_timeout_s,
             client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
             group_instance_id=settings.group_instance_id,
+            on_rebalance=self.metrics.rebalances.inc,
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
             replace=self._refused,

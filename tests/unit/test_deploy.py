@@ -393,26 +393,33 @@ def _queries() -> list[str]:
 
 # Metric -> the label it is broken down by on the dashboard (None: a plain total).
 METRICS: dict[str, str | None] = {
-    "stream_items_in_total": None,
-    "stream_calls_out_total": "tool",
-    "stream_dead_letters_total": "code",
-    "stream_window_close_total": "reason",
-    "stream_llm_in_flight": None,
-    "stream_tokens_total": "kind",
-    "stream_cost_per_item_usd": None,
-    "stream_llm_cost_usd_total": None,
-    "stream_llm_retries_total": None,
-    "stream_circuit_open": None,
-    "stream_consumer_lag": "partition",
-    "stream_llm_in_flight_limit": None,
-    "stream_llm_requests_total": None,
+    "instanced_stream_items_in_total": None,
+    "instanced_stream_calls_out_total": "tool",
+    "instanced_stream_dead_letters_total": "code",
+    "instanced_stream_window_close_total": "reason",
+    "instanced_stream_llm_in_flight": None,
+    "instanced_stream_tokens_total": "kind",
+    "instanced_stream_cost_per_item_usd": None,
+    "instanced_stream_llm_cost_usd_total": None,
+    "instanced_stream_llm_retries_total": None,
+    "instanced_stream_circuit_open": None,
+    "instanced_stream_consumer_lag": "partition",
+    "instanced_stream_llm_in_flight_limit": None,
+    "instanced_stream_llm_requests_total": None,
+    "instanced_stream_llm_refused_total": "status",
+    "instanced_stream_llm_refusing": None,
+    "instanced_stream_rebalances_total": None,
     # the activity workers'
-    "stream_activity_handled_total": "tool",
-    "stream_activity_failed_total": "tool",
-    "stream_activity_duplicates_total": None,
-    "stream_activity_results_total": None,
+    "instanced_stream_activity_handled_total": "tool",
+    "instanced_stream_activity_failed_total": "tool",
+    "instanced_stream_activity_duplicates_total": None,
+    "instanced_stream_activity_results_total": None,
 }
-HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds", "stream_activity_seconds"}
+HISTOGRAMS = {
+    "instanced_stream_batch_size",
+    "instanced_stream_llm_latency_seconds",
+    "instanced_stream_activity_seconds",
+}
 
 
 def test_dashboard_plots_every_metric_with_its_labels() -> None:
@@ -455,7 +462,7 @@ def test_dashboard_panels_are_distinct() -> None:
 
 def test_promql_parser_rejects_a_broken_query() -> None:
     with pytest.raises(ValueError, match="parenthesis"):
-        promql_parser.parse("sum by (tool (rate(stream_calls_out_total[1m]))")
+        promql_parser.parse("sum by (tool (rate(instanced_stream_calls_out_total[1m]))")
 
 
 # ---------------------------------------------------------------- Kubernetes (Helm chart)
@@ -685,9 +692,9 @@ def test_prometheus_queries_are_scoped_to_the_release() -> None:
 def test_prometheus_rule_has_the_alerts_the_docs_describe() -> None:
     rules = _object("PrometheusRule", "", _render())["spec"]["groups"][0]["rules"]
     exprs = {r["alert"]: r["expr"] for r in rules}
-    assert "stream_circuit_open" in exprs["InstancedStreamLLMCircuitOpen"]
-    assert "stream_dead_letters_total" in exprs["InstancedStreamDeadLetters"]
-    assert "stream_consumer_lag" in exprs["InstancedStreamLagGrowing"]
+    assert "instanced_stream_circuit_open" in exprs["InstancedStreamLLMCircuitOpen"]
+    assert "instanced_stream_dead_letters_total" in exprs["InstancedStreamDeadLetters"]
+    assert "instanced_stream_consumer_lag" in exprs["InstancedStreamLagGrowing"]
     budget = _render({"monitoring": {"prometheusRule": {"costPerItemUsd": 0.001}}})
     rules = _object("PrometheusRule", "", budget)["spec"]["groups"][0]["rules"]
     assert "InstancedStreamCostPerItem" in {r["alert"] for r in rules}
