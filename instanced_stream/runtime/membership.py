@@ -14,24 +14,70 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from instanced_stream.errors import StreamError
 from instanced_stream.runtime import clients
+from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.topics import record_limits
 from instanced_stream.runtime.tracing import traceparent_of
 from instanced_stream.runtime.unit import Refusals, Replace, Slot, Unit
 
-__all__ = ["Fetched", "Membership"]
+__all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
+
+MAX_FAILURES = 5  # a partition's failures in a row before the process stops
+
+
+class PartitionFailing(StreamError):
+    """A partition's unit kept failing: its work cannot be delivered by this process."""
+
+
+class Failures:
+    """When a failed unit may be reopened: after a back-off that doubles with each
+    failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
+    fenced) are waited out for as long as they last; any other failure counts, and a
+    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
+    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
+    another member) is the remedy an operator sees, rather than a silent loop that asks
+    the model again and again."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, tuple[int, float]] = {}  # (failures, retry at)
+
+    def due(self, p: int, unit: Unit, now: float) -> bool:
+        """Whether `unit` of partition `p` is to be reopened now."""
+        if unit.alive:
+            if unit.commits:
+                self.by_partition.pop(p, None)
+            return False
+        count, retry_at = self.by_partition.get(p, (0, 0.0))
+        if retry_at == 0.0:  # just failed: count it, and wait before reopening
+            tries = count + 1
+            if not isinstance(unit.failed, KafkaError):
+                count += 1
+                if count >= MAX_FAILURES:
+                    raise PartitionFailing(
+                        f"partition {p} failed {count} times in a row: {unit.failed!r}"
+                    )
+            self.by_partition[p] = (count, now + min(0.5 * 2 ** min(tries - 1, 5), 10.0))
+            return False
+        if now < retry_at:
+            return False
+        self.by_partition[p] = (count, 0.0)
+        return True
+
 
 # A commit hands its whole prefix over at once: in large batches it goes out in one
 # request per partition instead of one per 16 KB (an idempotent producer has one
@@ -52,6 +98,19 @@ class Fetched:
     slot: Slot
 
 
+def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
+    """The group consumer's client.id and, for static membership, its instance id: a
+    restart under the same name within the session timeout gets its partitions back
+    without a rebalance of the whole group (and a leave is not announced: the partitions
+    wait out the session timeout)."""
+    options: dict[str, Any] = {}
+    if client_id:
+        options["client_id"] = client_id
+    if instance_id:
+        options["group_instance_id"] = instance_id
+    return options
+
+
 class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     """`topics`: the input topic first, then the co-partitioned ones (results,
     approvals). `transactional`: exactly once; else one shared idempotent producer."""
@@ -70,8 +129,12 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         replace: Replace | None = None,
         client_id: str | None = None,
         group_instance_id: str | None = None,
-        on_rebalance: Callable[[], None] | None = None,
+        on_rebalance: Callable[[], None] = lambda: None,
+        probe: Probe = NO_PROBE,
+        request_timeout_ms: int = 30_000,
     ) -> None:
+        self.probe = probe
+        self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
         self.bootstrap = bootstrap
         self.group_id = group_id
         self.topics = topics
@@ -82,8 +145,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_open = on_open
         self.on_close = on_close
         self.replace = replace
-        self.client_id = client_id
-        self.group_instance_id = group_instance_id
+        self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance = on_rebalance
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
@@ -91,21 +153,14 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer: AIOKafkaConsumer | None = None
         self._shared: Any = None  # at least once: one idempotent producer for all units
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
+        self._failures = Failures()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = clients.producer(self.bootstrap, **_BATCHING)
+            self._shared = clients.producer(self.bootstrap, **self.batching)
             await self._shared.start()
-        options: dict[str, Any] = {}
-        if self.client_id:
-            options["client_id"] = self.client_id
-        if self.group_instance_id:
-            # Static membership: a restart under the same name within the session timeout
-            # gets its partitions back without a rebalance of the whole group (and a
-            # leave is not announced: the partitions wait out the session timeout).
-            options["group_instance_id"] = self.group_instance_id
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,
@@ -115,7 +170,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
             max_poll_interval_ms=300_000,
-            **options,
+            **self.identity,
         )
         self.consumer.subscribe(self.topics, listener=self)
         await self.consumer.start()
@@ -134,8 +189,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.rebalancing = True
         self.rebalances += 1
-        if self.on_rebalance is not None:
-            self.on_rebalance()
+        self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
         for p in gone:
             unit = self.units.pop(p, None)
@@ -179,6 +233,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 transactional=False,
                 commit_offsets=self._commit,
                 refusals=self._refusals(None),
+                probe=self.probe,
             )
         producer = await self._producer(partition)
         return Unit(
@@ -187,10 +242,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=self.group_id,
             transactional=True,
             refusals=self._refusals(partition),
+            probe=self.probe,
         )
 
     async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
-        batching = dict(_BATCHING)
+        batching = dict(self.batching)
         if max_batch is not None:
             batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
         producer = clients.producer(
@@ -235,16 +291,21 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.commit(offsets)
 
     async def heal(self) -> None:
-        """Replaces every unit that failed while its partition is still owned here."""
+        """Reopens each failed unit of a partition still owned here (see `Failures`)."""
+        now = time.monotonic()
         for p, unit in list(self.units.items()):
-            if unit.alive:
+            if not self._failures.due(p, unit, now):
                 continue
             log.warning(
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
             self.units.pop(p)
             await self._close(unit, commit=False)
-            await self._open([p])
+            try:
+                await self._open([p])
+            except Exception as exc:  # the broker still away: tried again after the wait
+                log.warning("partition %d: reopening failed: %r", p, exc)
+                unit.failed, self.units[p] = exc, unit
 
     # ------------------------------------------------------------------ fetching
 
