@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -91,6 +91,16 @@ class Staged:
     text: bytes
     tokens: int | None = None
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+def _where(code: str, source: SourcePosition) -> dict[str, Any]:
+    """A dead letter's fields for its JSON log line: the code and the record's position."""
+    return {
+        "code": code,
+        "topic": source.topic,
+        "partition": source.partition,
+        "offset": source.offset,
+    }
 
 
 class Stager:
@@ -200,7 +210,7 @@ class Stager:
                 source.partition,
                 source.offset,
                 exc.message,
-                extra={"code": exc.code, "partition": source.partition, "offset": source.offset},
+                extra=_where(exc.code, source),
             )
             letter = self.builder.letter(bad_record(exc, source, value))
             self.count(letter)
