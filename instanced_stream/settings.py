@@ -192,13 +192,28 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = Field(None, description="Client private key (PEM), mTLS")
     kafka_ssl_key_password: SecretStr | None = Field(None, description="Password of the key")
     kafka_ssl_check_hostname: bool = Field(True, description="Check the broker's host name")
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = Field(
         "PLAIN", description="SASL mechanism (SASL_* protocols)"
     )
     kafka_sasl_username: str | None = Field(None, description="SASL user name")
     kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
     kafka_sasl_password_file: Path | None = Field(
         None, description="File holding the SASL password (a mounted secret)"
+    )
+    kafka_sasl_oauth_token_file: Path | None = Field(
+        None,
+        description="OAUTHBEARER: file holding the access token, read again for every "
+        "authentication (a projected service-account token, a sidecar's refreshed token)",
+    )
+    # Kafka client conventions (stream/runtime/clients.py).
+    kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "lz4", description="Compression of every record the product produces"
+    )
+    group_instance_id: str | None = Field(
+        None,
+        description="Static group membership (KIP-345) of the processor: a stable name per "
+        "member, e.g. a StatefulSet's pod name; a restart within the session timeout then "
+        "gets its partitions back without a rebalance",
     )
 
     crash_at: str | None = Field(

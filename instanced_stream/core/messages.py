@@ -237,6 +237,8 @@ DeadLetterCode = Literal[
     # a result or an approval that answers nothing pending (wrong call, turn or proposal)
     "unexpected_result",
     "unexpected_approval",
+    # a result or an approval written to another partition than its instance's input's
+    "wrong_partition",
 ]
 
 ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))

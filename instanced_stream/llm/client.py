@@ -7,7 +7,7 @@ consumption pauses: an outage never dead-letters the backlog.
 
 A 400 is one of two things. One that names a parameter, the response format or the
 schema refuses the request's shape: a configuration error, handled like a wrong key (one
-ERROR line, the `stream_llm_refused` gauge, retried until an operator fixes it), never an
+ERROR line, the `instanced_stream_llm_refused` gauge, retried until an operator fixes it), never an
 item's fault. Any other 400 (a content filter, a context overflow) depends on what the
 items say: it is raised, and the caller splits the request to isolate the item.
 
@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -34,6 +35,7 @@ from instanced_stream.errors import LLMError
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.llm.shape import RequestShape
+from instanced_stream.ops.telemetry import answered, llm_span
 from instanced_stream.retry import RetryPolicy
 
 __all__ = ["LLM", "Completion", "Listener", "RetryPolicy"]
@@ -152,6 +154,24 @@ def _classify(exc: Exception) -> LLMError:
     # Unknown failures pause the stream rather than dead-letter the backlog: waiting is
     # safe, and an operator sees the warnings.
     return LLMError(f"LLM call failed: {exc!r}", retriable=True)
+
+
+def _completion(resp: ChatCompletion, started: float) -> Completion:
+    choice = resp.choices[0]
+    usage = resp.usage
+    details = usage.prompt_tokens_details if usage else None
+    thought = usage.completion_tokens_details if usage else None
+    return Completion(
+        text=choice.message.content or "",
+        finish_reason=choice.finish_reason,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        cached_tokens=(details.cached_tokens or 0) if details else 0,
+        latency_s=time.perf_counter() - started,
+        # Part of completion_tokens (billed as output), reported apart by reasoning
+        # models: how much of the output budget went on thinking.
+        reasoning_tokens=(thought.reasoning_tokens or 0) if thought else 0,
+    )
 
 
 def _client(
@@ -292,32 +312,21 @@ class LLM:
             # What the request may spend: its prompt (about 4 characters a token) and cap.
             await self.pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
             started = time.perf_counter()  # the endpoint's latency, not the budget's wait
-        try:
-            resp = await self.client.post(
-                "/chat/completions",
-                body=body,
-                cast_to=ChatCompletion,
-                options={"headers": headers} if headers else {},
-            )
-        except Exception as exc:  # every failure is classified, none escapes raw
-            raise _classify(exc) from exc
-        if not resp.choices:
-            raise LLMError("LLM answered without choices", retriable=True)
-        choice = resp.choices[0]
-        usage = resp.usage
-        details = usage.prompt_tokens_details if usage else None
-        thought = usage.completion_tokens_details if usage else None
-        return Completion(
-            text=choice.message.content or "",
-            finish_reason=choice.finish_reason,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=(details.cached_tokens or 0) if details else 0,
-            latency_s=time.perf_counter() - started,
-            # Part of completion_tokens (billed as output), reported apart by reasoning
-            # models: how much of the output budget went on thinking.
-            reasoning_tokens=(thought.reasoning_tokens or 0) if thought else 0,
-        )
+        with llm_span(self.model, urlsplit(self.base_url).hostname or "") as span:
+            try:
+                resp = await self.client.post(
+                    "/chat/completions",
+                    body=body,
+                    cast_to=ChatCompletion,
+                    options={"headers": headers} if headers else {},
+                )
+            except Exception as exc:  # every failure is classified, none escapes raw
+                raise _classify(exc) from exc
+            if not resp.choices:
+                raise LLMError("LLM answered without choices", retriable=True)
+            done = _completion(resp, started)
+            answered(span, resp.model, done)
+        return done
 
     async def complete(
         self,

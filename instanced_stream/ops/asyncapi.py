@@ -58,6 +58,20 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str, str]] = {
     "context": ("stream.context", ContextMessage, "operators", "Global messages (compacted)"),
 }
 
+# Results and approvals are read by the unit that owns their instance's input partition
+# (one transaction holds the instance's state and the answer's offset), so they must be
+# written to that partition number: a client's own partitioner hashing the key would send
+# them elsewhere. Anything else is dead-lettered `wrong_partition`, never applied.
+_PARTITIONED: dict[str, str] = {
+    "ResultRecord": "Write it to the partition of the instance's input: the `source.partition` "
+    "of the ActivityRecord it answers, set explicitly (not chosen by a partitioner from the "
+    "key). On another partition it is dead-lettered `wrong_partition` and not applied.",
+    "ApprovalRecord": "Write it to the partition of the instance's input: the "
+    "`source.partition` of the ProposalRecord it answers, set explicitly (not chosen by a "
+    "partitioner from the key). On another partition it is dead-lettered `wrong_partition` "
+    "and not applied.",
+}
+
 _HEADERS = {
     "type": "object",
     "properties": {
@@ -66,7 +80,12 @@ _HEADERS = {
             "description": "W3C Trace Context; copied from the input record to every "
             "record it leads to",
             "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
-        }
+        },
+        "tracestate": {
+            "type": "string",
+            "description": "W3C Trace Context vendor state; copied along with its traceparent",
+            "maxLength": 512,
+        },
     },
 }
 
@@ -89,13 +108,17 @@ def document() -> dict[str, Any]:
     messages: dict[str, Any] = {}
     for cid, (address, model, sender, summary) in CHANNELS.items():
         name = model.__name__ if model else "Item"
+        kafka: dict[str, Any] = {"key": {"type": "string", "description": "Instance id"}}
         messages[name] = {
             "name": name,
             "contentType": "application/json",
             "headers": _HEADERS,
             "payload": {"$ref": _REF.format(model=name)},
-            "bindings": {"kafka": {"key": {"type": "string", "description": "Instance id"}}},
+            "bindings": {"kafka": kafka},
         }
+        if name in _PARTITIONED:
+            messages[name]["description"] = _PARTITIONED[name]
+            kafka["x-partition"] = "source.partition of the record it answers"
         channels[cid] = {
             "address": "{prefix}" + address,
             "description": summary,

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from instanced_stream.errors import KafkaUnreachable, StreamError
 from instanced_stream.ops.parser import SETTING_FLAGS, build_parser
+from instanced_stream.ops.termination import TERMINATED_EXIT, Terminated, unwind_on_sigterm
 
 if TYPE_CHECKING:
     from instanced_stream.core.spec import AgentSpec
@@ -40,10 +41,12 @@ def _configured(settings: Settings) -> tuple[AgentSpec, str]:
 
 def _secure(settings: Settings) -> None:
     """Files the Kafka security settings under the configured broker address."""
+    from instanced_stream.runtime.clients import register_producer
     from instanced_stream.runtime.security import client_options, register
 
     if settings.bootstrap_servers:
         register(settings.bootstrap_servers, client_options(settings))
+        register_producer(settings.bootstrap_servers, settings.kafka_compression)
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
@@ -312,6 +315,7 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = None
+    unwind_on_sigterm()
     try:
         settings = _settings(args)
         _logging(args, settings)
@@ -334,5 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"stream: error: {setting_problem(exc)}", file=sys.stderr)
         return 2
+    except Terminated:
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         return 130

@@ -9,10 +9,21 @@ followed through the processor's log.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 __all__ = ["JsonFormatter", "json_handler"]
+
+
+def _trace_ids() -> dict[str, str]:
+    """The current span's ids (OpenTelemetry), so a log line joins its trace. The thin
+    worker package does not ship OpenTelemetry: there, no ids."""
+    try:
+        from instanced_stream.ops.telemetry import current_ids
+    except ImportError:
+        return {}
+    return current_ids()
 
 
 class JsonFormatter(OrjsonFormatter):
@@ -24,6 +35,12 @@ class JsonFormatter(OrjsonFormatter):
             timestamp="ts",
             json_default=str,
         )
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_data, record, message_dict)
+        log_data.update(_trace_ids())
 
 
 def json_handler() -> logging.Handler:

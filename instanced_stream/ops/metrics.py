@@ -6,9 +6,11 @@ as many pipelines as they like. Names are the ones the Grafana dashboard in depl
 
 from __future__ import annotations
 
+import platform
 import time
 from collections import deque
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from prometheus_client import (
@@ -16,6 +18,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
@@ -25,8 +28,54 @@ from instanced_stream.core.spec import ModelEndpoint
 
 __all__ = ["Metrics", "WorkerMetrics"]
 
+# Every series of the product starts with this: distinct from other services' metrics in a
+# shared Prometheus (a bare `stream_` would collide with any other stream processor's).
+_P = "instanced_stream_"
+# Kinds that add up: sum by (kind) is every token billed, never a cached token counted
+# twice (once as prompt, once as cached).
+_TOKENS = (
+    "Tokens by kind: input (prompt tokens not served from the provider's cache),"
+    " cached_input, output; the kinds add up to the total"
+)
+_REASONING = "Of the output tokens, those a reasoning model spent thinking"
+# A counter by status (rate() and increase() work on it), and a 0/1 gauge for "refusing
+# now": the status code is a label, never a gauge's value.
+_REFUSED = (
+    "Refusals of the endpoint that pause consumption: the key or model (401/403/404) or"
+    " the request's shape (400 naming a parameter or the schema), by status"
+)
 _SIZES = (1, 2, 5, 10, 25, 50, 100, 200, 500)
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+def _build() -> dict[str, str]:
+    """What `instanced_stream_build_info` says: this product's version and the versions
+    that decide its behaviour on the wire."""
+    return {
+        "version": version("instanced-stream") if _installed("instanced-stream") else "dev",
+        "python": platform.python_version(),
+        "aiokafka": version("aiokafka"),
+        "openai": version("openai"),
+    }
+
+
+def _installed(name: str) -> bool:
+    try:
+        version(name)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _usage(kinds: Mapping[str, int], reasoning: int) -> dict[str, int]:
+    """The token kinds in the providers' usage terms (prompt includes cached)."""
+    cached = kinds.get("cached_input", 0)
+    return {
+        "prompt_tokens": kinds.get("input", 0) + cached,
+        "cached_tokens": cached,
+        "completion_tokens": kinds.get("output", 0),
+        "reasoning_tokens": reasoning,
+    }
 
 
 def _registry() -> CollectorRegistry:
@@ -42,73 +91,86 @@ class Metrics:
     def __init__(self, prices: ModelEndpoint | None = None) -> None:
         self.registry = _registry()
         r = self.registry
-        self.items_in = Counter("stream_items_in", "Input records taken", registry=r)
-        self.calls_out = Counter("stream_calls_out", "Calls published", ["tool"], registry=r)
+        self.items_in = Counter(f"{_P}items_in", "Input records taken", registry=r)
+        self.calls_out = Counter(f"{_P}calls_out", "Calls published", ["tool"], registry=r)
         self.dead_letters = Counter(
-            "stream_dead_letters", "Dead-letter records by code", ["code"], registry=r
+            f"{_P}dead_letters", "Dead-letter records by code", ["code"], registry=r
         )
         self.batch_size = Histogram(
-            "stream_batch_size", "Instances per batch", buckets=_SIZES, registry=r
+            f"{_P}batch_size", "Instances per batch", buckets=_SIZES, registry=r
         )
         self.window_close = Counter(
-            "stream_window_close", "Why windows closed", ["reason"], registry=r
+            f"{_P}window_close", "Why windows closed", ["reason"], registry=r
         )
         self.llm_latency = Histogram(
-            "stream_llm_latency_seconds", "LLM request latency", buckets=_SECONDS, registry=r
-        )
-        self.in_flight = Gauge("stream_llm_in_flight", "Batches in flight", registry=r)
-        self.tokens = Counter("stream_tokens", "Tokens by kind", ["kind"], registry=r)
-        self.cost_per_item = Gauge(
-            "stream_cost_per_item_usd", "Estimated LLM cost per answered item", registry=r
-        )
-        # A counter, so rate(stream_llm_cost_usd_total[5m]) is dollars per second; cached
-        # prompt tokens are priced as the provider bills them.
-        self.cost_usd = Counter(
-            "stream_llm_cost_usd", "Estimated LLM cost, cached prompt tokens priced", registry=r
-        )
-        self.retries = Counter("stream_llm_retries", "Retried LLM requests", registry=r)
-        self.circuit_open = Gauge(
-            "stream_circuit_open", "1 while the endpoint keeps failing", registry=r
-        )
-        self.refused = Gauge(
-            "stream_llm_refused",
-            "HTTP status while the endpoint refuses the key or model (401/403/404) or the"
-            " request's shape (400 naming a parameter or the schema), else 0; consumption is"
-            " paused meanwhile",
+            f"{_P}llm_latency_seconds",
+            "LLM request latency",
+            buckets=_SECONDS,
             registry=r,
         )
+        self.in_flight = Gauge(f"{_P}llm_in_flight", "Batches in flight", registry=r)
+        self.tokens = Counter(f"{_P}tokens", _TOKENS, ["kind"], registry=r)
+        self.reasoning_tokens = Counter(f"{_P}reasoning_tokens", _REASONING, registry=r)
+        self.cost_per_item = Gauge(
+            f"{_P}cost_per_item_usd", "Estimated LLM cost per answered item", registry=r
+        )
+        # A counter, so rate(instanced_stream_llm_cost_usd_total[5m]) is dollars per second; cached
+        # prompt tokens are priced as the provider bills them.
+        self.cost_usd = Counter(
+            f"{_P}llm_cost_usd",
+            "Estimated LLM cost, cached prompt tokens priced",
+            registry=r,
+        )
+        self.retries = Counter(f"{_P}llm_retries", "Retried LLM requests", registry=r)
+        self.circuit_open = Gauge(
+            f"{_P}circuit_open", "1 while the endpoint keeps failing", registry=r
+        )
+        self.refused = Counter(f"{_P}llm_refused", _REFUSED, ["status"], registry=r)
+        self.refusing = Gauge(
+            f"{_P}llm_refusing",
+            "1 while the endpoint refuses the key, model or request shape, else 0",
+            registry=r,
+        )
+        self.rebalances = Counter(
+            f"{_P}rebalances",
+            "Partition assignments this process received (each rebalance of its group)",
+            registry=r,
+        )
+        Info(f"{_P}build", "The running build", registry=r).info(_build())
         self.request_shape = Gauge(
-            "stream_llm_request_shape",
+            f"{_P}llm_request_shape",
             "1 for the request shape in use (probed at start, or the spec's model.request)",
             ["tokens_param", "temperature", "response_format"],
             registry=r,
         )
         self.in_flight_limit = Gauge(
-            "stream_llm_in_flight_limit",
+            f"{_P}llm_in_flight_limit",
             "Batches allowed in flight now (adaptive: grows while healthy, shrinks on 429s)",
             registry=r,
         )
-        self.lag = Gauge(
-            "stream_consumer_lag", "Records not yet consumed", ["partition"], registry=r
-        )
+        self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
         self.llm_requests = Counter(
-            "stream_llm_requests", "Model requests (re-asks and splits included)", registry=r
+            f"{_P}llm_requests",
+            "Model requests (re-asks and splits included)",
+            registry=r,
         )
         self.refused_calls = Counter(
-            "stream_refused_calls",
+            f"{_P}refused_calls",
             "Calls of the model's answers refused, by code",
             ["code"],
             registry=r,
         )
         self.events = Counter(
-            "stream_events",
+            f"{_P}events",
             "What else became of instances and workflows, by kind (no_action, latent_calls,"
             " reviewed, proposals, done, turns, results, consults, advisor_opinions, ...)",
             ["kind"],
             registry=r,
         )
         self.context_refused = Gauge(
-            "stream_context_refused", "Context messages refused at the latest change", registry=r
+            f"{_P}context_refused",
+            "Context messages refused at the latest change",
+            registry=r,
         )
         self.prices = prices or ModelEndpoint()
         self.answered = 0
@@ -139,10 +201,10 @@ class Metrics:
     ) -> None:
         """`reasoning`: of `completion`, a reasoning model's hidden tokens; billed as
         output, so priced with it, and counted apart to show what thinking costs."""
-        self.tokens.labels("prompt").inc(prompt)
-        self.tokens.labels("completion").inc(completion)
-        self.tokens.labels("cached").inc(cached)
-        self.tokens.labels("reasoning").inc(reasoning)
+        self.tokens.labels("input").inc(max(prompt - cached, 0))
+        self.tokens.labels("cached_input").inc(cached)
+        self.tokens.labels("output").inc(completion)
+        self.reasoning_tokens.inc(reasoning)
         self.answered += answered
         cost = self.prices.cost_usd(prompt, completion, cached)
         self.cost += cost
@@ -179,7 +241,9 @@ class Metrics:
         self.request_shape.labels(**labels).set(1)
 
     def on_refused(self, status: int | None) -> None:
-        self.refused.set(status or 0)
+        if status:
+            self.refused.labels(str(status)).inc()
+        self.refusing.set(1 if status else 0)
         self._refused = bool(status)
 
     @property
@@ -189,7 +253,7 @@ class Metrics:
 
     def count(self, events: Mapping[str, int]) -> None:
         """Counts named events: `calls.<tool>`, `dead_letter.<code>`, `refused.<code>`,
-        `llm_requests`; any other name is a kind of `stream_events`."""
+        `llm_requests`; any other name is a kind of `instanced_stream_events`."""
         for name, n in events.items():
             family, _, label = name.partition(".")
             if not n:
@@ -219,7 +283,7 @@ class Metrics:
         return {
             "items_in": sum(by(self.items_in, "").values()),
             "llm_requests": sum(by(self.llm_requests, "").values()),
-            **by(self.tokens, "", "_tokens"),
+            **_usage(by(self.tokens, ""), sum(by(self.reasoning_tokens, "").values())),
             **by(self.window_close, "window_close."),
             **by(self.calls_out, "calls."),
             **by(self.dead_letters, "dead_letter."),
@@ -269,18 +333,22 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = _registry()
         r = self.registry
-        self.handled = Counter("stream_activity_handled", "Calls handled", ["tool"], registry=r)
+        self.handled = Counter(f"{_P}activity_handled", "Calls handled", ["tool"], registry=r)
         self.failed = Counter(
-            "stream_activity_failed", "Calls whose handler gave up", ["tool"], registry=r
+            f"{_P}activity_failed", "Calls whose handler gave up", ["tool"], registry=r
         )
         self.duplicates = Counter(
-            "stream_activity_duplicates", "Calls dropped as already handled", registry=r
+            f"{_P}activity_duplicates", "Calls dropped as already handled", registry=r
         )
         self.results = Counter(
-            "stream_activity_results", "Results of awaited calls published", registry=r
+            f"{_P}activity_results", "Results of awaited calls published", registry=r
         )
         self.latency = Histogram(
-            "stream_activity_seconds", "Handler run time", ["tool"], buckets=_SECONDS, registry=r
+            f"{_P}activity_seconds",
+            "Handler run time",
+            ["tool"],
+            buckets=_SECONDS,
+            registry=r,
         )
 
     def render(self) -> bytes:

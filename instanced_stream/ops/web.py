@@ -46,9 +46,21 @@ class _Source(Protocol):
 
 
 class WebServer:
-    def __init__(self, metrics: _Source, ready: Callable[[], bool], host: str, port: int) -> None:
+    def __init__(
+        self,
+        metrics: _Source,
+        ready: Callable[[], bool],
+        host: str,
+        port: int,
+        model_ok: Callable[[], bool] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.ready = ready
+        # Said in /readyz's body, never in its status: an LLM outage is the same for
+        # every pod, so a readiness that followed it would make every pod unready at once
+        # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
+        # restart or a reschedule could fix. It is a metric and an alert instead.
+        self.model_ok = model_ok
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -82,7 +94,10 @@ class WebServer:
 
     async def _readyz(self, _: web.Request) -> web.Response:
         ok = self.ready()
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
+        body: dict[str, Any] = {"ready": ok}
+        if self.model_ok is not None:
+            body["model_ok"] = self.model_ok()
+        return web.json_response(body, status=200 if ok else 503)
 
     async def _live(self, _: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.metrics.live()), content_type="application/json")

@@ -98,6 +98,19 @@ class Fetched:
     slot: Slot
 
 
+def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
+    """The group consumer's client.id and, for static membership, its instance id: a
+    restart under the same name within the session timeout gets its partitions back
+    without a rebalance of the whole group (and a leave is not announced: the partitions
+    wait out the session timeout)."""
+    options: dict[str, Any] = {}
+    if client_id:
+        options["client_id"] = client_id
+    if instance_id:
+        options["group_instance_id"] = instance_id
+    return options
+
+
 class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     """`topics`: the input topic first, then the co-partitioned ones (results,
     approvals). `transactional`: exactly once; else one shared idempotent producer."""
@@ -115,6 +128,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_close: Callable[[Unit], None] | None = None,
         replace: Replace | None = None,
         client_id: str | None = None,
+        group_instance_id: str | None = None,
+        on_rebalance: Callable[[], None] = lambda: None,
         probe: Probe = NO_PROBE,
         request_timeout_ms: int = 30_000,
     ) -> None:
@@ -130,7 +145,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_open = on_open
         self.on_close = on_close
         self.replace = replace
-        self.client_id = client_id
+        self.identity = _identity(client_id, group_instance_id)
+        self.on_rebalance = on_rebalance
         self.units: dict[int, Unit] = {}
         self.rebalancing = False
         self.rebalances = 0
@@ -145,9 +161,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         if not self.transactional:
             self._shared = clients.producer(self.bootstrap, **self.batching)
             await self._shared.start()
-        options: dict[str, Any] = {}
-        if self.client_id:
-            options["client_id"] = self.client_id
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,
@@ -157,7 +170,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
             max_poll_interval_ms=300_000,
-            **options,
+            **self.identity,
         )
         self.consumer.subscribe(self.topics, listener=self)
         await self.consumer.start()
@@ -176,6 +189,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.rebalancing = True
         self.rebalances += 1
+        self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
         for p in gone:
             unit = self.units.pop(p, None)

@@ -12,14 +12,16 @@ mounted file, and never logged: the options are handed to the clients only.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any
 
+from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
 
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["client_options", "options_for", "register"]
+__all__ = ["TokenFile", "client_options", "options_for", "register"]
 
 _OPTIONS: dict[str, dict[str, Any]] = {}
 
@@ -32,7 +34,15 @@ def client_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {"security_protocol": protocol}
     if protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = _ssl_context(settings)
-    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+    sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+    if sasl and settings.kafka_sasl_mechanism == "OAUTHBEARER":
+        token_file = settings.kafka_sasl_oauth_token_file
+        if token_file is None:
+            raise StreamError("OAUTHBEARER needs STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE")
+        options.update(
+            sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=TokenFile(token_file)
+        )
+    elif sasl:
         password = _sasl_password(settings)
         if not settings.kafka_sasl_username or password is None:
             raise StreamError(
@@ -45,6 +55,24 @@ def client_options(settings: Settings) -> dict[str, Any]:
             sasl_plain_password=password,
         )
     return options
+
+
+class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
+    """SASL OAUTHBEARER's token, read from a file every time the client authenticates: the
+    file is kept fresh by whoever owns the identity (a Kubernetes projected token, a
+    sidecar of the cloud's identity agent), so a token never outlives its rotation here."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def token(self) -> str:
+        try:
+            value = self.path.read_text().strip()
+        except OSError as exc:
+            raise StreamError(f"STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE: cannot read: {exc}") from exc
+        if not value:
+            raise StreamError(f"STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE: {self.path} is empty")
+        return value
 
 
 def _ssl_context(settings: Settings) -> ssl.SSLContext:

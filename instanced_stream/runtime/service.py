@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +28,7 @@ from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.factory import build_llm
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
+from instanced_stream.ops.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.ops.web import WebServer
 from instanced_stream.runtime.intake import source_of
 from instanced_stream.runtime.membership import Fetched, Membership
@@ -123,7 +126,9 @@ class _Service(mode.Service):
             transactional=settings.delivery == "exactly_once",
             transactional_prefix=f"{group}.{topics.input}",
             session_timeout_s=settings.session_timeout_s,
-            client_id=f"{group}-{self.worker}",
+            client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
+            group_instance_id=settings.group_instance_id,
+            on_rebalance=self.metrics.rebalances.inc,
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
             replace=self.stager.replacement,
@@ -133,11 +138,14 @@ class _Service(mode.Service):
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
+        # Ready: joined the group and serving its partitions (what a rollout and a
+        # disruption budget need to know); the model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: self.serving and not self.membership.rebalancing and self.metrics.endpoint_ok,
+            lambda: self.serving and not self.membership.rebalancing,
             settings.web_host,
             settings.web_port,
+            model_ok=lambda: self.metrics.endpoint_ok,
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
@@ -331,8 +339,12 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         override_logging=False,
         redirect_stdouts=False,
     )
+    if setup_tracing("instanced-stream-processor"):
+        log.info("tracing: spans go over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)")
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0)
+    finally:
+        shutdown_tracing()
     return 0

@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -32,6 +32,7 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
+from instanced_stream.ops.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime.budget import Budget
 from instanced_stream.runtime.guard import refused
@@ -90,6 +91,16 @@ class Staged:
     text: bytes
     tokens: int | None = None
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+def _where(code: str, source: SourcePosition) -> dict[str, Any]:
+    """A dead letter's fields for its JSON log line: the code and the record's position."""
+    return {
+        "code": code,
+        "topic": source.topic,
+        "partition": source.partition,
+        "offset": source.offset,
+    }
 
 
 class Stager:
@@ -199,7 +210,7 @@ class Stager:
                 source.partition,
                 source.offset,
                 exc.message,
-                extra={"code": exc.code, "partition": source.partition, "offset": source.offset},
+                extra=_where(exc.code, source),
             )
             letter = self.builder.letter(bad_record(exc, source, value))
             self.count(letter)
@@ -248,7 +259,8 @@ class Stager:
             live = [i for i in items if i.unit.alive]
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
-            planned = await self._solved(batch_id, [i.instance for i in live])
+            with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
+                planned = await self._solved(batch_id, [i.instance for i in live])
             try:
                 self._stage(batch_id, live, planned)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost

@@ -126,6 +126,11 @@ class Stores:
                 return store
         return None
 
+    def partition_of(self, instance: str) -> int | None:
+        """The owned partition whose store holds `instance`, if any."""
+        store = self._holding(instance)
+        return store.partition if store is not None else None
+
     def get(self, instance: str) -> InstanceState | None:
         store = self._holding(instance)
         return store.get(instance) if store is not None else None

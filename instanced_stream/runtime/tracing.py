@@ -1,7 +1,7 @@
-"""W3C Trace Context across the product: the `traceparent` header of an input record is
-copied onto every record published because of it (calls, no-action, advice, dead
-letters, proposals, done records), and activity workers copy it from a call onto its
-result, so one trace follows an item through every topic.
+"""W3C Trace Context across the product: the `traceparent` header of an input record (and
+its `tracestate`) is copied onto every record published because of it (calls, no-action,
+advice, dead letters, proposals, done records), and activity workers copy it from a call
+onto its result, so one trace follows an item through every topic.
 
 The processor remembers the header per input position (topic, partition, offset) when it
 takes the record; every OutRecord names that position as its `origin`. Bounded: the
@@ -26,14 +26,23 @@ _KEEP = 200_000
 
 
 def traceparent_of(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> Headers:
-    """The record's traceparent as headers to copy (none when absent or malformed)."""
+    """The record's traceparent, and its tracestate with it, as headers to copy (none
+    when the traceparent is absent or malformed: a tracestate alone means nothing)."""
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
+    found: dict[str, bytes] = {}
     for name, value in pairs:
-        if name.lower() == "traceparent" and value is not None:
+        key = name.lower()
+        if key in ("traceparent", "tracestate") and value is not None and key not in found:
             raw = value if isinstance(value, bytes) else str(value).encode()
-            if _VALID.match(raw.strip()):
-                return (("traceparent", raw.strip()),)
-    return ()
+            found[key] = raw.strip()
+    parent = found.get("traceparent")
+    if parent is None or not _VALID.match(parent):
+        return ()
+    state = found.get("tracestate")
+    # W3C: at most 512 characters are worth propagating; a longer one may be dropped.
+    if state and len(state) <= 512:
+        return (("traceparent", parent), ("tracestate", state))
+    return (("traceparent", parent),)
 
 
 class TraceContext:

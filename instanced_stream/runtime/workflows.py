@@ -36,7 +36,7 @@ from instanced_stream.runtime.records import Planned, RecordBuilder, TurnChange,
 from instanced_stream.runtime.store import Stores, UnitStore
 from instanced_stream.runtime.unit import Slot, Unit
 
-__all__ = ["Flows", "Staging"]
+__all__ = ["Flows", "Staging", "misrouted"]
 
 log = logging.getLogger("stream.processor")
 
@@ -164,6 +164,11 @@ class Flows:
             reason = f"not a result record: {exc.errors()[:1]}"
             out.planned.add(self._refused("unexpected_result", reason, None, None))
             return out
+        declared = rec.source.partition if rec.source is not None else None
+        wrong = self._misrouted("result", rec.instance, declared, partition)
+        if wrong is not None:
+            out.planned.add(self._refused("wrong_partition", wrong, rec.instance, rec.source))
+            return out
         unbound = self.workflow.refusal(rec)
         if unbound is not None:
             log.info("result %s not applied: %s", rec.call_id, unbound.reason)
@@ -210,6 +215,10 @@ class Flows:
             reason = f"not an approval record naming its proposal_id and turn: {exc.errors()[:1]}"
             out.planned.add(self._refused("unexpected_approval", reason, instance_of(value), None))
             return out
+        wrong = self._misrouted("approval", rec.instance, None, partition)
+        if wrong is not None:
+            out.planned.add(self._refused("wrong_partition", wrong, rec.instance, None))
+            return out
         unbound = self.workflow.refusal(rec)
         if unbound is not None:
             log.info("approval for %s not applied: %s", rec.instance, unbound.reason)
@@ -233,6 +242,14 @@ class Flows:
         out.planned = fit(out.planned, self.max_bytes, self.builder)
         out.changes += self._changes(partition)
         return out
+
+    def _misrouted(
+        self, what: str, instance: str, declared: int | None, partition: int
+    ) -> str | None:
+        wrong = misrouted(what, instance, declared, partition, self.stores.partition_of(instance))
+        if wrong is not None:
+            self.metrics.count({"answers_misrouted": 1})
+        return wrong
 
     def _unbound(
         self, unbound: Unbound, code: str, instance: str, source: SourcePosition | None
@@ -310,3 +327,27 @@ def instance_of(value: bytes | None) -> str | None:
         return None
     name = found.get("instance") if isinstance(found, dict) else None
     return name if isinstance(name, str) else None
+
+
+def misrouted(
+    what: str, instance: str, declared: int | None, partition: int, home: int | None
+) -> str | None:
+    """Why a result or approval that arrived on `partition` is on the wrong one, if it
+    is. The contract (asyncapi.yaml): both are written to the partition of their
+    instance's input, the `source.partition` of the activity record or proposal they
+    answer, whatever their key hashes to. Only the unit of that partition may apply
+    them: its transaction holds the instance's state and the answer's offset together.
+    `declared`: the partition the record itself names (a result's `source`); `home`: the
+    owned partition whose store holds the instance, if any."""
+    if declared is not None and declared != partition:
+        expected = declared
+    elif home is not None and home != partition:
+        expected = home
+    else:
+        return None
+    return (
+        f"the {what} for instance {instance!r} arrived on partition {partition}, but "
+        f"its instance's input is on partition {expected}: write {what}s to the "
+        "source.partition of the record they answer (a partitioner hashing the key "
+        "does not find it)"
+    )

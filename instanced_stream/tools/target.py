@@ -134,10 +134,17 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 _USAGE = {
-    "stream_llm_latency_seconds_count": "completions",
-    "stream_llm_latency_seconds_sum": "latency_s",
-    "stream_llm_retries_total": "failed",
-    "stream_batch_size_sum": "instances",
+    "instanced_stream_llm_latency_seconds_count": "completions",
+    "instanced_stream_llm_latency_seconds_sum": "latency_s",
+    "instanced_stream_llm_retries_total": "failed",
+    "instanced_stream_batch_size_sum": "instances",
+}
+
+
+_KINDS = {
+    "input": ("prompt_tokens",),
+    "cached_input": ("prompt_tokens", "cached_tokens"),
+    "output": ("completion_tokens",),
 }
 
 
@@ -153,9 +160,12 @@ async def processor_usage(ports: Iterable[int]) -> dict[str, float]:
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     key = _USAGE.get(sample.name)
-                    if sample.name == "stream_tokens_total":
-                        key = f"{sample.labels['kind']}_tokens"
-                    if key is not None:
-                        got[key] = got.get(key, 0.0) + sample.value
+                    if sample.name == "instanced_stream_tokens_total":
+                        # input + cached_input is the providers' prompt_tokens
+                        keys = _KINDS.get(sample.labels["kind"], ())
+                    else:
+                        keys = (key,) if key is not None else ()
+                    for each in keys:
+                        got[each] = got.get(each, 0.0) + sample.value
     got["requests"] = got.get("completions", 0.0) + got.get("failed", 0.0)
     return got

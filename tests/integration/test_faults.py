@@ -130,10 +130,12 @@ async def test_llm_outage_pauses_and_drains_without_dead_letters(deploy: Deploy)
     assert in_flight > 0, "no batch was ever seen in flight during the outage"
     assert in_flight <= dep.spec.window.max_in_flight
     retries = next(
-        line for line in metrics.splitlines() if line.startswith("stream_llm_retries_total")
+        line
+        for line in metrics.splitlines()
+        if line.startswith("instanced_stream_llm_retries_total")
     )
     assert float(retries.split()[-1]) >= 11
-    assert "stream_circuit_open 0.0" in metrics  # closed again once the endpoint answers
+    assert "instanced_stream_circuit_open 0.0" in metrics  # closed again once the endpoint answers
 
 
 async def test_api_key_never_appears_in_logs_or_records(deploy: Deploy) -> None:

