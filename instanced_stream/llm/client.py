@@ -327,6 +327,7 @@ class LLM:
         items: int = 1,
         max_tokens: int | None = None,
         since: float | None = None,
+        keys: tuple[str, ...] = (),
     ) -> Completion:
         """Completes a request of `items` instances, retrying retriable failures without
         limit. Raises the others, and timeouts and 5xx the caller can act on (see the
