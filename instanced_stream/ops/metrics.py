@@ -110,6 +110,22 @@ class Metrics:
         self.context_refused = Gauge(
             "stream_context_refused", "Context messages refused at the latest change", registry=r
         )
+        # The batch tier (docs/batch.md): lag grows while a batch runs, by design. These
+        # say why; KEDA scales on the online tier's lag only (deploy/keda).
+        self.batch_api_in_flight = Gauge(
+            "stream_batch_api_in_flight", "Batch API batches submitted, not finished", registry=r
+        )
+        self.batch_api_oldest = Gauge(
+            "stream_batch_api_oldest_age_seconds",
+            "Age of the oldest Batch API batch submitted and not finished",
+            registry=r,
+        )
+        self.oldest_uncommitted = Gauge(
+            "stream_oldest_uncommitted_age_seconds",
+            "How long the oldest input record consumed here has waited for its outcome",
+            registry=r,
+        )
+        self.batch_live: dict[str, float] = {}
         self.prices = prices or ModelEndpoint()
         self.answered = 0
         self.cost = 0.0
@@ -144,7 +160,8 @@ class Metrics:
         self.tokens.labels("cached").inc(cached)
         self.tokens.labels("reasoning").inc(reasoning)
         self.answered += answered
-        cost = self.prices.cost_usd(prompt, completion, cached)
+        batch = self.prices.tier == "batch"  # Batch API lines: at the batch price
+        cost = self.prices.cost_usd(prompt, completion, cached, batch=batch)
         self.cost += cost
         self.cost_usd.inc(cost)
         if self.answered:
@@ -169,6 +186,18 @@ class Metrics:
         for partition, lag in lags.items():
             self.lag.labels(str(partition)).set(lag)
         self._lagging = set(lags)
+
+    def set_waiting(self, batch_ages: list[float] | None, oldest_open_s: float | None) -> None:
+        """Batches in flight (their ages; None: the online tier) and the age of the
+        oldest input record still without its committed outcome."""
+        self.oldest_uncommitted.set(oldest_open_s or 0.0)
+        live = {"oldest_uncommitted_s": round(oldest_open_s or 0.0, 1)}
+        if batch_ages is not None:
+            self.batch_api_in_flight.set(len(batch_ages))
+            self.batch_api_oldest.set(max(batch_ages, default=0.0))
+            live["batches_in_flight"] = len(batch_ages)
+            live["batch_oldest_age_s"] = round(max(batch_ages, default=0.0), 1)
+        self.batch_live = live
 
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
@@ -259,6 +288,11 @@ class Metrics:
             "in_flight": self.flying,
             "in_flight_limit": int(self.limit),
             "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
+            "tier": self.prices.tier,
+            "batches_in_flight": 0,
+            "batch_oldest_age_s": 0,
+            "oldest_uncommitted_s": 0,
+            **self.batch_live,
             "decisions": list(self.decisions)[::-1],
         }
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import secrets
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,11 +25,15 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
+from instanced_stream.llm.batches import BatchModel
+from instanced_stream.llm.client import LLM
 from instanced_stream.llm.factory import build_llm
+from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.web import WebServer
 from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import source_of
+from instanced_stream.runtime.ledger import Ledger
 from instanced_stream.runtime.membership import Fetched, Membership
 from instanced_stream.runtime.overrides import OverrideFollower
 from instanced_stream.runtime.probe import NO_PROBE, Probe
@@ -37,7 +42,8 @@ from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import RecordBuilder
 from instanced_stream.runtime.stager import Stager
 from instanced_stream.runtime.store import Stores
-from instanced_stream.runtime.topics import state_changelog
+from instanced_stream.runtime.submissions import Submissions
+from instanced_stream.runtime.topics import batch_changelog, state_changelog
 from instanced_stream.runtime.unit import Unit
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
@@ -70,9 +76,21 @@ class _Service:
         topics = settings.topics
         self.metrics = Metrics(spec.model)
         self.limiter = limiter_for(spec, self.metrics)
-        self.llm = build_llm(
+        if spec.model.tier == "batch":
+            # Windows wait for their batch (minutes to hours), not for a slot of the
+            # endpoint: a batch being submitted and the next one filling.
+            self.limiter = Limiter(
+                2 * spec.batch.max_requests, adaptive=False, on_change=self.metrics.on_limit
+            )
+        online = build_llm(
             settings, spec, listener=self.metrics, limiter=self.limiter, base_url=llm_url
         )
+        self.llm: LLM | BatchModel = online
+        self.submissions: Submissions | None = None
+        if spec.model.tier == "batch":
+            self.llm = BatchModel(online, spec.batch, lambda _batch, _lines: None)
+            ledger = Ledger(batch_changelog(settings))
+            self.submissions = Submissions(ledger, self.llm, self._unit)
         messages, ends = overrides
         merged, refused = apply_overrides(spec, messages)
         for key, reason in refused:
@@ -106,6 +124,7 @@ class _Service:
             probe=probe,
             worker=self.worker,
             flows=self.flows,
+            submissions=self.submissions,
         )
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
         group = settings.topic_prefix + settings.app_id
@@ -117,8 +136,8 @@ class _Service:
             transactional_prefix=f"{group}.{topics.input}",
             session_timeout_s=settings.session_timeout_s,
             client_id=f"{group}-{self.worker}",
-            on_open=self._opened if self.flows is not None else None,
-            on_close=self._closed if self.flows is not None else None,
+            on_open=self._opened if self.flows or self.submissions else None,
+            on_close=self._closed if self.flows or self.submissions else None,
             replace=self._refused,
         )
         self.follower = OverrideFollower(
@@ -134,10 +153,17 @@ class _Service:
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
+    def _unit(self, partition: int) -> Unit | None:
+        return self.membership.units.get(partition)
+
     async def _opened(self, unit: Unit) -> None:
         """A stateful unit: its store restored before it takes work; the workflows that
-        wait for a turn resume."""
-        assert self.flows is not None
+        wait for a turn resume. The batch tier: the lines its partition submitted."""
+        if self.submissions is not None:
+            lines = await self.submissions.restore(self.bootstrap, unit.partition)
+            log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
+        if self.flows is None:
+            return
         store = self.flows.store_for(unit.partition)
         states = await store.restore(self.bootstrap)
         ready = self.flows.ready(unit.partition)
@@ -156,8 +182,10 @@ class _Service:
         return letters.records
 
     def _closed(self, unit: Unit) -> None:
-        assert self.flows is not None
-        self.flows.stores.drop(unit.partition)
+        if self.submissions is not None:
+            self.submissions.drop(unit.partition)
+        if self.flows is not None:
+            self.flows.stores.drop(unit.partition)
 
     def _ready(self, unit: Unit, ready: list[Instance]) -> None:
         for inst in ready:
@@ -176,6 +204,8 @@ class _Service:
             loop.add_signal_handler(sig, self.stopping.set)
         await self.membership.start()
         self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
         try:
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
@@ -192,6 +222,8 @@ class _Service:
             asyncio.create_task(_every(1.0, self._expire), name="expire"),
             asyncio.create_task(_every(30.0, self._report), name="report"),
         ]
+        if self.submissions is not None:
+            tasks.append(asyncio.create_task(_every(5.0, self.submissions.sweep), name="sweep"))
         try:
             await self._fetch_loop()
         finally:
@@ -275,6 +307,10 @@ class _Service:
 
     async def _lag(self) -> None:
         self.metrics.set_lag(await self.membership.lag())
+        opened = [u.oldest_open_since() for u in self.membership.units.values()]
+        oldest = min((at for at in opened if at is not None), default=None)
+        ages = self.submissions.in_flight() if self.submissions is not None else None
+        self.metrics.set_waiting(ages, None if oldest is None else time.monotonic() - oldest)
 
     async def _report(self) -> None:
         log.info(

@@ -34,6 +34,7 @@ from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
+from instanced_stream.runtime.submissions import Submissions
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
 from instanced_stream.runtime.workflows import Flows, Staging
@@ -69,9 +70,11 @@ class Stager:
         probe: Probe,
         worker: str,
         flows: Flows | None = None,
+        submissions: Submissions | None = None,
     ) -> None:
         self.settings = settings
         self.flows = flows
+        self.submissions = submissions  # the batch tier's record of what it submitted
         self._queued_turns: set[str] = set()  # instances whose next turn is on its way
         self.llm = llm
         self.solver = make_solver(llm, spec, settings)
@@ -94,6 +97,8 @@ class Stager:
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
+        if submissions is not None:
+            submissions.bind(self._launch, self.windower.add)
 
     def reconfigure(self, spec: AgentSpec) -> None:
         """A new spec (from the context topic); batches in flight finish as asked."""
@@ -172,7 +177,8 @@ class Stager:
                 unit.finish(slot, item.changes)
                 return
             item.instance = admitted
-        await self.windower.add(item)
+        if self.submissions is None or not await self.submissions.park(item):
+            await self.windower.add(item)
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:
         """A workflow's next turn joins the window like any item."""
@@ -257,12 +263,13 @@ class Stager:
             owned[id(item)].append(rec)
         self.count(planned)
         turns = {t.instance.id: t for t in planned.turns}
+        lines = self.submissions.settled(items) if self.submissions is not None else {}
         staged = 0
         for item in items:
             self._queued_turns.discard(item.instance.id)
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
-            records = [*item.changes, *owned.get(id(item), [])]
+            records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
             turn = turns.get(item.instance.id)
             if self.flows is not None and turn is not None:
                 change = self.flows.apply(turn)

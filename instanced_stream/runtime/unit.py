@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class Slot:
     headers: Headers = ()
     done: bool = False
     records: list[OutRecord] = field(default_factory=list)
+    at: float = field(default_factory=time.monotonic)  # when it was consumed
 
 
 class Unit:
@@ -176,6 +178,11 @@ class Unit:
             if not slot.done:
                 return slot.offset
         return None
+
+    def oldest_open_since(self) -> float | None:
+        """When the oldest record still waiting for its outcome was consumed (monotonic)."""
+        firsts = [next((s.at for s in slots if not s.done), None) for slots in self._slots.values()]
+        return min((at for at in firsts if at is not None), default=None)
 
     def _check(self) -> None:
         if not self.alive:

@@ -195,6 +195,7 @@ class BatchEndpoints:
         rows = self._rows(batch)
         if rows is None:
             return
+        self._count("batch_lines_submitted", len(rows))
         batch.update(status="in_progress", in_progress_at=int(time.time()))
         batch["request_counts"]["total"] = len(rows)
         await asyncio.sleep(cfg.batch_delay_s)

@@ -1,0 +1,92 @@
+"""The batch tier (docs/batch.md) against a real broker and the simulator's Batch API:
+a processor SIGKILLed while its batch is submitted and not finished polls that batch
+after its restart instead of submitting it again, and every item ends exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from instanced_stream.ops.audit import AuditReport
+from instanced_stream.runtime.topics import batch_changelog
+from instanced_stream.settings import DEFAULT_SPEC
+from tests.conftest import Deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+Deploy = Callable[..., Awaitable[Deployment]]
+EO = {"STREAM_DELIVERY": "exactly_once"}
+
+
+def _batch_spec(tmp_path: Path) -> Path:
+    spec: dict[str, Any] = yaml.safe_load(DEFAULT_SPEC.read_text())
+    spec["model"]["tier"] = "batch"
+    spec["batch"] = {"flush_s": 0.5, "poll_s": 0.5, "max_requests": 100}
+    spec["window"] = {**spec.get("window", {}), "max_items": 10, "max_wait_ms": 200}
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _exactly_once(report: AuditReport) -> None:
+    assert report.unaccounted == 0, (report.summary(), report.missing[:5])
+    assert report.duplicate_calls == 0, report.summary()
+    assert report.outcomes_per_input_max == 1, report.duplicate_outcomes
+    assert report.duplicate_outcomes == 0
+
+
+async def _recorded_keys(dep: Deployment) -> set[str]:
+    """The instance keys the batches changelog holds (read_committed): what a restarted
+    processor will find."""
+    keys: set[str] = set()
+    for rec in await dep.records(batch_changelog(dep.settings)):
+        keys.update(rec.get("keys", []))
+    return keys
+
+
+async def test_sigkill_while_a_batch_runs_polls_it_after_restart(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    dep = await deploy(spec_path=_batch_spec(tmp_path), **EO)
+    sim = dep.sim
+    sim.config = sim.config.model_copy(update={"batch_delay_s": 8.0})
+    try:
+        items = [
+            {"_instance": f"b-{i:03d}", "comment": f"A kind and useful remark number {i}."}
+            for i in range(40)
+        ]
+        await dep.produce_items(items)
+        deadline = time.monotonic() + 60
+        while len(await _recorded_keys(dep)) < len(items):
+            assert time.monotonic() < deadline, "the submitted lines were never committed"
+            await asyncio.sleep(0.3)
+        created = sim.stats["batches_created"]
+        lines = sim.stats["batch_lines_submitted"]
+        running = [b for b in sim.batch_api.batches.values() if b["status"] == "in_progress"]
+        assert created >= 1 and lines >= 4 and len(running) == created
+        assert dep.proc.proc is not None
+        dep.proc.kill()  # mid-batch: submitted, recorded, not finished
+        assert dep.proc.proc.returncode == -signal.SIGKILL
+        polls = sim.stats["batch_polls"]
+        dep.proc.start()
+        report = await dep.settle(len(items), 90)
+        _exactly_once(report)
+        assert report.inputs == len(items)
+        assert not report.dead_letters, report.dead_letters  # answered, not given up on
+        # Polled, not submitted again: no batch or line after the kill.
+        assert sim.stats["batches_created"] == created
+        assert sim.stats["batch_lines_submitted"] == lines
+        assert sim.stats["batch_polls"] > polls
+        assert all(b["status"] == "completed" for b in sim.batch_api.batches.values())
+        log = dep.proc.log_path.read_text()
+        restored = [x for x in log.splitlines() if "submitted batch lines to poll" in x]
+        assert restored and any(" 0 submitted" not in x for x in restored), restored
+    finally:
+        sim.config = sim.config.model_copy(update={"batch_delay_s": 1.0})
