@@ -251,11 +251,7 @@ class ModelEndpoint(_Strict):
     )
 
     price_batch_factor: float = Field(
-        0.5,
-        gt=0,
-        le=1,
-        description="What the Batch API bills of each online price (OpenAI, Azure and "
-        "Anthropic: half, input, cached input and output alike)",
+        0.5, gt=0, le=1, description="Batch API price / online price (OpenAI, Anthropic: 0.5)"
     )
 
     def cost_usd(
@@ -283,10 +279,7 @@ class BatchTier(_Strict):
         60.0, gt=0, description="A batch is submitted this long after its first request"
     )
     max_requests: int = Field(
-        1000,
-        ge=1,
-        le=50_000,
-        description="... or once it holds this many requests (OpenAI takes 50,000 a batch)",
+        1000, ge=1, le=50_000, description="... or once it holds this many (OpenAI: 50,000)"
     )
     poll_s: float = Field(30.0, gt=0, description="How often submitted batches are looked at")
     completion_window: Literal["24h"] = Field(

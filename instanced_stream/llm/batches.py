@@ -39,7 +39,7 @@ from instanced_stream.core.spec import BatchTier
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import LLM
 
-__all__ = ["BatchModel", "Submitted"]
+__all__ = ["BatchModel", "Submitted", "completion_of", "read_results"]
 
 log = logging.getLogger("instanced_stream.llm.batches")
 
@@ -89,6 +89,32 @@ def completion_of(body: dict[str, Any], latency_s: float) -> Completion:
         latency_s=latency_s,
         reasoning_tokens=int(thought.get("reasoning_tokens") or 0),
     )
+
+
+def read_results(raw: bytes, latency_s: float) -> dict[str, Completion | LLMError]:
+    """A batch's output or error file: per custom id, its answer or why it has none."""
+    out: dict[str, Completion | LLMError] = {}
+    for text in raw.splitlines():
+        if not text.strip():
+            continue
+        row = orjson.loads(text)
+        response, error = row.get("response") or {}, row.get("error")
+        status = int(response.get("status_code") or 0)
+        if error is None and status == 200:
+            out[row["custom_id"]] = completion_of(response.get("body") or {}, latency_s)
+            continue
+        said = (error or (response.get("body") or {}).get("error") or {}).get("message")
+        code = (error or (response.get("body") or {}).get("error") or {}).get("code")
+        out[row["custom_id"]] = LLMError(
+            f"batch line answered {status or code}: {said}",
+            # A 400 depends on what the items say: the solver splits to find the item.
+            retriable=status != 400,
+            status=status or None,
+            content=status == 400,
+            code=code,
+            said=said,
+        )
+    return out
 
 
 class BatchModel:
@@ -261,7 +287,7 @@ class BatchModel:
         for file_id in (found.output_file_id, found.error_file_id):
             if file_id:
                 content = await self.client.files.content(file_id)
-                answers |= self._read(content.content, time.time() - batch.submitted_at)
+                answers |= read_results(content.content, time.time() - batch.submitted_at)
         batch.done_at = time.time()
         if found.status == "failed":
             reasons = [e.message for e in (found.errors.data if found.errors else []) or []]
@@ -279,30 +305,6 @@ class BatchModel:
             else:
                 self._settle_line(line, got)
         batch.answers = answers  # lines a restarted processor has not claimed yet
-
-    def _read(self, raw: bytes, latency_s: float) -> dict[str, Completion | LLMError]:
-        out: dict[str, Completion | LLMError] = {}
-        for text in raw.splitlines():
-            if not text.strip():
-                continue
-            row = orjson.loads(text)
-            response, error = row.get("response") or {}, row.get("error")
-            status = int(response.get("status_code") or 0)
-            if error is None and status == 200:
-                out[row["custom_id"]] = completion_of(response.get("body") or {}, latency_s)
-                continue
-            said = (error or (response.get("body") or {}).get("error") or {}).get("message")
-            code = (error or (response.get("body") or {}).get("error") or {}).get("code")
-            out[row["custom_id"]] = LLMError(
-                f"batch line answered {status or code}: {said}",
-                # A 400 depends on what the items say: the solver splits to find the item.
-                retriable=status != 400,
-                status=status or None,
-                content=status == 400,
-                code=code,
-                said=said,
-            )
-        return out
 
     def _settle_line(self, line: _Line, got: Completion | LLMError) -> None:
         if isinstance(got, LLMError) and got.retriable:

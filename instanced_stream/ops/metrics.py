@@ -38,6 +38,24 @@ def _registry() -> CollectorRegistry:
     return registry
 
 
+def _waiting(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    return (
+        Gauge(
+            "stream_batch_api_in_flight", "Batch API batches submitted, not finished", registry=r
+        ),
+        Gauge(
+            "stream_batch_api_oldest_age_seconds",
+            "Age of the oldest Batch API batch submitted and not finished",
+            registry=r,
+        ),
+        Gauge(
+            "stream_oldest_uncommitted_age_seconds",
+            "How long the oldest input record consumed here has waited for its outcome",
+            registry=r,
+        ),
+    )
+
+
 class Metrics:
     def __init__(self, prices: ModelEndpoint | None = None) -> None:
         self.registry = _registry()
@@ -112,19 +130,7 @@ class Metrics:
         )
         # The batch tier (docs/batch.md): lag grows while a batch runs, by design. These
         # say why; KEDA scales on the online tier's lag only (deploy/keda).
-        self.batch_api_in_flight = Gauge(
-            "stream_batch_api_in_flight", "Batch API batches submitted, not finished", registry=r
-        )
-        self.batch_api_oldest = Gauge(
-            "stream_batch_api_oldest_age_seconds",
-            "Age of the oldest Batch API batch submitted and not finished",
-            registry=r,
-        )
-        self.oldest_uncommitted = Gauge(
-            "stream_oldest_uncommitted_age_seconds",
-            "How long the oldest input record consumed here has waited for its outcome",
-            registry=r,
-        )
+        self.batch_api_in_flight, self.batch_api_oldest, self.oldest_uncommitted = _waiting(r)
         self.batch_live: dict[str, float] = {}
         self.prices = prices or ModelEndpoint()
         self.answered = 0

@@ -75,22 +75,9 @@ class _Service:
         self.settings = settings
         topics = settings.topics
         self.metrics = Metrics(spec.model)
-        self.limiter = limiter_for(spec, self.metrics)
-        if spec.model.tier == "batch":
-            # Windows wait for their batch (minutes to hours), not for a slot of the
-            # endpoint: a batch being submitted and the next one filling.
-            self.limiter = Limiter(
-                2 * spec.batch.max_requests, adaptive=False, on_change=self.metrics.on_limit
-            )
-        online = build_llm(
-            settings, spec, listener=self.metrics, limiter=self.limiter, base_url=llm_url
+        self.limiter, self.llm, self.submissions = _tiered(
+            settings, spec, self.metrics, llm_url, self._unit
         )
-        self.llm: LLM | BatchModel = online
-        self.submissions: Submissions | None = None
-        if spec.model.tier == "batch":
-            self.llm = BatchModel(online, spec.batch, lambda _batch, _lines: None)
-            ledger = Ledger(batch_changelog(settings))
-            self.submissions = Submissions(ledger, self.llm, self._unit)
         messages, ends = overrides
         merged, refused = apply_overrides(spec, messages)
         for key, reason in refused:
@@ -320,6 +307,29 @@ class _Service:
             len(self.stager.tasks),
             self.membership.rebalances,
         )
+
+
+def _tiered(
+    settings: Settings,
+    spec: AgentSpec,
+    metrics: Metrics,
+    llm_url: str,
+    units: Callable[[int], Unit | None],
+) -> tuple[Limiter, LLM | BatchModel, Submissions | None]:
+    """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
+    if spec.model.tier == "online":
+        limiter = limiter_for(spec, metrics)
+        return (
+            limiter,
+            build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url),
+            None,
+        )
+    # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
+    # room for a batch being submitted and the next one filling.
+    limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)
+    online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+    model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
+    return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
 
 
 async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:

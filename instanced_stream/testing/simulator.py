@@ -287,21 +287,6 @@ class Simulator(Judge):
         """Azure names the model by its deployment; the body's `model` is not read."""
         return await self.chat(request, deployment=request.match_info["deployment"])
 
-    async def models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": MODEL_NAME,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "stream LLM simulator (not a real model)",
-                    }
-                ],
-            }
-        )
-
     async def get_stats(self, _: web.Request) -> web.Response:
         return web.json_response(dict(self.stats))
 
@@ -318,7 +303,7 @@ class Simulator(Judge):
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models", _models)
         app.router.add_post("/v1/chat/completions", self.chat)
         # Azure OpenAI's layout: the deployment in the path, the api-version in the query.
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.azure_chat)
@@ -327,6 +312,22 @@ class Simulator(Judge):
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
         return app
+
+
+async def _models(_: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": MODEL_NAME,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "stream LLM simulator (not a real model)",
+                }
+            ],
+        }
+    )
 
 
 def _refuse(
