@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
     bn.add_argument(
+        "--tier",
+        choices=("online", "batch"),
+        default="online",
+        help="batch: the baseline, each window online and in the batch tier (docs/batch.md)",
+    )
+    bn.add_argument(
         "--variants",
         default="",
         help="model settings also run at the largest window, comma-separated, e.g. "

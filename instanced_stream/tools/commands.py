@@ -50,6 +50,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 llm=args.endpoint or args.llm,
                 model=settings.llm_model,
                 variants=tuple(v for v in args.variants.split(",") if v),
+                tier=args.tier,
             )
         )
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
