@@ -5,12 +5,16 @@ after its restart instead of submitting it again, and every item ends exactly on
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -19,7 +23,7 @@ from instanced_stream.runtime.topics import batch_changelog
 from instanced_stream.settings import DEFAULT_SPEC
 from tests.conftest import Deployment
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 EO = {"STREAM_DELIVERY": "exactly_once"}
@@ -90,3 +94,28 @@ async def test_sigkill_while_a_batch_runs_polls_it_after_restart(
         assert restored and any(" 0 submitted" not in x for x in restored), restored
     finally:
         sim.config = sim.config.model_copy(update={"batch_delay_s": 1.0})
+
+
+def test_bench_batch_tier_costs_an_eighth_of_the_baseline(bootstrap: str, tmp_path: Path) -> None:
+    """Issue 29's "done when", as a user runs it (a shorter time cap for the baseline,
+    whose cost per item does not depend on how many items it got through)."""
+    out = tmp_path / "bench"
+    env = {**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap}
+    args = ["--items", "2000", "--windows", "50", "--tier", "batch", "--cap-s", "15"]
+    done = subprocess.run(
+        [sys.executable, "-m", "instanced_stream", "bench", *args, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = orjson.loads((out / "bench.json").read_bytes())
+    base = next(r for r in rows if r["window"] == 1)
+    online = next(r for r in rows if r["window"] == 50 and r["tier"] == "online")
+    batch = next(r for r in rows if r["tier"] == "batch")
+    assert batch["items"] == 2000 and not batch["capped"]
+    assert batch["cost_per_item_usd"] <= base["cost_per_item_usd"] / 8
+    # Half of the same window online: the same tokens, at the Batch API's price.
+    assert batch["cost_per_item_usd"] == pytest.approx(online["cost_per_item_usd"] / 2, rel=0.1)
