@@ -187,7 +187,7 @@ class Bench:
         finally:
             for proc in procs:
                 proc.stop()
-        if paced and result.items_per_s > 0:
+        if paced and self.paced_s > 0 and result.items_per_s > 0:
             # On fresh topics and processors: the drain's backlog must not queue ahead.
             settings, outcome_topics, procs = await self.deploy(
                 window, in_flight, partitions, processes, model, delivery
@@ -345,7 +345,7 @@ async def run_bench(
     )
     async with session as bench:
         if tier == "batch":
-            await _tiers(bench, windows, endpoint, partitions)
+            await _tiers(bench, windows, endpoint, partitions, variants)
             return bench.results
         await bench.passthrough(partitions)
         if bench.sim is not None:
@@ -412,7 +412,11 @@ async def run_bench(
 
 
 async def _tiers(
-    bench: Bench, windows: tuple[int, ...], endpoint: Endpoint, partitions: int
+    bench: Bench,
+    windows: tuple[int, ...],
+    endpoint: Endpoint,
+    partitions: int,
+    variants: tuple[str, ...],
 ) -> None:
     in_flight = endpoint.concurrency * 2 if bench.sim else 2 * (bench.target.slots or 4)
     # On the units (the batch tier's runtime) throughout, so the rows differ in the tier.
@@ -429,6 +433,16 @@ async def _tiers(
         batch.notes.append(
             f"{batch.name}: items/s is the simulator's batch turnaround (about a second); "
             "a provider's is minutes to 24 h"
+        )
+    for variant in variants:  # each setting in both tiers, at the largest window
+        key, _, value = variant.partition("=")
+        window = max(windows)
+        await run(f"window {window}, {key} {value}", window, model={key: value}, paced=False)
+        await run(
+            f"window {window}, batch tier, {key} {value}",
+            window,
+            model={"tier": "batch", key: value},
+            paced=False,
         )
 
 

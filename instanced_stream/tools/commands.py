@@ -45,6 +45,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 windows=windows,
                 endpoint=endpoint,
                 cap_s=args.cap_s,
+                paced_s=args.paced_s,
                 scaling=args.scaling,
                 spec=spec,
                 llm=args.endpoint or args.llm,
