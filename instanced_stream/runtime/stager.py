@@ -177,6 +177,9 @@ class Stager:
                 unit.finish(slot, item.changes)
                 return
             item.instance = admitted
+        await self._window(item)
+
+    async def _window(self, item: Staged) -> None:  # unless parked for a submitted line
         if self.submissions is None or not await self.submissions.park(item):
             await self.windower.add(item)
 
@@ -186,8 +189,7 @@ class Stager:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        text = orjson.dumps([inst.payload, inst.state])
-        await self.windower.add(Staged(inst, unit, None, text))
+        await self._window(Staged(inst, unit, None, orjson.dumps([inst.payload, inst.state])))
 
     def _tokens_of(self, item: Staged) -> int:
         if item.tokens is None:
