@@ -431,7 +431,7 @@ async def _tiers(
             f"window {window}, batch tier", window, model={"tier": "batch"}, paced=False
         )
         batch.notes.append(
-            f"{batch.name}: items/s is the simulator's batch turnaround (about a second); "
+            "items/s is the simulator's batch turnaround (about a second); "
             "a provider's is minutes to 24 h"
         )
     for variant in variants:  # each setting in both tiers, at the largest window

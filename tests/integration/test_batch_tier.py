@@ -18,15 +18,18 @@ import orjson
 import pytest
 import yaml
 
+from instanced_stream.activities.worker import load_activities
 from instanced_stream.ops.audit import AuditReport
 from instanced_stream.runtime.topics import batch_changelog
 from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.testing.samples import tickets
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 EO = {"STREAM_DELIVERY": "exactly_once"}
+TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets"
 
 
 def _batch_spec(tmp_path: Path) -> Path:
@@ -131,3 +134,38 @@ def test_bench_batch_tier_costs_an_eighth_of_the_baseline(bootstrap: str, tmp_pa
     assert batch["cost_per_item_usd"] <= base["cost_per_item_usd"] / 8
     # Half of the same window online: the same tokens, at the Batch API's price.
     assert batch["cost_per_item_usd"] == pytest.approx(online["cost_per_item_usd"] / 2, rel=0.1)
+
+
+async def test_stateful_workflows_end_on_the_batch_tier(deploy: Deploy, tmp_path: Path) -> None:
+    """The tickets example (two turns, awaited calls answered by a worker) in the batch
+    tier: each turn's request goes out as a batch line, every workflow ends once."""
+    spec: dict[str, Any] = yaml.safe_load((TICKETS / "agent.yaml").read_text())
+    spec["model"]["tier"] = "batch"
+    spec["batch"] = {"flush_s": 0.3, "poll_s": 0.3}
+    path = tmp_path / "tickets-batch.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    dep = await deploy(spec_path=path, **EO)
+    sim = dep.sim
+    created = sim.stats["batches_created"]
+    registry = load_activities(str(TICKETS / "activities.py"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    made = [{**t, "_instance": f"bt-{t['_instance']}"} for t in tickets(6)]
+    try:
+        await dep.produce_items(made)
+        _exactly_once(await dep.settle(len(made), 90))
+        deadline = time.monotonic() + 90
+        while True:
+            done: dict[str, list[dict[str, Any]]] = {}
+            for rec in await dep.records(dep.settings.topics.done):
+                done.setdefault(rec["instance"], []).append(rec)
+            if set(done) >= {i["_instance"] for i in made}:
+                break
+            assert time.monotonic() < deadline, f"{len(done)} of {len(made)} ended"
+            await asyncio.sleep(1.0)
+    finally:
+        stop.set()
+        await worker
+    assert all(len(records) == 1 for records in done.values())
+    assert all([t["turn"] for t in r[0]["trace"]] == [1, 2] for r in done.values())
+    assert sim.stats["batches_created"] - created >= 2  # a batch per turn at least
