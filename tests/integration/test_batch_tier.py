@@ -63,7 +63,7 @@ async def test_sigkill_while_a_batch_runs_polls_it_after_restart(
 ) -> None:
     dep = await deploy(spec_path=_batch_spec(tmp_path), **EO)
     sim = dep.sim
-    sim.config = sim.config.model_copy(update={"batch_delay_s": 8.0})
+    sim.config = sim.config.model_copy(update={"batch_delay_s": 12.0})
     try:
         items = [
             {"_instance": f"b-{i:03d}", "comment": f"A kind and useful remark number {i}."}
