@@ -259,6 +259,9 @@ class BatchModel:
                 )
                 break
             except openai.OpenAIError as exc:
+                if isinstance(exc, openai.NotFoundError) and not self.counts.get("submit_failures"):
+                    # An endpoint without a Batch API (llama.cpp's server has none): say so once.
+                    log.error("the endpoint has no Batch API (%r): use model.tier online", exc)
                 log.warning("batch of %d requests not submitted (%r); again soon", len(lines), exc)
                 self._count("submit_failures")
                 await asyncio.sleep(_BACKOFF_S)
