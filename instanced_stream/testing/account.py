@@ -64,3 +64,8 @@ class SimConfig(BaseModel):
     batch_fail_next: int = Field(
         0, ge=0, description="the next this many batches fail as a whole (validation)"
     )
+    batch_upstream: str | None = Field(
+        None,
+        description="an OpenAI-compatible /v1 URL (a real model, `stream llm-local`) that "
+        "answers the batch lines instead of the simulator's judge",
+    )

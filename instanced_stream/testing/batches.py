@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
+from aiohttp import ClientSession, web
 
 if TYPE_CHECKING:
     from instanced_stream.testing.simulator import Simulator
@@ -186,6 +186,23 @@ class BatchEndpoints:
             rows.append(row)
         return rows
 
+    async def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        """A line's answer: the simulator's own, or the upstream model's (a real one)."""
+        upstream = self.sim.config.batch_upstream
+        if upstream is None:
+            answer = await self.sim.respond(body, headers, {}, batch=True)
+            assert isinstance(answer.body, bytes)
+            return answer.status, orjson.loads(answer.body)
+        async with (
+            ClientSession() as session,
+            session.post(f"{upstream.rstrip('/')}/chat/completions", json=body) as resp,
+        ):
+            found = await resp.json(content_type=None)
+        usage = found.get("usage") or {} if isinstance(found, dict) else {}
+        for kind in ("prompt_tokens", "completion_tokens"):
+            self._count(f"batch_{kind}", int(usage.get(kind) or 0))
+        return resp.status, found
+
     async def _run(self, batch: dict[str, Any], headers: dict[str, str]) -> None:
         cfg = self.sim.config
         if cfg.batch_fail_next > 0:
@@ -216,10 +233,9 @@ class BatchEndpoints:
                 batch["request_counts"]["failed"] += 1
                 continue
             self._count("batch_lines")
-            answer = await self.sim.respond(row["body"], headers, {}, batch=True)
-            assert isinstance(answer.body, bytes)
-            line = _line(row["custom_id"], answer.status, orjson.loads(answer.body))
-            if answer.status == 200:
+            status, body = await self._answer(row["body"], headers)
+            line = _line(row["custom_id"], status, body)
+            if status == 200:
                 out += line
                 batch["request_counts"]["completed"] += 1
             else:

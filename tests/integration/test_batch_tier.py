@@ -169,3 +169,38 @@ async def test_stateful_workflows_end_on_the_batch_tier(deploy: Deploy, tmp_path
     assert all(len(records) == 1 for records in done.values())
     assert all([t["turn"] for t in r[0]["trace"]] == [1, 2] for r in done.values())
     assert sim.stats["batches_created"] - created >= 2  # a batch per turn at least
+
+
+@pytest.mark.local_model
+async def test_batch_lines_are_answered_by_a_real_model(tmp_path: Path) -> None:
+    """The lines the batch tier writes are requests a real model serves: the simulator's
+    Batch API forwards each line to SmolLM2 behind llama.cpp, and the solver validates
+    and re-asks what comes back, as online. Every instance ends one way."""
+    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.core.solve import Solver
+    from instanced_stream.core.spec import BatchTier, load_spec
+    from instanced_stream.core.validate import Validator
+    from instanced_stream.llm.batches import BatchModel
+    from instanced_stream.llm.client import LLM
+    from instanced_stream.llm.local import running_local_llm
+    from instanced_stream.testing.simulator import SimConfig, running_simulator
+    from tests.integration.test_real_model import _instances, _settled, _spec_file
+
+    spec = load_spec(_spec_file(tmp_path, 4))
+    with (
+        running_local_llm() as (url, model),
+        running_simulator(SimConfig(batch_delay_s=0.0, batch_upstream=url)) as (sim, sim_url),
+    ):
+        llm = LLM(base_url=sim_url, api_key="none", model=model, timeout_s=120)
+        batches = BatchModel(llm, BatchTier(flush_s=0.2, poll_s=0.5), lambda *_: None)
+        batches.start()
+        try:
+            solver = Solver(batches, PromptBuilder(spec), Validator(spec), 2)
+            batch = _instances(4, "real-batch")
+            outcome = await asyncio.wait_for(solver.solve(batch), 400)
+        finally:
+            await batches.close()
+    _settled(outcome, batch)
+    assert outcome.answers, "the real model answered no instance at all"
+    assert sim.stats["batch_lines"] == outcome.requests >= 1
+    assert sim.stats["batch_prompt_tokens"] > 0
