@@ -28,7 +28,7 @@ from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.unit import Unit
 
 if TYPE_CHECKING:
-    from instanced_stream.runtime.stager import Staged
+    from instanced_stream.runtime.stager import Staged, Stager
 
 __all__ = ["Submissions"]
 
@@ -55,9 +55,16 @@ class Submissions:
         self._add: Add | None = None
         model.on_submitted = self.submitted
 
-    def bind(self, launch: Launch, add: Add) -> None:
-        """The stager's ways to start a batch of items, and to window one item."""
-        self._launch, self._add = launch, add
+    def attach(self, stager: Stager) -> None:
+        """Items reach the stager's window through `offer`; its solved windows settle
+        their lines here."""
+        self._launch, self._add = stager.launch, stager.windower.add
+        stager.window, stager.settle = self.offer, self.settled
+
+    async def offer(self, item: Staged) -> None:
+        if not await self.park(item):
+            assert self._add is not None
+            await self._add(item)
 
     async def restore(self, bootstrap: str, partition: int) -> int:
         """A unit opened here: the lines its partition recorded, polled from now on."""

@@ -34,10 +34,11 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
+from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.tracing import Headers
 
-__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone"]
+__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
 
 log = logging.getLogger("stream.unit")
 
@@ -116,8 +117,10 @@ class Unit:
         transactional: bool,
         commit_offsets: CommitOffsets | None = None,
         refusals: Refusals | None = None,
+        probe: Probe = NO_PROBE,
     ) -> None:
         self.partition = partition
+        self.probe = probe  # the fault campaign's points: mid_commit, after_commit
         self.refusals = refusals
         self.producer = producer
         self.group_id = group_id
@@ -125,7 +128,7 @@ class Unit:
         self.commit_offsets = commit_offsets
         self.alive = True
         self.failed: BaseException | None = None
-        self._slots: dict[str, deque[Slot]] = {}
+        self.slots: dict[str, deque[Slot]] = {}
         # Per topic, the consumer's position after the records handed out so far: past
         # transaction markers and aborted records, which are never handed out.
         self._seen: dict[str, int] = {}
@@ -146,7 +149,7 @@ class Unit:
         """A consumed record; its offset is committed only once its slot is finished."""
         self._check()
         slot = Slot(topic, offset, headers)
-        self._slots.setdefault(topic, deque()).append(slot)
+        self.slots.setdefault(topic, deque()).append(slot)
         return slot
 
     def seen(self, topic: str, position: int) -> None:
@@ -170,19 +173,21 @@ class Unit:
         self._wake.set()
 
     def open_slots(self) -> int:
-        return sum(1 for slots in self._slots.values() for s in slots if not s.done)
+        return sum(1 for slots in self.slots.values() for s in slots if not s.done)
 
     def oldest_open(self, topic: str) -> int | None:
         """The first offset of `topic` still waiting for its outcome."""
-        for slot in self._slots.get(topic, ()):
+        for slot in self.slots.get(topic, ()):
             if not slot.done:
                 return slot.offset
         return None
 
-    def oldest_open_since(self) -> float | None:
-        """When the oldest record still waiting for its outcome was consumed (monotonic)."""
-        firsts = [next((s.at for s in slots if not s.done), None) for slots in self._slots.values()]
-        return min((at for at in firsts if at is not None), default=None)
+    def fail(self, exc: BaseException) -> None:
+        """Voids the unit (a bug while staging on it): its owner replaces it, and the
+        uncommitted prefix is redone from the last commit."""
+        if self.alive:
+            self.failed, self.alive = exc, False
+            log.error("partition %d: staging failed, the unit is dropped: %r", self.partition, exc)
 
     def _check(self) -> None:
         if not self.alive:
@@ -211,8 +216,8 @@ class Unit:
         and the offset to commit per topic."""
         records: list[OutRecord] = []
         offsets: dict[str, int] = {}
-        for topic in self._slots.keys() | self._seen.keys():
-            slots = self._slots.get(topic) or deque()
+        for topic in self.slots.keys() | self._seen.keys():
+            slots = self.slots.get(topic) or deque()
             while slots and slots[0].done:
                 slot = slots.popleft()
                 records.extend(slot.records)
@@ -253,6 +258,7 @@ class Unit:
                 raise
             self.commits += 1
             self.committed_records += len(records)
+            self.probe.at("after_commit")
             return len(records)
 
     async def _write(
@@ -267,6 +273,7 @@ class Unit:
                     await self._commit_transaction(records, offsets)
                 else:
                     await self._send(records)
+                    self.probe.at("mid_commit")
                     if offsets and self.commit_offsets is not None:
                         await self.commit_offsets(offsets)
                 return records
@@ -295,6 +302,7 @@ class Unit:
         await self._send(records)
         if offsets:
             await self.producer.send_offsets_to_transaction(offsets, self.group_id)
+        self.probe.at("mid_commit")  # every record sent, the transaction still open
         await self.producer.commit_transaction()
 
     async def _send(self, records: list[OutRecord]) -> None:
@@ -337,13 +345,20 @@ class Unit:
             except Exception as exc:
                 log.warning("partition %d: last commit failed: %r", self.partition, exc)
         self.alive = False
-        self._slots.clear()
+        self.slots.clear()
         self._free = []
         if self.transactional:
             try:
                 await self.producer.stop()
             except Exception as exc:  # a fenced producer may refuse to stop cleanly
                 log.debug("partition %d: producer stop: %r", self.partition, exc)
+
+
+def oldest_open_since(unit: Unit) -> float | None:
+    """When the oldest record still waiting for its outcome at `unit` was consumed
+    (monotonic seconds)."""
+    firsts = [next((s.at for s in slots if not s.done), None) for slots in unit.slots.values()]
+    return min((at for at in firsts if at is not None), default=None)
 
 
 def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecord]:
