@@ -53,6 +53,7 @@ class FakeLLM:
         items: int = 1,
         max_tokens: int | None = None,
         since: float | None = None,
+        keys: tuple[str, ...] = (),
     ) -> Completion:
         req = read_request(messages)
         self.requests.append(req.items)

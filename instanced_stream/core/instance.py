@@ -20,3 +20,9 @@ class Instance:
     size: int
     state: dict[str, Any] | None = None  # the instance's state, shown to the model
     turn: int = 1  # 1 for the input itself; a stateful workflow's later turns count on
+
+    @property
+    def key(self) -> str:
+        """Which record and turn this is, the same after a restart: `topic/p/offset/turn`."""
+        s = self.source
+        return f"{s.topic}/{s.partition}/{s.offset}/{self.turn}"

@@ -28,7 +28,9 @@ class Model(Protocol):
     it cannot. A timeout is raised (`LLMError.timeout`) when splitting the request or
     giving up on its one item may help; outages are waited out inside. `since`
     (monotonic seconds): the request is part of one that failed then; an answer given
-    after it means the endpoint works and a failing item, not an outage, is at fault."""
+    after it means the endpoint works and a failing item, not an outage, is at fault.
+    `keys`: the asked instances' `Instance.key`s in token order; the batch tier records
+    them with each Batch API line, so a restarted processor finds its line again."""
 
     model: str
 
@@ -40,4 +42,5 @@ class Model(Protocol):
         items: int = 1,
         max_tokens: int | None = None,
         since: float | None = None,
+        keys: tuple[str, ...] = (),
     ) -> Completion: ...

@@ -181,6 +181,7 @@ class Solver:
             items=len(pending),
             max_tokens=self.prompt.output_cap(len(pending)),
             since=since,
+            keys=tuple(i.key for i in pending),
         )
         out.requests += 1
         out.prompt_tokens += done.prompt_tokens

@@ -35,6 +35,7 @@ __all__ = [
     "AdviceSettings",
     "Advisor",
     "AgentSpec",
+    "BatchTier",
     "ContextMessage",
     "ModelEndpoint",
     "Plan",
@@ -231,6 +232,12 @@ class ModelEndpoint(_Strict):
     )
     timeout_s: float = Field(60.0, gt=0)
     max_output_tokens: int | None = None
+    tier: Literal["online", "batch"] = Field(
+        "online",
+        description="online: each request answered as it is sent; batch: the requests go "
+        "out as lines of the provider's Batch API (half price, answered within "
+        "batch.completion_window); see docs/batch.md",
+    )
     price_input_per_million: float = Field(
         0.0, ge=0, description="USD per million prompt tokens, for the cost-per-item metric"
     )
@@ -244,18 +251,51 @@ class ModelEndpoint(_Strict):
         "cache (OpenAI: half the input price); unset: the input price",
     )
 
-    def cost_usd(self, prompt: int, completion: int, cached: int = 0) -> float:
+    price_batch_factor: float = Field(
+        0.5, gt=0, le=1, description="Batch API price / online price (OpenAI, Anthropic: 0.5)"
+    )
+
+    def cost_usd(
+        self, prompt: int, completion: int, cached: int = 0, *, batch: bool = False
+    ) -> float:
         """What tokens cost at these prices, cached prompt tokens at the cached price: a
-        per-item baseline gets most of its prompt from the cache, a batch little of it."""
-        cached = min(cached, prompt)
-        cached_price = self.price_cached_input_per_million
+        per-item baseline gets most of its prompt from the cache, a batch little of it.
+        `batch`: tokens of Batch API lines, at `price_batch_factor` of each price."""
+        cached, cached_price = min(cached, prompt), self.price_cached_input_per_million
         if cached_price is None:
             cached_price = self.price_input_per_million
-        return (
+        online = (
             (prompt - cached) * self.price_input_per_million
             + cached * cached_price
             + completion * self.price_output_per_million
         ) / 1_000_000
+        return online * self.price_batch_factor if batch else online
+
+
+class BatchTier(_Strict):
+    """How `model.tier: batch` uses the provider's Batch API."""
+
+    flush_s: float = Field(
+        60.0, gt=0, description="A batch is submitted this long after its first request"
+    )
+    max_requests: int = Field(
+        1000, ge=1, le=50_000, description="... or once it holds this many (OpenAI: 50,000)"
+    )
+    poll_s: float = Field(30.0, gt=0, description="How often submitted batches are looked at")
+    completion_window: Literal["24h"] = Field(
+        "24h", description="The Batch API's completion window (the only one OpenAI offers)"
+    )
+    reask: Literal["batch", "online"] = Field(
+        "batch",
+        description="Where a re-ask goes (instances a batch answer left open): the next "
+        "batch (half price, another wait) or an online request (full price, at once)",
+    )
+    max_resubmits: int = Field(
+        3,
+        ge=0,
+        description="Times a request whose line expired or failed, or whose batch failed "
+        "or was cancelled, is submitted again before its instances are dead-lettered",
+    )
 
 
 class Window(_Strict):
@@ -288,6 +328,7 @@ class AgentSpec(_Strict):
     instructions: str
     model: ModelEndpoint = Field(default_factory=ModelEndpoint)
     window: Window = Field(default_factory=Window)
+    batch: BatchTier = Field(default_factory=BatchTier)
     tools: list[Tool] = Field(min_length=1)
     advisors: list[Advisor] = Field(default_factory=list)
     advice: AdviceSettings = Field(default_factory=AdviceSettings)

@@ -7,9 +7,9 @@ consumption pauses: an outage never dead-letters the backlog.
 
 A 400 is one of two things. One that names a parameter, the response format or the
 schema refuses the request's shape: a configuration error, handled like a wrong key (one
-ERROR line, the `instanced_stream_llm_refused` gauge, retried until an operator fixes it), never an
-item's fault. Any other 400 (a content filter, a context overflow) depends on what the
-items say: it is raised, and the caller splits the request to isolate the item.
+ERROR line, `instanced_stream_llm_refusing`, retried until an operator fixes it), never an
+item's fault. Any other 400 (a content filter, a context overflow) depends on what the items
+say: it is raised, and the caller splits the request to isolate the item.
 
 Timeouts and 5xx are different again: the same request may never succeed. A request of
 several items that timed out, or failed with 5xx `server_attempts` times in a row, is
@@ -336,13 +336,12 @@ class LLM:
         items: int = 1,
         max_tokens: int | None = None,
         since: float | None = None,
+        keys: tuple[str, ...] = (),
     ) -> Completion:
         """Completes a request of `items` instances, retrying retriable failures without
         limit. Raises the others, and timeouts and 5xx the caller can act on (see the
         module); `since`: see `instanced_stream.core.model.Model`."""
-        attempt = 0
-        server_failures = 0
-        sent = time.monotonic()
+        attempt, server_failures, sent = 0, 0, time.monotonic()
         while True:
             try:
                 done = await self.complete_once(messages, response_format, max_tokens)

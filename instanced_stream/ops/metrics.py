@@ -78,6 +78,11 @@ def _usage(kinds: Mapping[str, int], reasoning: int) -> dict[str, int]:
     }
 
 
+_COST = "Estimated LLM cost, cached prompt tokens priced"
+_REQUESTS = "Model requests (re-asks and splits included)"
+_CONTEXT = "Context messages refused at the latest change"
+
+
 def _registry() -> CollectorRegistry:
     """Our own registry, plus the process_* (CPU, memory, open files) and python_info
     series every Prometheus target is expected to export."""
@@ -85,6 +90,22 @@ def _registry() -> CollectorRegistry:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry
+
+
+def _waiting(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    return (
+        Gauge(f"{_P}batch_api_in_flight", "Batch API batches submitted, not finished", registry=r),
+        Gauge(
+            f"{_P}batch_api_oldest_age_seconds",
+            "Age of the oldest Batch API batch submitted and not finished",
+            registry=r,
+        ),
+        Gauge(
+            f"{_P}oldest_uncommitted_age_seconds",
+            "How long the oldest input record consumed here has waited for its outcome",
+            registry=r,
+        ),
+    )
 
 
 class Metrics:
@@ -116,11 +137,7 @@ class Metrics:
         )
         # A counter, so rate(instanced_stream_llm_cost_usd_total[5m]) is dollars per second; cached
         # prompt tokens are priced as the provider bills them.
-        self.cost_usd = Counter(
-            f"{_P}llm_cost_usd",
-            "Estimated LLM cost, cached prompt tokens priced",
-            registry=r,
-        )
+        self.cost_usd = Counter(f"{_P}llm_cost_usd", _COST, registry=r)
         self.retries = Counter(f"{_P}llm_retries", "Retried LLM requests", registry=r)
         self.circuit_open = Gauge(
             f"{_P}circuit_open", "1 while the endpoint keeps failing", registry=r
@@ -149,11 +166,7 @@ class Metrics:
             registry=r,
         )
         self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
-        self.llm_requests = Counter(
-            f"{_P}llm_requests",
-            "Model requests (re-asks and splits included)",
-            registry=r,
-        )
+        self.llm_requests = Counter(f"{_P}llm_requests", _REQUESTS, registry=r)
         self.refused_calls = Counter(
             f"{_P}refused_calls",
             "Calls of the model's answers refused, by code",
@@ -167,11 +180,11 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        self.context_refused = Gauge(
-            f"{_P}context_refused",
-            "Context messages refused at the latest change",
-            registry=r,
-        )
+        self.context_refused = Gauge(f"{_P}context_refused", _CONTEXT, registry=r)
+        # The batch tier (docs/batch.md): lag grows while a batch runs, by design. These
+        # say why; KEDA scales on the online tier's lag only (docs/kubernetes.md).
+        self.batch_api_in_flight, self.batch_api_oldest, self.oldest_uncommitted = _waiting(r)
+        self.batch_live: dict[str, float] = {}
         self.prices = prices or ModelEndpoint()
         self.answered = 0
         self.cost = 0.0
@@ -206,7 +219,8 @@ class Metrics:
         self.tokens.labels("output").inc(completion)
         self.reasoning_tokens.inc(reasoning)
         self.answered += answered
-        cost = self.prices.cost_usd(prompt, completion, cached)
+        batch = self.prices.tier == "batch"  # Batch API lines: at the batch price
+        cost = self.prices.cost_usd(prompt, completion, cached, batch=batch)
         self.cost += cost
         self.cost_usd.inc(cost)
         if self.answered:
@@ -231,6 +245,18 @@ class Metrics:
         for partition, lag in lags.items():
             self.lag.labels(str(partition)).set(lag)
         self._lagging = set(lags)
+
+    def set_waiting(self, batch_ages: list[float] | None, oldest_open_s: float | None) -> None:
+        """Batches in flight (their ages; None: the online tier) and the age of the
+        oldest input record still without its committed outcome."""
+        self.oldest_uncommitted.set(oldest_open_s or 0.0)
+        live = {"oldest_uncommitted_s": round(oldest_open_s or 0.0, 1)}
+        if batch_ages is not None:
+            self.batch_api_in_flight.set(len(batch_ages))
+            self.batch_api_oldest.set(max(batch_ages, default=0.0))
+            live["batches_in_flight"] = len(batch_ages)
+            live["batch_oldest_age_s"] = round(max(batch_ages, default=0.0), 1)
+        self.batch_live = live
 
     def on_circuit(self, is_open: bool) -> None:
         self.circuit_open.set(1 if is_open else 0)
@@ -323,6 +349,11 @@ class Metrics:
             "in_flight": self.flying,
             "in_flight_limit": int(self.limit),
             "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
+            "tier": self.prices.tier,
+            "batches_in_flight": 0,
+            "batch_oldest_age_s": 0,
+            "oldest_uncommitted_s": 0,
+            **self.batch_live,
             "decisions": list(self.decisions)[::-1],
         }
 

@@ -163,8 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
     bn.add_argument("--tpm", type=int, default=2_000_000, help="endpoint's tokens per minute")
     bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
+    bn.add_argument(
+        "--paced-s", type=float, default=10, help="latency phase per run (0: none; default 10)"
+    )
     bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
     bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
+    bn.add_argument(
+        "--tier",
+        choices=("online", "batch"),
+        default="online",
+        help="batch: the baseline, each window online and in the batch tier (docs/batch.md)",
+    )
     bn.add_argument(
         "--variants",
         default="",

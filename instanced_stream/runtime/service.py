@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,20 +26,24 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
+from instanced_stream.llm.batches import BatchModel
+from instanced_stream.llm.client import LLM
 from instanced_stream.llm.factory import build_llm
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.ops.web import WebServer
 from instanced_stream.runtime.intake import source_of
+from instanced_stream.runtime.ledger import Ledger
 from instanced_stream.runtime.membership import Fetched, Membership
 from instanced_stream.runtime.overrides import OverrideFollower
 from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.records import RecordBuilder
 from instanced_stream.runtime.stager import Stager
 from instanced_stream.runtime.store import Stores
-from instanced_stream.runtime.topics import state_changelog
-from instanced_stream.runtime.unit import Unit
+from instanced_stream.runtime.submissions import Submissions
+from instanced_stream.runtime.topics import batch_changelog, state_changelog
+from instanced_stream.runtime.unit import Unit, oldest_open_since
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
@@ -78,9 +83,8 @@ class _Service(mode.Service):
         topics = settings.topics
         self.fetching: asyncio.Future[None] | None = None
         self.metrics = Metrics(spec.model)
-        self.limiter = limiter_for(spec, self.metrics)
-        self.llm = build_llm(
-            settings, spec, listener=self.metrics, limiter=self.limiter, base_url=llm_url
+        self.limiter, self.llm, self.submissions = _tiered(
+            settings, spec, self.metrics, llm_url, self._unit
         )
         messages, ends = overrides
         merged, refused = apply_overrides(spec, messages)
@@ -117,6 +121,8 @@ class _Service(mode.Service):
             worker=self.worker,
             flows=self.flows,
         )
+        if self.submissions is not None:
+            self.submissions.attach(self.stager)
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
         group = settings.topic_prefix + settings.app_id
         self.membership = Membership(
@@ -129,8 +135,8 @@ class _Service(mode.Service):
             client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
             group_instance_id=settings.group_instance_id,
             on_rebalance=self.metrics.rebalances.inc,
-            on_open=self._opened if self.flows is not None else None,
-            on_close=self._closed if self.flows is not None else None,
+            on_open=self._opened if self.flows or self.submissions else None,
+            on_close=self._closed if self.flows or self.submissions else None,
             replace=self.stager.replacement,
             probe=probe,
             request_timeout_ms=settings.publish_timeout_ms,
@@ -151,10 +157,17 @@ class _Service(mode.Service):
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
+    def _unit(self, partition: int) -> Unit | None:
+        return self.membership.units.get(partition)
+
     async def _opened(self, unit: Unit) -> None:
         """A stateful unit: its store restored before it takes work; the workflows that
-        wait for a turn resume."""
-        assert self.flows is not None
+        wait for a turn resume. The batch tier: the lines its partition submitted."""
+        if self.submissions is not None:
+            lines = await self.submissions.restore(self.bootstrap, unit.partition)
+            log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
+        if self.flows is None:
+            return
         store = self.flows.store_for(unit.partition)
         states = await store.restore(self.bootstrap)
         ready = self.flows.ready(unit.partition)
@@ -167,8 +180,10 @@ class _Service(mode.Service):
         self._ready(unit, ready)
 
     def _closed(self, unit: Unit) -> None:
-        assert self.flows is not None
-        self.flows.stores.drop(unit.partition)
+        if self.submissions is not None:
+            self.submissions.drop(unit.partition)
+        if self.flows is not None:
+            self.flows.stores.drop(unit.partition)
 
     def _ready(self, unit: Unit, ready: list[Instance]) -> None:
         for inst in ready:
@@ -183,6 +198,8 @@ class _Service(mode.Service):
     async def on_start(self) -> None:
         await self.membership.start()
         self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
         try:
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
@@ -200,6 +217,8 @@ class _Service(mode.Service):
         self.add_future(_every(5.0, self._lag))
         self.add_future(_every(1.0, self._expire))
         self.add_future(_every(30.0, self._report))
+        if self.submissions is not None:
+            self.add_future(_every(5.0, self.submissions.sweep))
 
     async def on_stop(self) -> None:
         """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
@@ -276,6 +295,10 @@ class _Service(mode.Service):
 
     async def _lag(self) -> None:
         self.metrics.set_lag(await self.membership.lag())
+        opened = [oldest_open_since(u) for u in self.membership.units.values()]
+        oldest = min((at for at in opened if at is not None), default=None)
+        ages = self.submissions.in_flight() if self.submissions is not None else None
+        self.metrics.set_waiting(ages, None if oldest is None else time.monotonic() - oldest)
 
     async def _report(self) -> None:
         log.info(
@@ -285,6 +308,29 @@ class _Service(mode.Service):
             len(self.stager.tasks),
             self.membership.rebalances,
         )
+
+
+def _tiered(
+    settings: Settings,
+    spec: AgentSpec,
+    metrics: Metrics,
+    llm_url: str,
+    units: Callable[[int], Unit | None],
+) -> tuple[Limiter, LLM | BatchModel, Submissions | None]:
+    """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
+    if spec.model.tier == "online":
+        limiter = limiter_for(spec, metrics)
+        return (
+            limiter,
+            build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url),
+            None,
+        )
+    # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
+    # room for a batch being submitted and the next one filling.
+    limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)
+    online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+    model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
+    return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
 
 
 async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:

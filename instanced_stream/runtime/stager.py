@@ -81,6 +81,10 @@ async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -
     return error
 
 
+def _nothing_submitted(items: list[Staged]) -> dict[int, list[OutRecord]]:
+    return {}  # the online tier: no Batch API lines to settle
+
+
 @dataclass(slots=True, eq=False)
 class Staged:
     """An instance in a window, with the unit and slot its outcome is staged on."""
@@ -133,7 +137,7 @@ class Stager:
             max_items=spec.window.max_items,
             max_wait_s=spec.window.max_wait_ms / 1000,
             max_tokens=self.budget.item_tokens,
-            on_close=self._launch,
+            on_close=self.launch,
             tokens_of=self._tokens_of,
             capacity=self.budget.capacity,
             bound_of=self._bound_of,
@@ -141,6 +145,7 @@ class Stager:
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
+        self.window, self.settle = self.windower.add, _nothing_submitted  # see Submissions
 
     def reconfigure(self, spec: AgentSpec) -> None:
         """A new spec (from the context topic) for the batches, their records and the
@@ -198,9 +203,8 @@ class Stager:
             if self._bound_of(item) > room and (tokens := self._tokens_of(item)) > room:
                 raise BadRecord(
                     "too_large",
-                    f"record is about {tokens} tokens; a request has room for "
-                    f"{room} (window.max_input_tokens less the instructions, tools and "
-                    "advisors)",
+                    f"record is about {tokens} tokens; a request has room for {room} "
+                    "(window.max_input_tokens less the instructions, tools and advisors)",
                 )
         except BadRecord as exc:
             log.warning(
@@ -223,7 +227,7 @@ class Stager:
                 unit.finish(slot, item.changes)
                 return
             item.instance = admitted
-        await self.windower.add(item)
+        await self.window(item)
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:
         """A workflow's next turn joins the window like any item."""
@@ -231,8 +235,7 @@ class Stager:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        text = orjson.dumps([inst.payload, inst.state])
-        await self.windower.add(Staged(inst, unit, None, text))
+        await self.window(Staged(inst, unit, None, orjson.dumps([inst.payload, inst.state])))
 
     def _tokens_of(self, item: Staged) -> int:
         if item.tokens is None:
@@ -244,7 +247,7 @@ class Stager:
 
     # ------------------------------------------------------------------ batches
 
-    async def _launch(self, items: list[Staged], reason: str) -> None:
+    async def launch(self, items: list[Staged], reason: str) -> None:
         await self.limiter.acquire()
         self.batches += 1
         batch_id = f"{self.worker}-{self.batches}"
@@ -315,12 +318,13 @@ class Stager:
             owned[id(item)].append(rec)
         self.count(planned)
         turns = {t.instance.id: t for t in planned.turns}
+        lines = self.settle(items)
         staged = 0
         for item in items:
             self._queued_turns.discard(item.instance.id)
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
-            records = [*item.changes, *owned.get(id(item), [])]
+            records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
             turn = turns.get(item.instance.id)
             if self.flows is not None and turn is not None:
                 change = self.flows.apply(turn)

@@ -22,9 +22,35 @@ from instanced_stream.errors import BadRecord
 from instanced_stream.runtime import clients
 from instanced_stream.runtime.publish import OutRecord
 
-__all__ = ["Stores", "UnitStore"]
+__all__ = ["Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
+
+
+async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
+    """A compacted changelog partition as it stands: read read_committed to its last
+    stable offset, each key's latest value, deleted keys (tombstones) left out."""
+    tp = TopicPartition(topic, partition)
+    out: dict[str, bytes] = {}
+    consumer = clients.consumer(bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            found = await consumer.getmany(tp, timeout_ms=1000)
+            for rec in found.get(tp, []):
+                key = rec.key.decode() if rec.key else None
+                if key is None:
+                    continue
+                if rec.value:
+                    out[key] = rec.value
+                else:
+                    out.pop(key, None)
+    finally:
+        await consumer.stop()
+    return out
 
 
 class UnitStore:
@@ -44,25 +70,7 @@ class UnitStore:
 
     async def restore(self, bootstrap: str) -> int:
         """Reads the changelog partition to its last stable offset; returns the states."""
-        tp = TopicPartition(self.topic, self.partition)
-        consumer = clients.consumer(bootstrap)
-        await consumer.start()
-        try:
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
-            while await consumer.position(tp) < end:
-                found = await consumer.getmany(tp, timeout_ms=1000)
-                for rec in found.get(tp, []):
-                    key = rec.key.decode() if rec.key else None
-                    if key is None:
-                        continue
-                    if rec.value:
-                        self._raw[key] = rec.value
-                    else:
-                        self._raw.pop(key, None)
-        finally:
-            await consumer.stop()
+        self._raw.update(await read_changelog(bootstrap, self.topic, self.partition))
         return len(self._raw)
 
     def get(self, instance: str) -> InstanceState | None:

@@ -24,6 +24,7 @@ from instanced_stream.settings import Settings
 
 __all__ = [
     "activity_topics",
+    "batch_changelog",
     "check_partitions",
     "ensure_product_topics",
     "ensure_topics",
@@ -44,6 +45,11 @@ def state_changelog(settings: Settings) -> str:
     """The state's compacted changelog, `<app id>-state-changelog` (the name faust gave
     it, kept so that existing deployments restore their state)."""
     return f"{settings.topic_prefix}{settings.app_id}-state-changelog"
+
+
+def batch_changelog(settings: Settings) -> str:
+    """The batch tier's record of submitted Batch API lines, co-partitioned with the input."""
+    return f"{settings.topic_prefix}{settings.app_id}-batches-changelog"
 
 
 def activity_topics(settings: Settings, spec: AgentSpec) -> list[str]:
@@ -76,7 +82,11 @@ async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentS
     # The state table's changelog, co-partitioned with the input topic: each instance's
     # state is written to its input's partition.
     await ensure_topics(
-        bootstrap, [state_changelog(settings)], settings.partitions, config=compact, **durable
+        bootstrap,
+        [state_changelog(settings), batch_changelog(settings)],
+        settings.partitions,
+        config=compact,
+        **durable,
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.tracing import Headers
 
-__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone"]
+__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
 
 log = logging.getLogger("stream.unit")
 
@@ -99,6 +100,7 @@ class Slot:
     headers: Headers = ()
     done: bool = False
     records: list[OutRecord] = field(default_factory=list)
+    at: float = field(default_factory=time.monotonic)  # when it was consumed
 
 
 class Unit:
@@ -126,7 +128,7 @@ class Unit:
         self.commit_offsets = commit_offsets
         self.alive = True
         self.failed: BaseException | None = None
-        self._slots: dict[str, deque[Slot]] = {}
+        self.slots: dict[str, deque[Slot]] = {}
         # Per topic, the consumer's position after the records handed out so far: past
         # transaction markers and aborted records, which are never handed out.
         self._seen: dict[str, int] = {}
@@ -147,7 +149,7 @@ class Unit:
         """A consumed record; its offset is committed only once its slot is finished."""
         self._check()
         slot = Slot(topic, offset, headers)
-        self._slots.setdefault(topic, deque()).append(slot)
+        self.slots.setdefault(topic, deque()).append(slot)
         return slot
 
     def seen(self, topic: str, position: int) -> None:
@@ -171,11 +173,11 @@ class Unit:
         self._wake.set()
 
     def open_slots(self) -> int:
-        return sum(1 for slots in self._slots.values() for s in slots if not s.done)
+        return sum(1 for slots in self.slots.values() for s in slots if not s.done)
 
     def oldest_open(self, topic: str) -> int | None:
         """The first offset of `topic` still waiting for its outcome."""
-        for slot in self._slots.get(topic, ()):
+        for slot in self.slots.get(topic, ()):
             if not slot.done:
                 return slot.offset
         return None
@@ -214,8 +216,8 @@ class Unit:
         and the offset to commit per topic."""
         records: list[OutRecord] = []
         offsets: dict[str, int] = {}
-        for topic in self._slots.keys() | self._seen.keys():
-            slots = self._slots.get(topic) or deque()
+        for topic in self.slots.keys() | self._seen.keys():
+            slots = self.slots.get(topic) or deque()
             while slots and slots[0].done:
                 slot = slots.popleft()
                 records.extend(slot.records)
@@ -343,13 +345,20 @@ class Unit:
             except Exception as exc:
                 log.warning("partition %d: last commit failed: %r", self.partition, exc)
         self.alive = False
-        self._slots.clear()
+        self.slots.clear()
         self._free = []
         if self.transactional:
             try:
                 await self.producer.stop()
             except Exception as exc:  # a fenced producer may refuse to stop cleanly
                 log.debug("partition %d: producer stop: %r", self.partition, exc)
+
+
+def oldest_open_since(unit: Unit) -> float | None:
+    """When the oldest record still waiting for its outcome at `unit` was consumed
+    (monotonic seconds)."""
+    firsts = [next((s.at for s in slots if not s.done), None) for slots in unit.slots.values()]
+    return min((at for at in firsts if at is not None), default=None)
 
 
 def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecord]:

@@ -53,3 +53,19 @@ class SimConfig(BaseModel):
     )
     requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
     model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")
+    # The Batch API (instanced_stream.testing.batches).
+    batch_delay_s: float = Field(1.0, ge=0, description="a batch's time to completion")
+    batch_expire_rate: float = Field(
+        0.0, ge=0, le=1, description="share of lines left unanswered: the batch expires"
+    )
+    batch_error_rate: float = Field(
+        0.0, ge=0, le=1, description="share of lines that fail with a 500 in the error file"
+    )
+    batch_fail_next: int = Field(
+        0, ge=0, description="the next this many batches fail as a whole (validation)"
+    )
+    batch_upstream: str | None = Field(
+        None,
+        description="an OpenAI-compatible /v1 URL (a real model, `stream llm-local`) that "
+        "answers the batch lines instead of the simulator's judge",
+    )

@@ -29,7 +29,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,6 +38,7 @@ from aiohttp import web
 
 from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.testing.account import MODEL_NAME, Faults, SimConfig
+from instanced_stream.testing.batches import BatchEndpoints
 from instanced_stream.testing.judge import Judge, SimRequest, read_request
 from instanced_stream.testing.provider import Refusal, account_fault, reasoning_model, refusal
 from instanced_stream.testing.quota import Quota
@@ -79,6 +80,7 @@ class Simulator(Judge):
         self.seen_total = 0  # requests ever seen: `seen` keeps only the last 500
         # ... and the parameters beside them (model, caps, temperature, response_format).
         self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
+        self.batch_api = BatchEndpoints(self)  # the Files and Batches endpoints
 
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the
@@ -95,10 +97,6 @@ class Simulator(Judge):
         self.stats["refused_tpm"] += 1
         limits = self.quota.headers(cfg)  # what is left is in them
         return _refuse("tokens per minute exceeded (simulated limit)", over, limits)
-
-    def _account_fault(self, request: web.Request, body: dict[str, Any]) -> str | None:
-        """What a real account refuses: a key it does not know, a model it does not serve."""
-        return account_fault(self.config, request.headers, request.query, body, self.config.model)
 
     def _error(self, refused: Refusal, headers: dict[str, str] | None = None) -> web.Response:
         """An error as the provider shapes it (the generic one says less)."""
@@ -142,9 +140,21 @@ class Simulator(Judge):
             return self._unreadable(exc)
         if deployment is not None:
             body["model"] = deployment
+        return await self.respond(body, request.headers, request.query)
+
+    async def respond(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        *,
+        batch: bool = False,
+    ) -> web.Response:
+        """One chat completion. `batch`: a Batch API line, answered off-line: no latency,
+        no per-minute limits, its tokens counted apart (billed at the batch price)."""
         # A real account checks the key and the model before it reads the request; the
         # injected faults apply to requests it could read (a start-up check is not one).
-        fault = self._account_fault(request, body)
+        fault = account_fault(self.config, headers, query, body, self.config.model)
         # The provider refuses a parameter before it reads the messages.
         refused = refusal(self.config.provider, body) if fault is None else None
         if refused is not None:
@@ -156,14 +166,14 @@ class Simulator(Judge):
             except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
                 return self._unreadable(exc)
             # Injected faults are for the stream's requests, not the start-up probe.
-            fault = None if "x-stream-probe" in request.headers else self._request_fault()
+            fault = None if "x-stream-probe" in headers else self._request_fault()
         if fault:
             self.stats[f"fault_{fault}"] += 1
         if fault in _REFUSALS:
             code = {"401": "invalid_api_key", "404": "model_not_found"}.get(fault)
             return self._error(Refusal(int(fault), _REFUSALS[fault], code=code))
         messages = body["messages"]
-        if "x-stream-probe" not in request.headers:  # the stream's asks; probes apart
+        if "x-stream-probe" not in headers:  # the stream's asks; probes apart
             self.seen.append(messages)
             self.seen_total += 1
         self.bodies.append({k: v for k, v in body.items() if k != "messages"})
@@ -178,7 +188,7 @@ class Simulator(Judge):
             )
         if fault == "500":
             return self._error(Refusal(500, "server error (simulated)", "server_error"))
-        full = self.quota.request(self.config)
+        full = None if batch else self.quota.request(self.config)
         if full is not None:
             self.stats["refused_rpm"] += 1
             limits = self.quota.headers(self.config)
@@ -218,12 +228,13 @@ class Simulator(Judge):
                 content, finish = content[: room * 3], "length"
                 thinking = min(thinking, cap)
                 completion_tokens = estimate_tokens(content) if content else 0
-        over = self._over_limit(prompt_tokens + completion_tokens + thinking)
+        over = None if batch else self._over_limit(prompt_tokens + completion_tokens + thinking)
         if over is not None:
             return over
         cached = system if prefix in self._seen_prefixes else 0
         self._seen_prefixes.add(prefix)
-        delay = self.config.latency_ms + self.config.per_output_token_ms * completion_tokens
+        delay = 0.0 if batch else self.config.latency_ms
+        delay += 0.0 if batch else self.config.per_output_token_ms * completion_tokens
         delay *= 1 + self.config.jitter * (2 * self.rng.random() - 1)
         self._active += 1
         self.stats["max_concurrency_seen"] = max(self.stats["max_concurrency_seen"], self._active)
@@ -234,14 +245,16 @@ class Simulator(Judge):
             self._active -= 1
         # The processor's start-up probe is counted apart: the stream's own requests are
         # what tests and the bench compare (nothing asked twice, requests per item).
-        probe = "x-stream-probe" in request.headers
+        probe = "x-stream-probe" in headers
         self.stats["probes" if probe else "completions"] += 1
         self.stats["instances"] += 0 if probe else len(req.items)
         self.stats["item_requests"] += int(bool(req.items) and not probe)
-        self.stats["prompt_tokens"] += prompt_tokens
-        self.stats["completion_tokens"] += completion_tokens + thinking
+        # Batch lines' tokens apart: the Batch API bills them at its own (half) price.
+        tier = "batch_" if batch else ""
+        self.stats[f"{tier}prompt_tokens"] += prompt_tokens
+        self.stats[f"{tier}completion_tokens"] += completion_tokens + thinking
         self.stats["reasoning_tokens"] += thinking
-        self.stats["cached_tokens"] += cached
+        self.stats[f"{tier}cached_tokens"] += cached
         return web.json_response(
             {
                 "id": f"simcmpl-{self.stats['requests']}",
@@ -274,21 +287,6 @@ class Simulator(Judge):
         """Azure names the model by its deployment; the body's `model` is not read."""
         return await self.chat(request, deployment=request.match_info["deployment"])
 
-    async def models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": MODEL_NAME,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "stream LLM simulator (not a real model)",
-                    }
-                ],
-            }
-        )
-
     async def get_stats(self, _: web.Request) -> web.Response:
         return web.json_response(dict(self.stats))
 
@@ -305,14 +303,31 @@ class Simulator(Judge):
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models", _models)
         app.router.add_post("/v1/chat/completions", self.chat)
         # Azure OpenAI's layout: the deployment in the path, the api-version in the query.
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.azure_chat)
+        self.batch_api.routes(app)
         app.router.add_get("/sim/stats", self.get_stats)
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
         return app
+
+
+async def _models(_: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": MODEL_NAME,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "stream LLM simulator (not a real model)",
+                }
+            ],
+        }
+    )
 
 
 def _refuse(

@@ -40,6 +40,7 @@ from instanced_stream.settings import DEFAULT_SPEC, Settings
 from instanced_stream.testing.broker import free_port
 from instanced_stream.testing.simulator import MODEL_NAME
 from instanced_stream.tools.demo import ProcessorProcess
+from instanced_stream.tools.figures import llm_figures
 from instanced_stream.tools.load import (
     Tally,
     all_ready,
@@ -79,6 +80,8 @@ class Bench:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
         spec["model"] = {**self.spec.get("model", {}), **model}
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
+        if spec["model"].get("tier") == "batch":  # a short turnaround: the simulator's
+            spec["batch"] = {"flush_s": 1.0, "poll_s": 0.5, "max_requests": 1000}
         path = self.workdir / f"agent-w{window}-f{in_flight}-{secrets.token_hex(2)}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
@@ -151,6 +154,7 @@ class Bench:
         load = self.items[: items or self.n or len(self.items)]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
         result.delivery = delivery
+        result.tier = (model or {}).get("tier", "online")
         try:
             async with Tally(self.bootstrap, outcome_topics) as tally:
                 await self._warm_up(tally, settings, procs, load[0])
@@ -171,14 +175,19 @@ class Bench:
                 result.seconds = max(tally.last_at - tally.first_at, 1e-6)
                 result.items = len(tally.done) - tally.base
                 result.items_per_s = tally.rate()
-                self._llm_figures(result, before, after, endpoint, in_flight * processes)
+                prices = ModelEndpoint.model_validate(
+                    {k: v for k, v in self.spec.get("model", {}).items() if k.startswith("price_")}
+                )
+                real = self.sim is None  # a real endpoint: its slots make the ceiling
+                slots = (self.target.slots or in_flight * processes) if real else None
+                llm_figures(result, before, after, endpoint, in_flight * processes, prices, slots)
                 if cpu_before is not None and cpu_after is not None and result.items:
                     result.cpu_ms_per_item = 1000 * (cpu_after - cpu_before) / result.items
                 result.rss_end_mb = rss_mb(procs[0].proc.pid) if procs[0].proc else None
         finally:
             for proc in procs:
                 proc.stop()
-        if paced and result.items_per_s > 0:
+        if paced and self.paced_s > 0 and result.items_per_s > 0:
             # On fresh topics and processors: the drain's backlog must not queue ahead.
             settings, outcome_topics, procs = await self.deploy(
                 window, in_flight, partitions, processes, model, delivery
@@ -214,55 +223,6 @@ class Bench:
         await produce_items(self.bootstrap, settings.topics.input, [warm])
         await tally.wait_for(1, 180, procs)
         await all_ready(procs)
-
-    def _llm_figures(
-        self,
-        result: Result,
-        before: dict[str, float],
-        after: dict[str, float],
-        ep: Endpoint,
-        in_flight: int,
-    ) -> None:
-        def delta(key: str) -> float:
-            return after.get(key, 0.0) - before.get(key, 0.0)
-
-        n = max(result.items, 1)
-        answered = delta("completions")
-        # A processor's start-up probe is not the stream's work.
-        requests = delta("requests") - delta("probes")
-        result.requests_per_item = requests / n
-        result.refused_per_item = (requests - answered) / n
-        result.prompt_per_item = delta("prompt_tokens") / n
-        result.completion_per_item = delta("completion_tokens") / n
-        prices = ModelEndpoint.model_validate(
-            {k: v for k, v in self.spec.get("model", {}).items() if k.startswith("price_")}
-        )
-        cost = prices.cost_usd(
-            int(delta("prompt_tokens")),
-            int(delta("completion_tokens")),
-            int(delta("cached_tokens")),
-        )
-        result.cost_per_item_usd = cost / n
-        if delta("prompt_tokens"):
-            result.cached_share = delta("cached_tokens") / delta("prompt_tokens")
-        if answered:
-            result.mean_batch = delta("instances") / answered
-            if self.sim is None:
-                # A real endpoint: its own measured latency, and as many requests at
-                # once as it serves (llama.cpp: its slots) or the processors send.
-                slots = min(self.target.slots or in_flight, in_flight)
-                result.ceiling_per_s = slots * result.mean_batch / (delta("latency_s") / answered)
-            elif not ep.instant:
-                # The ceiling `window x in-flight / latency` with the endpoint's own
-                # latency for the answers it gave, and its tokens-per-minute bound.
-                per_request_ms = ep.latency_ms + ep.per_output_token_ms * (
-                    delta("completion_tokens") / answered
-                )
-                slots = min(ep.concurrency, in_flight)
-                by_latency = slots * result.mean_batch / (per_request_ms / 1000)
-                tokens = result.prompt_per_item + result.completion_per_item
-                by_tpm = ep.tokens_per_minute / 60 / tokens if tokens else by_latency
-                result.ceiling_per_s = min(by_latency, by_tpm)
 
     async def _paced(self, result: Result, tally: Tally, topic: str, rate: float) -> None:
         """Latency as a user at steady load sees it: items at a rate well within capacity."""
@@ -372,15 +332,21 @@ async def run_bench(
     model: str | None = None,
     variants: tuple[str, ...] = (),
     machine_items: int = MACHINE_ITEMS,
+    tier: str = "online",
 ) -> list[Result]:
-    """`variants`: model settings such as "reasoning=off" or "answer=protocol", each run
-    at the largest window besides the spec's own (what each setting costs)."""
+    """`tier` batch: the baseline, then each window online and in the batch tier, side
+    by side (cost per item is the point; docs/batch.md). `variants`: model settings
+    such as "reasoning=off" or "answer=protocol", each run at the largest window besides
+    the spec's own (what each setting costs)."""
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
     session = bench_session(
         bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model, machine_items
     )
     async with session as bench:
+        if tier == "batch":
+            await _tiers(bench, windows, endpoint, partitions, variants)
+            return bench.results
         await bench.passthrough(partitions)
         if bench.sim is not None:
             await bench.product(
@@ -443,6 +409,41 @@ async def run_bench(
                         paced=False,
                     )
         return bench.results
+
+
+async def _tiers(
+    bench: Bench,
+    windows: tuple[int, ...],
+    endpoint: Endpoint,
+    partitions: int,
+    variants: tuple[str, ...],
+) -> None:
+    in_flight = endpoint.concurrency * 2 if bench.sim else 2 * (bench.target.slots or 4)
+    # On the units (the batch tier's runtime) throughout, so the rows differ in the tier.
+    run = partial(
+        bench.product, in_flight=in_flight, partitions=partitions, delivery="exactly_once"
+    )
+    await run("baseline (window 1)", 1)
+    for window in windows:
+        await run(f"window {window}", window)
+        # Unpaced: its latency is the Batch API's turnaround (up to 24 h), not ours.
+        batch = await run(
+            f"window {window}, batch tier", window, model={"tier": "batch"}, paced=False
+        )
+        batch.notes.append(
+            "items/s is the simulator's batch turnaround (about a second); "
+            "a provider's is minutes to 24 h"
+        )
+    for variant in variants:  # each setting in both tiers, at the largest window
+        key, _, value = variant.partition("=")
+        window = max(windows)
+        await run(f"window {window}, {key} {value}", window, model={key: value}, paced=False)
+        await run(
+            f"window {window}, batch tier, {key} {value}",
+            window,
+            model={"tier": "batch", key: value},
+            paced=False,
+        )
 
 
 def results_json(results: list[Result]) -> bytes:

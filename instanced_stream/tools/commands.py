@@ -45,11 +45,13 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 windows=windows,
                 endpoint=endpoint,
                 cap_s=args.cap_s,
+                paced_s=args.paced_s,
                 scaling=args.scaling,
                 spec=spec,
                 llm=args.endpoint or args.llm,
                 model=settings.llm_model,
                 variants=tuple(v for v in args.variants.split(",") if v),
+                tier=args.tier,
             )
         )
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"

@@ -64,6 +64,7 @@ class Result:
     cpu_ms_per_item: float | None = None  # the processors' own CPU time per item
     capped: bool = False
     delivery: str = "exactly_once"
+    tier: str = "online"  # the batch tier: Batch API lines at its price (docs/batch.md)
     notes: list[str] = field(default_factory=list)
 
 
