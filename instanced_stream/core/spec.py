@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from instanced_stream.core.interpolate import interpolate
+from instanced_stream.core.quality import Quality
 from instanced_stream.errors import SpecError
 
 __all__ = [
@@ -38,7 +39,9 @@ __all__ = [
     "ContextMessage",
     "ModelEndpoint",
     "Plan",
+    "Quality",
     "RequestShapeSpec",
+    "SecondModel",
     "Tool",
     "Window",
     "load_spec",
@@ -182,6 +185,13 @@ class RequestShapeSpec(_Strict):
     )
 
 
+class SecondModel(_Strict):
+    """The model that gives doubtful items a second opinion (`quality.escalate_on`)."""
+
+    name: str
+    base_url: str | None = Field(None, description="unset: the stream's own endpoint")
+
+
 class ModelEndpoint(_Strict):
     base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint; unset: the bundled LLM simulator"
@@ -209,6 +219,9 @@ class ModelEndpoint(_Strict):
         "_tool, _instance and argument names). Activity topics get protocol calls either way",
     )
     temperature: float = 0.0
+    escalate: SecondModel | None = Field(
+        None, description="Second opinions (quality.escalate_on) from this model, alone"
+    )
     api_version: str | None = Field(
         None,
         description="Azure OpenAI's api-version; set, base_url is the resource's endpoint, "
@@ -290,6 +303,7 @@ class AgentSpec(_Strict):
     tools: list[Tool] = Field(min_length=1)
     advisors: list[Advisor] = Field(default_factory=list)
     advice: AdviceSettings = Field(default_factory=AdviceSettings)
+    quality: Quality = Field(default_factory=Quality)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -328,6 +342,8 @@ class AgentSpec(_Strict):
             raise ValueError("advisor ids must be unique")
         for advisor in self.advisors:
             _check_advisor_schema(advisor)
+        if self.quality.min_agreement is not None and not self.quality.shadow_rate:
+            raise ValueError("quality.min_agreement needs quality.shadow_rate > 0 to measure")
         for message in self.inputs:
             if message.instance is not None:
                 raise ValueError("spec inputs are global: they must not carry _instance")

@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from instanced_stream.core.spec import ModelEndpoint
+from instanced_stream.ops.agreement import AgreementMetrics
 
 __all__ = ["Metrics", "WorkerMetrics"]
 
@@ -39,9 +40,10 @@ def _registry() -> CollectorRegistry:
 
 
 class Metrics:
-    def __init__(self, prices: ModelEndpoint | None = None) -> None:
+    def __init__(self, prices: ModelEndpoint | None = None, window: int = 0) -> None:
         self.registry = _registry()
         r = self.registry
+        self.agreement = AgreementMetrics(r, window)
         self.items_in = Counter("stream_items_in", "Input records taken", registry=r)
         self.calls_out = Counter("stream_calls_out", "Calls published", ["tool"], registry=r)
         self.dead_letters = Counter(
@@ -260,6 +262,7 @@ class Metrics:
             "in_flight_limit": int(self.limit),
             "cost_per_item_usd": round(self.cost / self.answered, 6) if self.answered else 0,
             "decisions": list(self.decisions)[::-1],
+            "quality": self.agreement.live(),
         }
 
 

@@ -6,10 +6,8 @@ and reports per size: agreement with the per-item decisions (window 1), accuracy
 against labels where lines carry them, tokens, requests and cost per item, and request
 latency.
 
-A *decision* is what an instance's calls decide, free text left out: for every call, its
-tool and those arguments whose schema is an enum, a boolean, a number or an integer
-(`moderateComment` with `decision: reject`; its `reason` is prose and ignored). Two
-answers agree when their decisions are equal as sets.
+A *decision* is what an instance's calls decide, free text left out
+(`instanced_stream.core.decision`, which the processor's live shadow sample uses too).
 
 A *label* is the line's `_label`: `{tool: {argument: value}}`, e.g.
 `{"moderateComment": {"decision": "reject"}}`. An answer is right when, for every tool
@@ -26,10 +24,11 @@ from typing import Any
 
 import orjson
 
-from instanced_stream.core.messages import Call, SourcePosition
+from instanced_stream.core.decision import Decision, decision_of
+from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
-from instanced_stream.core.spec import AgentSpec, Tool
+from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
 from instanced_stream.llm.client import LLM
 
@@ -42,11 +41,6 @@ __all__ = [
     "load_items",
     "markdown",
 ]
-
-_DECIDING = {"boolean", "integer", "number"}
-
-Decision = frozenset[tuple[str, str, str]]
-
 
 @dataclass(frozen=True, slots=True)
 class EvalItem:
@@ -95,28 +89,6 @@ def load_items(path: Path) -> list[EvalItem]:
         ident = str(row.get("_instance", row.get("id", f"line-{number}")))
         items.append(EvalItem(ident, payload, label if isinstance(label, dict) else None))
     return items
-
-
-def _deciding(tool: Tool) -> set[str]:
-    props = tool.parameters.get("properties", {})
-    return {
-        name
-        for name, schema in props.items()
-        if isinstance(schema, dict) and ("enum" in schema or schema.get("type") in _DECIDING)
-    }
-
-
-def decision_of(calls: list[Call], spec: AgentSpec) -> Decision:
-    deciding = {t.name: _deciding(t) for t in spec.tools}
-    out = set()
-    for call in calls:
-        keys = deciding.get(call.tool, set())
-        args = {k: v for k, v in call.arguments.items() if k in keys}
-        if not args:
-            out.add((call.tool, "", ""))
-        for key, value in args.items():
-            out.add((call.tool, key, orjson.dumps(value).decode()))
-    return frozenset(out)
 
 
 def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
