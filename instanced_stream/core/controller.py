@@ -107,9 +107,7 @@ class WindowController:
                 return self._change(grown, current, ok, n, lower, upper)
         return None
 
-    def _change(
-        self, new: int, bucket: str, ok: int, n: int, lower: float, upper: float
-    ) -> Change:
+    def _change(self, new: int, bucket: str, ok: int, n: int, lower: float, upper: float) -> Change:
         change = Change(self.window, new, bucket, ok, n, lower, upper, self.target)
         self.window = new
         self.fresh = 0

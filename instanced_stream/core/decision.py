@@ -13,7 +13,7 @@ import orjson
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import AgentSpec, Tool
 
-__all__ = ["Decision", "decision_of", "deciding"]
+__all__ = ["Decision", "deciding", "decision_of"]
 
 _DECIDING = {"boolean", "integer", "number"}
 

@@ -14,6 +14,8 @@ from instanced_stream.core.quality import wilson
 
 __all__ = ["AgreementMetrics"]
 
+_KINDS = ("prompt", "completion", "cached")
+
 
 class AgreementMetrics:
     def __init__(self, registry: CollectorRegistry, window: int, z: float = 1.96) -> None:
@@ -39,7 +41,8 @@ class AgreementMetrics:
             registry=r,
         )
         self.shadow_cost = Counter(
-            "stream_shadow_cost_usd", "What the shadow requests cost (in stream_llm_cost too)",
+            "stream_shadow_cost_usd",
+            "What the shadow requests cost (in stream_llm_cost too)",
             registry=r,
         )
         self.window_now = Gauge(
@@ -94,7 +97,9 @@ class AgreementMetrics:
             "agreement": round(agreed / compared, 4) if compared else None,
             "window_now": self.window,
             "buckets": buckets,
-            "shadow_tokens": dict(zip(("prompt", "completion", "cached"), self.tokens, strict=True)),
+            "shadow_tokens": dict(
+                zip(("prompt", "completion", "cached"), self.tokens, strict=True)
+            ),
             "shadow_cost_usd": round(self.cost, 8),
             "changes": list(self.changes),
         }

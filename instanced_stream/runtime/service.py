@@ -68,7 +68,7 @@ class _Service:
     ) -> None:
         self.settings = settings
         topics = settings.topics
-        self.metrics = Metrics(spec.model)
+        self.metrics = Metrics(spec.model, spec.window.max_items)
         self.limiter = limiter_for(spec, self.metrics)
         self.llm = build_llm(
             settings, spec, listener=self.metrics, limiter=self.limiter, base_url=llm_url

@@ -34,6 +34,7 @@ from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
+from instanced_stream.runtime.shadow import Shadow
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
 from instanced_stream.runtime.workflows import Flows, Staging
@@ -91,6 +92,9 @@ class Stager:
             capacity=self.budget.capacity,
             bound_of=self._bound_of,
         )
+        # The shadow sample and the window it picks (quality.*): the windower's size.
+        self.shadow = Shadow(spec, llm, metrics, settings.max_attempts, self._resize)
+        self.windower.max_items = self.shadow.window
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -101,6 +105,11 @@ class Stager:
         self.budget.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.windower.max_tokens = self.budget.item_tokens
+        self.shadow.reconfigure(spec)
+        self.windower.max_items = self.shadow.window
+
+    def _resize(self, window: int) -> None:
+        self.windower.max_items = window
 
     def start(self) -> None:
         self.windower.start()
@@ -120,6 +129,7 @@ class Stager:
         return len(pending)
 
     async def stop(self) -> None:
+        await self.shadow.stop()
         await self.windower.stop()
         for task in self.tasks:
             task.cancel()
@@ -223,6 +233,7 @@ class Stager:
             outcome = await self.solver.solve(instances)
             self.probe.at("solved")
             self.budget.learn(outcome, len(instances))
+            self.shadow.offer(outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,

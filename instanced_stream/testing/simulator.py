@@ -38,6 +38,7 @@ from aiohttp import web
 
 from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.testing.account import MODEL_NAME, Faults, SimConfig
+from instanced_stream.testing.disagree import disagreeing, flip
 from instanced_stream.testing.judge import Judge, SimRequest, read_request
 from instanced_stream.testing.provider import Refusal, account_fault, reasoning_model, refusal
 from instanced_stream.testing.quota import Quota
@@ -79,6 +80,18 @@ class Simulator(Judge):
         self.seen_total = 0  # requests ever seen: `seen` keeps only the last 500
         # ... and the parameters beside them (model, caps, temperature, response_format).
         self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
+
+    def solve(self, req: SimRequest) -> dict[str, Any]:
+        """The judge's solution; in a request of several items, those `disagree_rate`
+        picks are decided the other way (alone, never)."""
+        solution = super().solve(req)
+        rate = self.config.faults.disagree_rate
+        if rate and len(req.items) > 1:
+            picked = {i["_instance"] for i in req.items if disagreeing(i, rate, self.config.seed)}
+            solution["calls"] = [
+                flip(c, req.tools) if c.get("_instance") in picked else c for c in solution["calls"]
+            ]
+        return solution
 
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the

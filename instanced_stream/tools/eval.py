@@ -42,6 +42,7 @@ __all__ = [
     "markdown",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class EvalItem:
     id: str
