@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from instanced_stream.core.controller import Change
 from instanced_stream.core.quality import wilson
 
-__all__ = ["AgreementMetrics"]
+__all__ = ["AgreementMetrics", "quality_line"]
 
 _KINDS = ("prompt", "completion", "cached")
 
@@ -103,3 +103,18 @@ class AgreementMetrics:
             "shadow_cost_usd": round(self.cost, 8),
             "changes": list(self.changes),
         }
+
+
+def quality_line(quality: dict[str, Any]) -> str:
+    """`stream audit`'s line about a processor's shadow sample (its `live()["quality"]`)."""
+    buckets = quality.get("buckets") or {}
+    per = ", ".join(
+        f"{b}: {r['agreed']}/{r['compared']} [{r['lower']:.2f}, {r['upper']:.2f}]"
+        for b, r in buckets.items()
+    )
+    agreement = quality.get("agreement")
+    shown = "–" if agreement is None else f"{100 * agreement:.1f}%"
+    return (
+        f"quality: {quality.get('shadowed', 0)} items shadowed, agreement {shown}"
+        f"{f' by window ({per})' if per else ''}, window now {quality.get('window_now')}"
+    )

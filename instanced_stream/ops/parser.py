@@ -204,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     au = add("audit", help="check that every input item has an outcome")
     au.add_argument("--json", action="store_true", help="the whole report as JSON")
     au.add_argument(
+        "--processor",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a processor's page (http://host:port) whose shadow sample to report (quality: "
+        "agreement by window, window now); repeatable; default: this host's STREAM_WEB_PORT",
+    )
+    au.add_argument(
         "--since",
         default=None,
         metavar="WHEN",

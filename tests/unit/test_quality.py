@@ -50,7 +50,7 @@ def test_no_decision_below_the_minimum_sample() -> None:
 def test_shrinks_fast_to_the_window_that_agrees() -> None:
     c = WindowController(max_items=25, target=0.9, min_sample=10, z=Z)
     bad = {"16-31", "8-15", "4-7"}  # agreement collapses from 4 items up
-    changes = []
+    changes: list[tuple[int, int]] = []
     while len(changes) < 3:
         size = c.window
         change = c.observe(size, bucket_of(size) not in bad)
@@ -95,7 +95,7 @@ def test_quality_needs_a_sample_to_follow(tmp_path) -> None:  # type: ignore[no-
         .read_text()
         .replace("shadow_rate: 0.5", "shadow_rate: 0")
     )
-    with pytest.raises(SpecError, match="quality.min_agreement needs quality.shadow_rate"):
+    with pytest.raises(SpecError, match=r"quality\.min_agreement needs quality\.shadow_rate"):
         load_spec(spec)
 
 
