@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ class Stager:
             bound_of=self._bound_of,
         )
         # The shadow sample and the window it picks (quality.*): the windower's size.
-        self.shadow = Shadow(spec, llm, metrics, settings.max_attempts, self._resize)
+        resize = functools.partial(setattr, self.windower, "max_items")
+        self.shadow = Shadow(spec, llm, metrics, settings.max_attempts, resize)
         self.windower.max_items = self.shadow.window
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -107,9 +109,6 @@ class Stager:
         self.windower.max_tokens = self.budget.item_tokens
         self.shadow.reconfigure(spec)
         self.windower.max_items = self.shadow.window
-
-    def _resize(self, window: int) -> None:
-        self.windower.max_items = window
 
     def start(self) -> None:
         self.windower.start()

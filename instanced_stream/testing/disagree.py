@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-__all__ = ["disagreeing", "flip"]
+from instanced_stream.testing.judge import Judge, SimRequest
+
+__all__ = ["Drifting", "disagreeing", "flip"]
 
 
 def disagreeing(item: dict[str, Any], rate: float, seed: int) -> bool:
@@ -31,3 +33,18 @@ def flip(call: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
         elif schema.get("type") == "boolean" and isinstance(out[name], bool):
             out[name] = not out[name]
     return out
+
+
+class Drifting(Judge):
+    """The judge, whose decisions in a request of several items are, for the share
+    `disagree_rate` picks, the other way (alone, never)."""
+
+    def solve(self, req: SimRequest) -> dict[str, Any]:
+        solution = super().solve(req)
+        rate = self.config.faults.disagree_rate
+        if rate and len(req.items) > 1:
+            picked = {i["_instance"] for i in req.items if disagreeing(i, rate, self.config.seed)}
+            solution["calls"] = [
+                flip(c, req.tools) if c.get("_instance") in picked else c for c in solution["calls"]
+            ]
+        return solution

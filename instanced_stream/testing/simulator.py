@@ -38,8 +38,8 @@ from aiohttp import web
 
 from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.testing.account import MODEL_NAME, Faults, SimConfig
-from instanced_stream.testing.disagree import disagreeing, flip
-from instanced_stream.testing.judge import Judge, SimRequest, read_request
+from instanced_stream.testing.disagree import Drifting
+from instanced_stream.testing.judge import SimRequest, read_request
 from instanced_stream.testing.provider import Refusal, account_fault, reasoning_model, refusal
 from instanced_stream.testing.quota import Quota
 
@@ -66,7 +66,7 @@ _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 _THINKING = {"none": 0, "minimal": 8, "low": 64, "medium": 192, "high": 512}
 
 
-class Simulator(Judge):
+class Simulator(Drifting):
     """The judge behind an OpenAI-compatible HTTP API, with an account's limits."""
 
     def __init__(self, config: SimConfig | None = None) -> None:
@@ -80,18 +80,6 @@ class Simulator(Judge):
         self.seen_total = 0  # requests ever seen: `seen` keeps only the last 500
         # ... and the parameters beside them (model, caps, temperature, response_format).
         self.bodies: deque[dict[str, Any]] = deque(maxlen=500)
-
-    def solve(self, req: SimRequest) -> dict[str, Any]:
-        """The judge's solution; in a request of several items, those `disagree_rate`
-        picks are decided the other way (alone, never)."""
-        solution = super().solve(req)
-        rate = self.config.faults.disagree_rate
-        if rate and len(req.items) > 1:
-            picked = {i["_instance"] for i in req.items if disagreeing(i, rate, self.config.seed)}
-            solution["calls"] = [
-                flip(c, req.tools) if c.get("_instance") in picked else c for c in solution["calls"]
-            ]
-        return solution
 
     def _over_limit(self, tokens: int) -> web.Response | None:
         """A 429 as an account gives one: too many requests at once, or the tokens of the

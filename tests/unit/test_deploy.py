@@ -378,6 +378,11 @@ METRICS: dict[str, str | None] = {
     "stream_activity_failed_total": "tool",
     "stream_activity_duplicates_total": None,
     "stream_activity_results_total": None,
+    "stream_agreement_compared_total": "window_bucket",
+    "stream_agreement_agreed_total": "window_bucket",
+    "stream_window_now": None,
+    "stream_shadow_total": "outcome",
+    "stream_shadow_cost_usd_total": None,
 }
 HISTOGRAMS = {"stream_batch_size", "stream_llm_latency_seconds", "stream_activity_seconds"}
 
