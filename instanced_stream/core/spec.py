@@ -212,11 +212,13 @@ class ModelEndpoint(_Strict):
         description="Each call's _reasoningForCall: full (the seeds' default), brief (ten "
         "words at most), off (not asked: the cheapest answer)",
     )
-    answer: Literal["compact", "protocol"] = Field(
+    answer: Literal["compact", "protocol", "keyed"] = Field(
         "compact",
         description="What the model writes: compact (calls grouped per tool, each a "
-        "positional array: the fewest output tokens) or protocol (one object per call with "
-        "_tool, _instance and argument names). Activity topics get protocol calls either way",
+        "positional array: the fewest output tokens), protocol (one object per call with "
+        "_tool, _instance and argument names) or keyed (calls grouped by instance, every "
+        "instance's key required: no instance skipped under enforced schemas). Activity "
+        "topics get protocol calls either way",
     )
     temperature: float = 0.0
     escalate: SecondModel | None = Field(

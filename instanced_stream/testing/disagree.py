@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from instanced_stream.testing.judge import Judge, SimRequest
+from instanced_stream.testing.judge import SimRequest
+from instanced_stream.testing.keyed_judge import KeyedJudge
 
 __all__ = ["Drifting", "disagreeing", "flip"]
 
@@ -35,7 +36,7 @@ def flip(call: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-class Drifting(Judge):
+class Drifting(KeyedJudge):
     """The judge, whose decisions in a request of several items are, for the share
     `disagree_rate` picks, the other way (alone, never)."""
 
