@@ -163,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, default=0, help="only the first N items")
     ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")
     ev.add_argument(
+        "--permutations",
+        type=int,
+        default=0,
+        metavar="K",
+        help="ask each window above 1 K more times with the items shuffled and report how "
+        "often a decision changes with the order (default 0: not measured)",
+    )
+    ev.add_argument(
         "--llm",
         default=None,
         help="simulator, local (a real small model via llama.cpp) or an endpoint URL "

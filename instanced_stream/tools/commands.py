@@ -120,7 +120,9 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 # The same request shape `stream process` would send.
                 if spec.model.request is None:
                     llm.shape = (await probe(llm, PromptBuilder(spec))).shape
-                return await run_eval(spec, llm, items, windows, args.concurrency)
+                return await run_eval(
+                    spec, llm, items, windows, args.concurrency, args.permutations
+                )
             finally:
                 await llm.close()
 
@@ -138,6 +140,8 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "agreement": r.agreement,
                 "accuracy": r.accuracy,
                 "unanswered": r.unanswered,
+                "reasks_per_item": r.per_item(r.reasks),
+                "order_changed": r.order_changed,
                 "latency_p50_s": r.latency(0.5),
                 "latency_p99_s": r.latency(0.99),
             }

@@ -18,6 +18,7 @@ matter. Fields starting with `_` (other than `_instance`) never reach the model.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
-from instanced_stream.llm.client import LLM
+from instanced_stream.core.model import Model
 
 __all__ = [
     "EvalItem",
@@ -62,6 +63,9 @@ class SizeReport:
     cost_usd: float = 0.0
     agreement: float | None = None
     accuracy: float | None = None
+    reasks: int = 0  # requests beyond each window's first (skipped or refused instances)
+    # --permutations: the share of items whose decision changed with the items' order
+    order_changed: float | None = None
     latencies: list[float] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
 
@@ -103,7 +107,7 @@ def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
 
 
 async def _run_size(
-    spec: AgentSpec, llm: LLM, items: list[EvalItem], window: int, concurrency: int
+    spec: AgentSpec, llm: Model, items: list[EvalItem], window: int, concurrency: int
 ) -> SizeReport:
     solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
     report = SizeReport(window, len(items))
@@ -125,6 +129,7 @@ async def _run_size(
     chunks = [instances[k : k + window] for k in range(0, len(instances), window)]
     for outcome in await asyncio.gather(*(one(c) for c in chunks)):
         report.requests += outcome.requests
+        report.reasks += max(0, outcome.requests - 1)
         report.prompt_tokens += outcome.prompt_tokens
         report.completion_tokens += outcome.completion_tokens
         report.cached_tokens += outcome.cached_tokens
@@ -148,12 +153,16 @@ async def _run_size(
 
 async def evaluate(
     spec: AgentSpec,
-    llm: LLM,
+    llm: Model,
     items: list[EvalItem],
     windows: list[int],
     concurrency: int = 4,
+    permutations: int = 0,
 ) -> list[SizeReport]:
-    """One report per window size; window 1 always runs first, as the reference."""
+    """One report per window size; window 1 always runs first, as the reference.
+    `permutations`: each window above 1 is asked that many more times with the items
+    shuffled (fixed seeds), and reports how often an item's decision changed with the
+    order (BatchPrompt's order effect)."""
     sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
     reports = []
     for window in sizes:
@@ -163,6 +172,14 @@ async def evaluate(
         shared = [i for i in reference if i in report.decisions]
         same = sum(1 for i in shared if report.decisions[i] == reference[i])
         report.agreement = same / len(reference) if reference else None
+    for report in reports[1:] if permutations else []:
+        runs = [report.decisions]
+        for seed in range(permutations):
+            order = list(items)
+            random.Random(seed).shuffle(order)
+            runs.append((await _run_size(spec, llm, order, report.window, concurrency)).decisions)
+        changed = sum(1 for it in items if len({str(r.get(it.id)) for r in runs}) > 1)
+        report.order_changed = changed / len(items) if items else None
     return reports
 
 
@@ -170,20 +187,25 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
     def pct(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.1f}%"
 
+    ordered = any(r.order_changed is not None for r in reports)
+
     lines = [
         f"{reports[0].items if reports else 0} items from `{source}`, model `{model}`",
         "",
         "| window | requests/item | prompt tok/item | cached | completion tok/item "
-        "| cost/item USD | agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cost/item USD | agreement with window 1 | accuracy | re-asks/item | unanswered "
+        "| p50 s | p99 s |" + (" decision changed by order |" if ordered else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|" if ordered else ""),
     ]
     for r in reports:
         lines.append(
             f"| {r.window} | {r.per_item(r.requests):.3f} | {r.per_item(r.prompt_tokens):.1f} "
             f"| {pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None)} "
             f"| {r.per_item(r.completion_tokens):.1f} | {r.per_item(r.cost_usd):.7f} "
-            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.unanswered} "
-            f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.per_item(r.reasks):.3f} "
+            f"| {r.unanswered} | {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+            + (f" {pct(r.order_changed)} |" if ordered else "")
         )
     return "\n".join(lines) + "\n"
 
