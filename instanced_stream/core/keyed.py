@@ -46,7 +46,7 @@ line breaks, no indentation."""
 
 
 def calls_schema(
-    n: int, branches: list[dict[str, Any]], most: int | None
+    n: int, branches: list[dict[str, Any]], most: int, bounded: bool = True
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The `calls` object of a window of n, and the `$defs` its keys refer to. The
     branches are the protocol's call branches; the key names the instance, so their
@@ -57,7 +57,7 @@ def calls_schema(
         required = [k for k in branch["required"] if k != "_instance"]
         calls.append({**branch, "properties": props, "required": required})
     per_key: dict[str, Any] = {"type": "array", "items": {"$ref": CALL_REF}, "minItems": 1}
-    if most is not None:
+    if bounded:  # a weak model may repeat calls until its context is full
         per_key["maxItems"] = most
     keys = [str(k) for k in range(1, n + 1)]
     schema = {

@@ -393,12 +393,10 @@ class PromptBuilder:
         )
         # A weak model may repeat calls until its context is full; the bound ends the
         # array where a sane answer ends (strict mode supports maxItems).
-        per_instance = sum(t.max_calls_per_instance for t in self.spec.tools)
-        most = max(1, per_instance) + int(ask.consult)
+        most = max(1, sum(t.max_calls_per_instance for t in self.spec.tools)) + int(ask.consult)
         defs: dict[str, Any] = {}
         if self.keyed:
-            bound = most if self.spec.model.bounded_answer else None
-            calls, defs = keyed.calls_schema(n, branches, bound)
+            calls, defs = keyed.calls_schema(n, branches, most, self.spec.model.bounded_answer)
         elif self.spec.model.bounded_answer and not self.compact:
             calls["maxItems"] = n * most
         if not self.spec.advisors:

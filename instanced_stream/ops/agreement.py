@@ -45,6 +45,14 @@ class AgreementMetrics:
             "What the shadow requests cost (in stream_llm_cost too)",
             registry=r,
         )
+        self.escalations = Counter(
+            "stream_escalations",
+            "Doubtful items given a second opinion before publishing (quality.escalate_on)",
+            registry=r,
+        )
+        self.escalation_cost = Counter(
+            "stream_escalation_cost_usd", "What the second opinions cost", registry=r
+        )
         self.window_now = Gauge(
             "stream_window_now", "Instances per request the window takes now", registry=r
         )
@@ -53,6 +61,7 @@ class AgreementMetrics:
         self.z = z
         self.counts: dict[str, list[int]] = {}  # bucket -> [agreed, compared]
         self.asked = 0
+        self.second_opinions = 0
         self.tokens = [0, 0, 0]  # prompt, completion, cached of shadow requests
         self.cost = 0.0
         self.changes: deque[dict[str, Any]] = deque(maxlen=20)
@@ -71,6 +80,11 @@ class AgreementMetrics:
             self.tokens[k] += n
         self.cost += cost
         self.shadow_cost.inc(cost)
+
+    def escalated(self, cost: float) -> None:
+        self.escalations.inc()
+        self.escalation_cost.inc(cost)
+        self.second_opinions += 1
 
     def changed(self, change: Change) -> None:
         self.window = change.new
@@ -101,6 +115,7 @@ class AgreementMetrics:
                 zip(("prompt", "completion", "cached"), self.tokens, strict=True)
             ),
             "shadow_cost_usd": round(self.cost, 8),
+            "escalations": self.second_opinions,
             "changes": list(self.changes),
         }
 

@@ -24,6 +24,7 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
+from instanced_stream.llm.client import LLM
 from instanced_stream.llm.factory import build_llm
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.web import WebServer
@@ -81,6 +82,7 @@ class _Service:
         self.worker = secrets.token_hex(3)
         self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
+        self.escalate_llm: LLM | None = None
         self.flows: Flows | None = None
         if PromptBuilder(merged).stateful:
             stores = Stores()
@@ -106,6 +108,7 @@ class _Service:
             probe=probe,
             worker=self.worker,
             flows=self.flows,
+            second=self._second(settings, merged),
         )
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
         group = settings.topic_prefix + settings.app_id
@@ -133,6 +136,20 @@ class _Service:
         self.started = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
+
+    def _second(self, settings: Settings, spec: AgentSpec) -> LLM | None:
+        """model.escalate's client: its own model name, on its own endpoint or ours."""
+        second = spec.model.escalate
+        if second is None:
+            return None
+        model = spec.model.model_copy(update={"name": second.name, "escalate": None})
+        self.escalate_llm = build_llm(
+            settings.model_copy(update={"llm_model": None}),
+            spec.model_copy(update={"model": model}),
+            listener=self.metrics,
+            base_url=second.base_url or self.llm.base_url,
+        )
+        return self.escalate_llm
 
     async def _opened(self, unit: Unit) -> None:
         """A stateful unit: its store restored before it takes work; the workflows that
@@ -209,6 +226,8 @@ class _Service:
             await self.follower.stop()
             await self.web.stop()
             await self.llm.close()
+            if self.escalate_llm is not None:
+                await self.escalate_llm.close()
 
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():

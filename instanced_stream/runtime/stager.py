@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
-from instanced_stream.runtime.shadow import Shadow
+from instanced_stream.runtime.review import Review
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
 from instanced_stream.runtime.workflows import Flows, Staging
@@ -71,6 +70,7 @@ class Stager:
         probe: Probe,
         worker: str,
         flows: Flows | None = None,
+        second: Model | None = None,  # model.escalate's client
     ) -> None:
         self.settings = settings
         self.flows = flows
@@ -93,10 +93,8 @@ class Stager:
             capacity=self.budget.capacity,
             bound_of=self._bound_of,
         )
-        # The shadow sample and the window it picks (quality.*): the windower's size.
-        resize = functools.partial(setattr, self.windower, "max_items")
-        self.shadow = Shadow(spec, llm, metrics, settings.max_attempts, resize)
-        self.windower.max_items = self.shadow.window
+        # quality.*: the shadow sample (it sets the window's size), second opinions.
+        self.review = Review(spec, llm, metrics, settings.max_attempts, self.windower, second)
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -107,8 +105,7 @@ class Stager:
         self.budget.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.windower.max_tokens = self.budget.item_tokens
-        self.shadow.reconfigure(spec)
-        self.windower.max_items = self.shadow.window
+        self.review.reconfigure(spec)
 
     def start(self) -> None:
         self.windower.start()
@@ -128,7 +125,7 @@ class Stager:
         return len(pending)
 
     async def stop(self) -> None:
-        await self.shadow.stop()
+        await self.review.stop()
         await self.windower.stop()
         for task in self.tasks:
             task.cancel()
@@ -232,7 +229,7 @@ class Stager:
             outcome = await self.solver.solve(instances)
             self.probe.at("solved")
             self.budget.learn(outcome, len(instances))
-            self.shadow.offer(outcome)
+            await self.review.after(outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,

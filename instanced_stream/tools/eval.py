@@ -27,11 +27,11 @@ import orjson
 
 from instanced_stream.core.decision import Decision, decision_of
 from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
-from instanced_stream.core.model import Model
 
 __all__ = [
     "EvalItem",

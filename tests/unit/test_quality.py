@@ -16,6 +16,7 @@ from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import SpecError
 from instanced_stream.ops.metrics import Metrics
+from instanced_stream.runtime.escalation import Escalation
 from instanced_stream.runtime.shadow import Shadow
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.account import Faults, SimConfig
@@ -135,3 +136,27 @@ async def test_injected_disagreement_shrinks_the_window() -> None:
     assert live["agreement"] is not None and live["agreement"] < 0.7
     assert sizes and sizes[0] == 4 and live["window_now"] == sizes[-1] < 8
     assert live["changes"][0]["compared"] >= 10 and live["changes"][0]["upper"] < 0.9
+
+
+async def test_reasked_items_get_a_second_opinion_alone_before_publishing() -> None:
+    spec = load_spec(EXAMPLES / "seed_moderation" / "agent.yaml")
+    quality = spec.quality.model_copy(update={"escalate_on": "reask"})
+    spec = spec.model_copy(update={"quality": quality})
+    sim = Simulator(SimConfig(classifier=False))
+    llm = FakeLLM(sim)
+    metrics = Metrics(spec.model, 8)
+    texts = [f"note {k}" for k in range(7)] + ["skipped once [[sim:skip-once]]"]
+    outcome = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(make_batch(texts))
+    reasked = [a for a in outcome.answers if a.attempt > 1]
+    assert len(reasked) == 1 and reasked[0].size == 1  # the re-ask was of that one item
+    escalation = Escalation(spec, llm, metrics, 3)
+    await escalation.review(outcome)
+    assert metrics.agreement.second_opinions == 0  # already answered alone: nothing to add
+    second = FakeLLM(sim)
+    escalation = Escalation(spec, llm, metrics, 3, second=second)
+    await escalation.review(outcome)
+    assert metrics.agreement.second_opinions == 1 and len(second.requests) == 1
+    assert len(outcome.answers) == 8 and outcome.answers[-1].instance.id == "id-7"
+    never = Escalation(spec.model_copy(update={"quality": Quality()}), llm, metrics, 3, second)
+    await never.review(outcome)
+    assert len(second.requests) == 1
