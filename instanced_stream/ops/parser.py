@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default="",
         help="model settings also run at the largest window, comma-separated, e.g. "
-        "reasoning=off,reasoning=brief,answer=protocol",
+        "reasoning=off,reasoning=brief,answer=protocol,answer=keyed; quality.NAME=VALUE "
+        "sets the spec's quality section (quality.shadow_rate=0.02: shadowing's cost)",
     )
     bn.add_argument(
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
