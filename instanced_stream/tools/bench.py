@@ -92,8 +92,7 @@ class Bench:
         model: dict[str, Any] | None = None,
         delivery: str = "at_least_once",
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
-        """Fresh topics and `processes` processor processes (not started yet); `model`
-        overrides the spec's model settings (reasoning, answer form)."""
+        """Fresh topics and `processes` processors (not started); `model`: spec overrides."""
         spec_path = self._spec_file(window, in_flight, model or {})
         prefix = f"bench-{secrets.token_hex(3)}."
         run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
