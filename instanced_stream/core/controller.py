@@ -3,9 +3,9 @@ the same items asked alone (the shadow sample), keep `quality.min_agreement`.
 
 Judged per window bucket (`quality.bucket_of`) on the latest comparisons, with the
 Wilson interval of `quality.wilson` and at least `min_sample` of them:
-- the current window's bucket is shown below the target (its upper bound under it, or a
-  sample large enough to prove the target and a lower bound still under it): the window
-  halves at once (shrink fast);
+- the current window's bucket is shown below the target (its upper bound under it, or
+  twice the sample a perfect record needs to prove the target and a lower bound still
+  under it): the window halves at once (shrink fast);
 - its lower bound is at or above the target, on `min_sample` comparisons made since the
   last change: it grows by a quarter (at least one item; grow slowly), never into a
   bucket recently shown below the target, never past `window.max_items`.
@@ -66,8 +66,9 @@ class WindowController:
         self.target = target
         self.min_sample = min_sample
         self.z = z
-        # Comparisons needed before a perfect record's lower bound reaches the target:
-        # past that many, a lower bound still under the target shows the window is bad.
+        # Comparisons a perfect record needs before its lower bound reaches the target;
+        # twice that many with a lower bound still under it: the window had its chance
+        # to prove itself and did not (a sample that small is not yet a verdict).
         self.proof = max(min_sample, math.ceil(z * z * target / max(1e-9, 1 - target)))
         self.memory: deque[tuple[str, bool]] = deque(maxlen=10 * self.proof)
         self.fresh = 0  # comparisons at the current window's bucket since the last change
@@ -87,7 +88,7 @@ class WindowController:
         if n < self.min_sample:
             return False
         lower, upper = wilson(agreed, n, self.z)
-        return upper < self.target or (n >= self.proof and lower < self.target)
+        return upper < self.target or (n >= 2 * self.proof and lower < self.target)
 
     def observe(self, size: int, agreed: bool) -> Change | None:
         """One comparison of an answer given at window `size`; the change it caused."""
