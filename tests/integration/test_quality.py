@@ -21,7 +21,7 @@ from tests.conftest import Deployment, demo_json
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
-SPEC = EXAMPLES / "seed_moderation" / "agent.yaml"  # quality: shadow 0.5, min_agreement 0.9
+SPEC = EXAMPLES / "seed_moderation" / "agent.yaml"  # quality: shadow 0.3, min_agreement 0.9
 
 
 async def _quality(dep: Deployment) -> dict[str, Any]:
@@ -52,10 +52,10 @@ async def test_drifting_decisions_shrink_the_window(deploy: Deploy) -> None:
     dep.sim.config = dep.sim.config.model_copy(update={"faults": faults})
     first = comments(100, seed=3)
     await dep.produce_items(first)
-    quality = await _until(dep, lambda q: q["window_now"] < 25, 90)
-    assert quality["window_now"] < 25, quality
+    quality = await _until(dep, lambda q: q["window_now"] < 10, 90)
+    assert quality["window_now"] < 10, quality
     change = quality["changes"][0]
-    assert change["old"] == 25 and change["new"] == 12 and change["compared"] >= 10
+    assert change["old"] == 10 and change["new"] == 5 and change["compared"] >= 10
     assert change["upper"] < 0.9  # shown below the target, not merely unproven
     assert quality["shadowed"] >= 10 and quality["agreement"] < 0.8
     # The next items are asked in windows no larger than the controller's.
@@ -71,7 +71,7 @@ async def test_drifting_decisions_shrink_the_window(deploy: Deploy) -> None:
     assert len({c["call_id"] for c in calls}) == len(calls) == 150
     audit = await dep.cli("audit", "--processor", dep.web)
     assert "quality:" in audit.stdout and "window now" in audit.stdout, audit.stdout
-    assert "window shrinks 25 -> 12" in dep.proc.tail(400)
+    assert "window shrinks 10 -> 5" in dep.proc.tail(400)
 
 
 def test_demo_on_the_simulator_keeps_the_largest_window(
@@ -81,5 +81,5 @@ def test_demo_on_the_simulator_keeps_the_largest_window(
     summary = demo_json(bootstrap, "--example", "seed_moderation", "--items", "120", timeout=200)
     quality = summary["quality"]
     assert quality["shadowed"] > 0 and quality["agreement"] == 1.0, quality
-    assert quality["window_now"] == summary["window_max_items"] == 25
+    assert quality["window_now"] == summary["window_max_items"] == 10
     assert summary["unaccounted"] == 0

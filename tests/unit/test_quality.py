@@ -94,7 +94,7 @@ def test_quality_needs_a_sample_to_follow(tmp_path) -> None:  # type: ignore[no-
     spec.write_text(
         (EXAMPLES / "seed_moderation" / "agent.yaml")
         .read_text()
-        .replace("shadow_rate: 0.5", "shadow_rate: 0")
+        .replace("shadow_rate: 0.3", "shadow_rate: 0")
     )
     with pytest.raises(SpecError, match=r"quality\.min_agreement needs quality\.shadow_rate"):
         load_spec(spec)
