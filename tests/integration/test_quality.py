@@ -52,6 +52,7 @@ async def test_drifting_decisions_shrink_the_window(deploy: Deploy) -> None:
     dep.sim.config = dep.sim.config.model_copy(update={"faults": faults})
     first = comments(100, seed=3)
     await dep.produce_items(first)
+    assert (await dep.settle(100)).unaccounted == 0  # no window of the first wave left
     quality = await _until(dep, lambda q: q["window_now"] < 10, 90)
     assert quality["window_now"] < 10, quality
     change = quality["changes"][0]
