@@ -188,7 +188,7 @@ class RequestShapeSpec(_Strict):
 class SecondModel(_Strict):
     """The model that gives doubtful items a second opinion (`quality.escalate_on`)."""
 
-    name: str
+    name: str = Field(validation_alias=AliasChoices("name", "model"), description="its model")
     base_url: str | None = Field(None, description="unset: the stream's own endpoint")
 
 
