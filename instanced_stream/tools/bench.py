@@ -414,14 +414,13 @@ async def run_bench(
         for variant in variants:
             key, _, value = variant.partition("=")
             section, _, name = key.partition(".")
-            shadow = section == "quality"  # e.g. quality.shadow_rate=0.02, on the units
+            shadow = section == "quality"  # e.g. quality.shadow_rate=0.02
             await bench.product(
                 f"window {max(windows)}, {key} {value}",
                 max(windows),
                 in_flight=in_flight,
                 partitions=partitions,
                 model={"quality": {name: value}} if shadow else {key: value},
-                delivery="exactly_once" if shadow else "at_least_once",
             )
         if scaling:
             # LLM-bound per worker (4 in flight each), the account roomy enough for two.
