@@ -78,7 +78,7 @@ async def test_drifting_decisions_shrink_the_window(deploy: Deploy) -> None:
 def test_demo_on_the_simulator_keeps_the_largest_window(
     bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STREAM_DELIVERY", "exactly_once")  # the default once main switches
+    monkeypatch.setenv("STREAM_DELIVERY", "exactly_once")  # the units, whatever the env says
     summary = demo_json(bootstrap, "--example", "seed_moderation", "--items", "120", timeout=200)
     quality = summary["quality"]
     assert quality["shadowed"] > 0 and quality["agreement"] == 1.0, quality
