@@ -7,20 +7,28 @@ Modules (imported where used, so the activity workers' package, which needs only
 `messages` and `spec`, ships and loads nothing else): `spec` (the agent spec), `messages`
 (every record's model), `instance`, `prompt`, `compact` (the compact answer form),
 `validate`, `solve`, `model`, `advice`, `workflow`, `binding`, `state`, `expiry`,
-`overrides`, `tokenizer`, `strict_form`, `interpolate`.
+`overrides`, `tokenizer`, `strict_form`, `interpolate`, `endpoint` (the model's options),
+`quality` (the shadow sample and the window's agreement), `decision` (what counts as the
+same decision), `controller` (the window that follows agreement), `keyed` (the keyed
+answer form).
 """
 
 __all__ = [
     "advice",
     "binding",
     "compact",
+    "controller",
+    "decision",
+    "endpoint",
     "expiry",
     "instance",
     "interpolate",
+    "keyed",
     "messages",
     "model",
     "overrides",
     "prompt",
+    "quality",
     "solve",
     "spec",
     "state",

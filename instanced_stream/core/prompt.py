@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from instanced_stream.core import compact
+from instanced_stream.core import compact, keyed
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.strict_form import MAX_ENUM_VALUES, enum_values, strict_form
@@ -181,6 +181,8 @@ class PromptBuilder:
         self.tools = [*spec.tools, *meta_tools(spec)]
         self.stateful = spec.plan is not None or any(t.paths or t.output for t in spec.tools)
         self.compact = spec.model.answer == "compact"
+        self.keyed = spec.model.answer == "keyed"
+        self.numbered = spec.model.answer != "protocol"  # instances are 1, 2, ... not ①
         # The positions of each tool's compact call (the validator reads them back).
         self.call_fields = {
             t.name: compact.call_fields(t.parameters, spec.model.reasoning != "off", self.stateful)
@@ -193,7 +195,8 @@ class PromptBuilder:
                 "{reasoning}", compact.REASONING_TEXT[spec.model.reasoning]
             )
         else:
-            protocol = _PROTOCOL.replace("{reasoning}", _REASONING[spec.model.reasoning])
+            text = keyed.PROTOCOL if self.keyed else _PROTOCOL
+            protocol = text.replace("{reasoning}", _REASONING[spec.model.reasoning])
         if spec.silence == "no_action":
             protocol += "\n" + _SILENCE
         sections = [spec.instructions.strip(), protocol, "# Tools", tools_json]
@@ -241,7 +244,7 @@ class PromptBuilder:
         shown = self.spec.instance_ids == "shown"
         for k, inst in enumerate(instances):
             # The compact form numbers instances: 1 is one token, ① two or three.
-            token: str | int = k + 1 if self.compact else token_for(k)
+            token: str | int = k + 1 if self.numbered else token_for(k)
             # "type": "input" is the default: said once in the protocol, not per item.
             kind = inst.payload.get("type", "input")
             body.append(
@@ -271,7 +274,7 @@ class PromptBuilder:
                 ]
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
-            named = {token_for(k): k + 1 for k in range(len(instances))} if self.compact else {}
+            named = {token_for(k): k + 1 for k in range(len(instances))} if self.numbered else {}
             lines = "\n".join(f"{named.get(token, token)}: {why}" for token, why in refused)
             messages.append(
                 {
@@ -305,7 +308,7 @@ class PromptBuilder:
             props, required = _strict_parameters(advisor.schema_)
             head: dict[str, Any] = {"id": {"type": "string", "enum": [advisor.id]}}
             if advisor.is_instanced:
-                head["_instance"] = _instance_schema(tokens, self.compact, loose)
+                head["_instance"] = _instance_schema(tokens, self.numbered, loose)
             branches.append(
                 {
                     "type": "object",
@@ -388,11 +391,14 @@ class PromptBuilder:
             if self.compact
             else {"type": "array", "items": {"anyOf": branches}}
         )
-        if self.spec.model.bounded_answer and not self.compact:
-            # A weak model may repeat calls until its context is full; the bound ends the
-            # array where a sane answer ends (strict mode supports maxItems).
-            per_instance = sum(t.max_calls_per_instance for t in self.spec.tools)
-            calls["maxItems"] = n * (max(1, per_instance) + int(ask.consult))
+        # A weak model may repeat calls until its context is full; the bound ends the
+        # array where a sane answer ends (strict mode supports maxItems).
+        most = max(1, sum(t.max_calls_per_instance for t in self.spec.tools)) + int(ask.consult)
+        defs: dict[str, Any] = {}
+        if self.keyed:
+            calls, defs = keyed.calls_schema(n, branches, most, self.spec.model.bounded_answer)
+        elif self.spec.model.bounded_answer and not self.compact:
+            calls["maxItems"] = n * most
         if not self.spec.advisors:
             properties: dict[str, Any] = {"calls": calls}
         else:
@@ -412,6 +418,7 @@ class PromptBuilder:
             "additionalProperties": False,
             "required": list(properties),
             "properties": properties,
+            **({"$defs": defs} if defs else {}),
         }
         return {
             "type": "json_schema",

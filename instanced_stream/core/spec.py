@@ -26,7 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from instanced_stream.core.endpoint import BatchTier, RequestShapeSpec, SecondModel
 from instanced_stream.core.interpolate import interpolate
+from instanced_stream.core.quality import Quality
 from instanced_stream.errors import SpecError
 
 __all__ = [
@@ -39,7 +41,9 @@ __all__ = [
     "ContextMessage",
     "ModelEndpoint",
     "Plan",
+    "Quality",
     "RequestShapeSpec",
+    "SecondModel",
     "Tool",
     "Window",
     "load_spec",
@@ -165,25 +169,6 @@ class ContextMessage(BaseModel):
     instance: str | None = Field(None, alias="_instance")
 
 
-class RequestShapeSpec(_Strict):
-    """The request's shape, chosen by hand: no probing at start. Unset fields take the
-    shape an OpenAI-compatible server accepts most often."""
-
-    tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
-        "max_tokens",
-        description="The output cap's name: max_completion_tokens for OpenAI's reasoning "
-        "models (GPT-5 family, o-series), max_tokens for most other servers",
-    )
-    temperature: Literal["send", "omit"] = Field(
-        "send", description="omit: the endpoint's default (reasoning models take no other)"
-    )
-    response_format: Literal["json_schema_strict", "json_schema", "json_object", "text"] = Field(
-        "json_schema_strict",
-        description="How the answer's JSON is asked for, from the most enforced to the "
-        "schema written into the prompt (text)",
-    )
-
-
 class ModelEndpoint(_Strict):
     base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint; unset: the bundled LLM simulator"
@@ -204,13 +189,18 @@ class ModelEndpoint(_Strict):
         description="Each call's _reasoningForCall: full (the seeds' default), brief (ten "
         "words at most), off (not asked: the cheapest answer)",
     )
-    answer: Literal["compact", "protocol"] = Field(
+    answer: Literal["compact", "protocol", "keyed"] = Field(
         "compact",
         description="What the model writes: compact (calls grouped per tool, each a "
-        "positional array: the fewest output tokens) or protocol (one object per call with "
-        "_tool, _instance and argument names). Activity topics get protocol calls either way",
+        "positional array: the fewest output tokens), protocol (one object per call with "
+        "_tool, _instance and argument names) or keyed (calls grouped by instance, every "
+        "instance's key required: no instance skipped under enforced schemas). Activity "
+        "topics get protocol calls either way",
     )
     temperature: float = 0.0
+    escalate: SecondModel | None = Field(
+        None, description="Second opinions (quality.escalate_on) from this model, alone"
+    )
     api_version: str | None = Field(
         None,
         description="Azure OpenAI's api-version; set, base_url is the resource's endpoint, "
@@ -272,32 +262,6 @@ class ModelEndpoint(_Strict):
         return online * self.price_batch_factor if batch else online
 
 
-class BatchTier(_Strict):
-    """How `model.tier: batch` uses the provider's Batch API."""
-
-    flush_s: float = Field(
-        60.0, gt=0, description="A batch is submitted this long after its first request"
-    )
-    max_requests: int = Field(
-        1000, ge=1, le=50_000, description="... or once it holds this many (OpenAI: 50,000)"
-    )
-    poll_s: float = Field(30.0, gt=0, description="How often submitted batches are looked at")
-    completion_window: Literal["24h"] = Field(
-        "24h", description="The Batch API's completion window (the only one OpenAI offers)"
-    )
-    reask: Literal["batch", "online"] = Field(
-        "batch",
-        description="Where a re-ask goes (instances a batch answer left open): the next "
-        "batch (half price, another wait) or an online request (full price, at once)",
-    )
-    max_resubmits: int = Field(
-        3,
-        ge=0,
-        description="Times a request whose line expired or failed, or whose batch failed "
-        "or was cancelled, is submitted again before its instances are dead-lettered",
-    )
-
-
 class Window(_Strict):
     max_items: int = Field(25, ge=1, le=500, description="Instances per request, at most")
     max_wait_ms: int = Field(250, ge=0)
@@ -332,6 +296,7 @@ class AgentSpec(_Strict):
     tools: list[Tool] = Field(min_length=1)
     advisors: list[Advisor] = Field(default_factory=list)
     advice: AdviceSettings = Field(default_factory=AdviceSettings)
+    quality: Quality = Field(default_factory=Quality)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -370,6 +335,8 @@ class AgentSpec(_Strict):
             raise ValueError("advisor ids must be unique")
         for advisor in self.advisors:
             _check_advisor_schema(advisor)
+        if self.quality.min_agreement is not None and not self.quality.shadow_rate:
+            raise ValueError("quality.min_agreement needs quality.shadow_rate > 0 to measure")
         for message in self.inputs:
             if message.instance is not None:
                 raise ValueError("spec inputs are global: they must not carry _instance")

@@ -15,7 +15,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from instanced_stream.core import compact
+from instanced_stream.core import compact, keyed
 from instanced_stream.core.messages import Call
 from instanced_stream.core.prompt import Ask, PromptBuilder, meta_tools
 from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
@@ -147,6 +147,7 @@ class Validator:
         self._advisors = {a.id: a for a in spec.advisors}
         self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
         self._call_fields = PromptBuilder(spec).call_fields
+        self._keyed = spec.model.answer == "keyed"
         self._problems: dict[tuple[str, bytes], str | None] = {}
 
     def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
@@ -160,7 +161,9 @@ class Validator:
                 return verdict
             verdict.cut_short = True
         calls = answer.get("calls") if isinstance(answer, dict) else None
-        if isinstance(calls, dict):
+        if isinstance(calls, dict) and self._keyed:
+            calls = keyed.expand(calls, tokens)
+        elif isinstance(calls, dict):
             # The compact answer; read back into protocol calls, checked the same way.
             calls = compact.expand(calls, self._call_fields, tokens)
         if not isinstance(calls, list):

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka.errors import KafkaConnectionError
@@ -166,8 +166,26 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _page_quality(url: str) -> dict[str, Any] | None:
+    """A processor page's shadow-sample figures, or None when it does not answer."""
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(url.rstrip("/") + "/api/live") as resp,
+        ):
+            live = await resp.json()
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    quality = live.get("quality") if isinstance(live, dict) else None
+    return quality if isinstance(quality, dict) else None
+
+
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.ops.agreement import quality_line
     from instanced_stream.ops.audit import audit, parse_since
     from instanced_stream.ops.workflow_audit import audit_workflows
     from instanced_stream.runtime.topics import activity_topics
@@ -180,8 +198,11 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     flows = None
     if PromptBuilder(spec).stateful:  # workflows: done, dead-lettered, or pending and why
         flows = asyncio.run(audit_workflows(bootstrap, settings))
+    pages = args.processor or [f"http://127.0.0.1:{settings.web_port}"]
+    quality = {url: asyncio.run(_page_quality(url)) for url in pages}
     if args.json:
         out = report.model_dump() | ({"workflows": flows.model_dump()} if flows else {})
+        out |= {"quality": quality}
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
     else:
         print(report.summary())
@@ -191,6 +212,8 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
             print("workflows:", orjson.dumps(flows.summary()).decode())
             for p in flows.pending[:20]:
                 print(f"pending: {p.instance} {p.status} for {p.age_s}s: {p.reason}")
+        for url, got in quality.items():
+            print(quality_line(got) if got else f"quality: no processor page answered at {url}")
     return 0 if not report.missing and not report.unexpected else 1
 
 

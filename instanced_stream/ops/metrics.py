@@ -25,6 +25,7 @@ from prometheus_client import (
 )
 
 from instanced_stream.core.spec import ModelEndpoint
+from instanced_stream.ops.agreement import AgreementMetrics
 
 __all__ = ["Metrics", "WorkerMetrics"]
 
@@ -109,9 +110,10 @@ def _waiting(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
 
 
 class Metrics:
-    def __init__(self, prices: ModelEndpoint | None = None) -> None:
+    def __init__(self, prices: ModelEndpoint | None = None, window: int = 0) -> None:
         self.registry = _registry()
         r = self.registry
+        self.agreement = AgreementMetrics(r, window)
         self.items_in = Counter(f"{_P}items_in", "Input records taken", registry=r)
         self.calls_out = Counter(f"{_P}calls_out", "Calls published", ["tool"], registry=r)
         self.dead_letters = Counter(
@@ -355,6 +357,7 @@ class Metrics:
             "oldest_uncommitted_s": 0,
             **self.batch_live,
             "decisions": list(self.decisions)[::-1],
+            "quality": self.agreement.live(),
         }
 
 

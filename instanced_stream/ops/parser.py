@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default="",
         help="model settings also run at the largest window, comma-separated, e.g. "
-        "reasoning=off,reasoning=brief,answer=protocol",
+        "reasoning=off,reasoning=brief,answer=protocol,answer=keyed; quality.NAME=VALUE "
+        "sets the spec's quality section (quality.shadow_rate=0.02: shadowing's cost)",
     )
     bn.add_argument(
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
@@ -202,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=4, help="requests at once (default 4)")
     ev.add_argument("--limit", type=int, default=0, help="only the first N items")
     ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")
+    ev.add_argument(
+        "--permutations",
+        type=int,
+        default=0,
+        metavar="K",
+        help="ask each window above 1 K more times with the items shuffled and report how "
+        "often a decision changes with the order (default 0: not measured)",
+    )
     ev.add_argument(
         "--llm",
         default=None,
@@ -243,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reject", metavar="REASON", help="reject instead, with this reason")
     au = add("audit", help="check that every input item has an outcome")
     au.add_argument("--json", action="store_true", help="the whole report as JSON")
+    au.add_argument(
+        "--processor",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a processor's page (http://host:port) whose shadow sample to report (quality: "
+        "agreement by window, window now); repeatable; default: this host's STREAM_WEB_PORT",
+    )
     au.add_argument(
         "--since",
         default=None,

@@ -82,7 +82,7 @@ class _Service(mode.Service):
         self.settings = settings
         topics = settings.topics
         self.fetching: asyncio.Future[None] | None = None
-        self.metrics = Metrics(spec.model)
+        self.metrics = Metrics(spec.model, spec.window.max_items)
         self.limiter, self.llm, self.submissions = _tiered(
             settings, spec, self.metrics, llm_url, self._unit
         )
@@ -94,6 +94,7 @@ class _Service(mode.Service):
         self.worker = secrets.token_hex(3)
         self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
+        self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
         self.flows: Flows | None = None
         self.probe = probe
         if PromptBuilder(merged).stateful:
@@ -120,6 +121,7 @@ class _Service(mode.Service):
             probe=probe,
             worker=self.worker,
             flows=self.flows,
+            second=self.escalate_llm,
         )
         if self.submissions is not None:
             self.submissions.attach(self.stager)
@@ -237,6 +239,8 @@ class _Service(mode.Service):
         await self.follower.stop()
         await self.web.stop()
         await self.llm.close()
+        if self.escalate_llm is not None:
+            await self.escalate_llm.close()
 
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():
@@ -331,6 +335,20 @@ def _tiered(
     online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
     model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
     return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
+
+
+def _second(settings: Settings, spec: AgentSpec, metrics: Metrics, llm_url: str) -> LLM | None:
+    """model.escalate's client: its own model name, on its own endpoint or ours."""
+    second = spec.model.escalate
+    if second is None:
+        return None
+    model = spec.model.model_copy(update={"name": second.name, "escalate": None})
+    return build_llm(
+        settings.model_copy(update={"llm_model": None}),
+        spec.model_copy(update={"model": model}),
+        listener=metrics,
+        base_url=second.base_url or llm_url,
+    )
 
 
 async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
+from instanced_stream.runtime.review import Review
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
 from instanced_stream.runtime.workflows import Flows
@@ -107,6 +109,17 @@ def _where(code: str, source: SourcePosition) -> dict[str, Any]:
     }
 
 
+def _tokens_of(tokenizer: Tokenizer, item: Staged) -> int:
+    if item.tokens is None:
+        item.tokens = tokenizer.count(item.text.decode("utf-8", "replace"))
+    return item.tokens
+
+
+def _bound_of(tokenizer: Tokenizer, item: Staged) -> int:
+    """A cheap upper bound of the item's tokens, or its count once known."""
+    return tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens
+
+
 class Stager:
     def __init__(
         self,
@@ -120,6 +133,7 @@ class Stager:
         probe: Probe,
         worker: str,
         flows: Flows | None = None,
+        second: Model | None = None,  # model.escalate's client
     ) -> None:
         self.settings = settings
         self.flows = flows
@@ -138,10 +152,12 @@ class Stager:
             max_wait_s=spec.window.max_wait_ms / 1000,
             max_tokens=self.budget.item_tokens,
             on_close=self.launch,
-            tokens_of=self._tokens_of,
+            tokens_of=functools.partial(_tokens_of, self.tokenizer),
             capacity=self.budget.capacity,
-            bound_of=self._bound_of,
+            bound_of=functools.partial(_bound_of, self.tokenizer),
         )
+        # quality.*: the shadow sample (it sets the window's size), second opinions.
+        self.review = Review(spec, llm, metrics, settings.max_attempts, self.windower, second)
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -154,6 +170,7 @@ class Stager:
         self.budget.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.windower.max_tokens = self.budget.item_tokens
+        self.review.reconfigure(spec)
         self.builder.spec = spec
         if self.flows is not None:  # a finish advisor from the context is heard too
             self.flows.workflow.spec = spec
@@ -176,6 +193,7 @@ class Stager:
         return len(pending)
 
     async def stop(self) -> None:
+        await self.review.stop()
         await self.windower.stop()
         for task in self.tasks:
             task.cancel()
@@ -200,7 +218,8 @@ class Stager:
             assert value is not None  # parse_item refuses a missing value
             item = Staged(instance, unit, slot, value)
             room = self.budget.item_tokens
-            if self._bound_of(item) > room and (tokens := self._tokens_of(item)) > room:
+            tokens = _bound_of(self.tokenizer, item)
+            if tokens > room and (tokens := _tokens_of(self.tokenizer, item)) > room:
                 raise BadRecord(
                     "too_large",
                     f"record is about {tokens} tokens; a request has room for {room} "
@@ -236,14 +255,6 @@ class Stager:
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
         await self.window(Staged(inst, unit, None, orjson.dumps([inst.payload, inst.state])))
-
-    def _tokens_of(self, item: Staged) -> int:
-        if item.tokens is None:
-            item.tokens = self.tokenizer.count(item.text.decode("utf-8", "replace"))
-        return item.tokens
-
-    def _bound_of(self, item: Staged) -> int:
-        return self.tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens
 
     # ------------------------------------------------------------------ batches
 
@@ -282,6 +293,7 @@ class Stager:
             outcome = await self.solver.solve(instances)
             self.probe.at("solved")
             self.budget.learn(outcome, len(instances))
+            await self.review.after(outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,

@@ -23,6 +23,9 @@ class Faults(BaseModel):
     unknown_tool_rate: float = 0.0
     bad_args_rate: float = 0.0
     bad_votes_rate: float = 0.0
+    # Share of items whose decision, in a request of two or more, is the opposite of the
+    # one they get alone (the same items every time): the shadow sample's test.
+    disagree_rate: float = 0.0
     retry_after_s: float = 1.0
     hang_s: float = 3600.0
 

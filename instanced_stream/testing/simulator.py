@@ -39,7 +39,8 @@ from aiohttp import web
 from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.testing.account import MODEL_NAME, Faults, SimConfig
 from instanced_stream.testing.batches import BatchEndpoints
-from instanced_stream.testing.judge import Judge, SimRequest, read_request
+from instanced_stream.testing.disagree import Drifting
+from instanced_stream.testing.judge import SimRequest, read_request
 from instanced_stream.testing.provider import Refusal, account_fault, reasoning_model, refusal
 from instanced_stream.testing.quota import Quota
 
@@ -66,7 +67,7 @@ _SLOW = re.compile(r"\[\[sim:slow=(\d+(?:\.\d+)?)\]\]")
 _THINKING = {"none": 0, "minimal": 8, "low": 64, "medium": 192, "high": 512}
 
 
-class Simulator(Judge):
+class Simulator(Drifting):
     """The judge behind an OpenAI-compatible HTTP API, with an account's limits."""
 
     def __init__(self, config: SimConfig | None = None) -> None:

@@ -1,21 +1,20 @@
 """`stream bench`: how much cheaper and faster than one call per item, in one run.
 
-It starts a broker (or uses the configured one) and the LLM simulator as its own process,
-shaped like a real account: a fixed latency plus a part per output token, a concurrency
-limit and a tokens-per-minute limit. Then, on the same machine and in the same run:
+A broker (or the configured one) and the LLM simulator as its own process, shaped like
+a real account (latency per request and per output token, concurrency and tokens-per-
+minute limits); on the same machine, in the same run:
 
 - the per-item baseline every peer product uses (window 1, same in-flight ceiling);
 - this product at windows 10, 25, 50, 100;
-- a raw aiokafka consume-and-produce passthrough of the same records (the machine's
-  ceiling), and this product with an instant simulator against it;
+- a raw aiokafka passthrough of the records (the machine's ceiling), and this product
+  with an instant simulator against it;
 - both delivery modes at window 50, LLM-bound and with the instant simulator;
 - with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions.
 
-Each product run drains a backlog, loaded while its processors are held stopped as the
-passthrough's is loaded before it starts (throughput, requests and tokens per item,
-counted by the simulator, refused requests included), then a short paced phase at half
-of that throughput measures produce-to-activity latency, as a user at steady load sees
-it. Results go to a markdown table and PNG plots.
+Each product run drains a backlog loaded while its processors are held stopped
+(throughput, requests and tokens per item, counted by the simulator, refused requests
+included), then a paced phase at half that throughput measures produce-to-activity
+latency. Results go to a markdown table and PNG plots.
 """
 
 from __future__ import annotations
@@ -79,6 +78,7 @@ class Bench:
     def _spec_file(self, window: int, in_flight: int, model: dict[str, Any]) -> Path:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
         spec["model"] = {**self.spec.get("model", {}), **model}
+        spec["quality"] = spec["model"].pop("quality", self.spec.get("quality", {}))
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
         if spec["model"].get("tier") == "batch":  # a short turnaround: the simulator's
             spec["batch"] = {"flush_s": 1.0, "poll_s": 0.5, "max_requests": 1000}
@@ -95,8 +95,7 @@ class Bench:
         model: dict[str, Any] | None = None,
         delivery: str = "exactly_once",
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
-        """Fresh topics and `processes` processor processes (not started yet); `model`
-        overrides the spec's model settings (reasoning, answer form)."""
+        """Fresh topics and `processes` processors (not started); `model`: spec overrides."""
         spec_path = self._spec_file(window, in_flight, model or {})
         prefix = f"bench-{secrets.token_hex(3)}."
         run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
@@ -269,8 +268,7 @@ def _workdir() -> Iterator[Path]:
 
 
 def bench_spec(path: Path = DEFAULT_SPEC) -> dict[str, Any]:
-    """The agent spec both sides run: the example's, one decision per item. Its advisors
-    would multiply the answer's tokens for the baseline and the windows alike."""
+    """The example's spec, one decision per item (advisors multiply answers' tokens)."""
     spec: dict[str, Any] = yaml.safe_load(path.read_bytes())
     spec.pop("advisors", None)
     spec.pop("advice", None)
@@ -335,8 +333,8 @@ async def run_bench(
     tier: str = "online",
 ) -> list[Result]:
     """`tier` batch: the baseline, then each window online and in the batch tier, side
-    by side (cost per item is the point; docs/batch.md). `variants`: model settings
-    such as "reasoning=off" or "answer=protocol", each run at the largest window besides
+    by side (cost per item is the point; docs/batch.md). `variants`: settings such as
+    "reasoning=off" or "quality.shadow_rate=0.02", each run at the largest window besides
     the spec's own (what each setting costs)."""
     endpoint = endpoint or Endpoint()
     spec = spec if spec is not None else bench_spec()
@@ -381,12 +379,14 @@ async def run_bench(
             )
         for variant in variants:
             key, _, value = variant.partition("=")
+            section, _, name = key.partition(".")
+            shadow = section == "quality"  # e.g. quality.shadow_rate=0.02
             await bench.product(
                 f"window {max(windows)}, {key} {value}",
                 max(windows),
                 in_flight=in_flight,
                 partitions=partitions,
-                model={key: value},
+                model={"quality": {name: value}} if shadow else {key: value},
             )
         if scaling:
             # LLM-bound per worker (4 in flight each), the account roomy enough for two.

@@ -122,7 +122,13 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 if spec.model.request is None:
                     llm.shape = (await probe(llm, PromptBuilder(spec))).shape
                 return await run_eval(
-                    spec, llm, items, windows, args.concurrency, show_progress=True
+                    spec,
+                    llm,
+                    items,
+                    windows,
+                    args.concurrency,
+                    args.permutations,
+                    show_progress=True,
                 )
             finally:
                 await llm.close()
@@ -141,6 +147,8 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "agreement": r.agreement,
                 "accuracy": r.accuracy,
                 "unanswered": r.unanswered,
+                "reasks_per_item": r.per_item(r.reasks),
+                "order_changed": r.order_changed,
                 "latency_p50_s": r.latency(0.5),
                 "latency_p99_s": r.latency(0.99),
             }

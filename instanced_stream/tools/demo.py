@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiokafka import AIOKafkaProducer
 
@@ -36,7 +37,7 @@ from instanced_stream.testing.broker import free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments, malformed_records, tickets
 from instanced_stream.testing.simulator import SimConfig
 from instanced_stream.tools.chaos import Chaos
-from instanced_stream.tools.target import Target, llm_target, processor_usage
+from instanced_stream.tools.target import Target, llm_target, processor_live, processor_usage
 
 __all__ = [
     "NotAccounted",
@@ -286,6 +287,7 @@ async def _demo(
             if target.sim is not None
             else await processor_usage([web_port])
         )
+        quality = await _quality(web_port)
     finally:
         stop.set()
         for each in procs:
@@ -336,6 +338,7 @@ async def _demo(
         )
         / max(n, 1),
         "window_max_items": spec.window.max_items,
+        "quality": quality,
         "elapsed_s": round(elapsed, 2),
         "audit": report.summary(),
         "topics_prefix": prefix,
@@ -343,6 +346,17 @@ async def _demo(
         **({"chaos": monkey.summary(), "exactly_once": _exactly_once(report)} if chaos else {}),
         **(await _workflows(bootstrap, settings) if spec.plan else {}),
     }
+
+
+async def _quality(port: int) -> dict[str, Any]:
+    """The shadow sample's figures (quality.*): how many items were asked alone, their
+    decisions' agreement with the batched ones, the window the controller keeps now."""
+    try:
+        live = (await processor_live(port)).get("quality", {})
+    except (OSError, aiohttp.ClientError, ValueError) as exc:
+        return {"error": f"the processor's page did not answer: {exc}"}
+    keep = ("shadowed", "compared", "agreement", "window_now", "buckets", "shadow_cost_usd")
+    return {k: live.get(k) for k in keep} | {"changes": live.get("changes", [])[-5:]}
 
 
 def _exactly_once(report: AuditReport) -> dict[str, int]:

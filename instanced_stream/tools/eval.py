@@ -6,10 +6,8 @@ and reports per size: agreement with the per-item decisions (window 1), accuracy
 against labels where lines carry them, tokens, requests and cost per item, and request
 latency.
 
-A *decision* is what an instance's calls decide, free text left out: for every call, its
-tool and those arguments whose schema is an enum, a boolean, a number or an integer
-(`moderateComment` with `decision: reject`; its `reason` is prose and ignored). Two
-answers agree when their decisions are equal as sets.
+A *decision* is what an instance's calls decide, free text left out
+(`instanced_stream.core.decision`, which the processor's live shadow sample uses too).
 
 A *label* is the line's `_label`: `{tool: {argument: value}}`, e.g.
 `{"moderateComment": {"decision": "reject"}}`. An answer is right when, for every tool
@@ -20,18 +18,20 @@ matter. Fields starting with `_` (other than `_instance`) never reach the model.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from instanced_stream.core.messages import Call, SourcePosition
+from instanced_stream.core.decision import Decision, decision_of
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
-from instanced_stream.core.spec import AgentSpec, Tool
+from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
-from instanced_stream.llm.client import LLM
 from instanced_stream.ops.progress import Progress
 
 __all__ = [
@@ -43,10 +43,6 @@ __all__ = [
     "load_items",
     "markdown",
 ]
-
-_DECIDING = {"boolean", "integer", "number"}
-
-Decision = frozenset[tuple[str, str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +64,9 @@ class SizeReport:
     cost_usd: float = 0.0
     agreement: float | None = None
     accuracy: float | None = None
+    reasks: int = 0  # requests beyond each window's first (skipped or refused instances)
+    # --permutations: the share of items whose decision changed with the items' order
+    order_changed: float | None = None
     latencies: list[float] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
 
@@ -98,28 +97,6 @@ def load_items(path: Path) -> list[EvalItem]:
     return items
 
 
-def _deciding(tool: Tool) -> set[str]:
-    props = tool.parameters.get("properties", {})
-    return {
-        name
-        for name, schema in props.items()
-        if isinstance(schema, dict) and ("enum" in schema or schema.get("type") in _DECIDING)
-    }
-
-
-def decision_of(calls: list[Call], spec: AgentSpec) -> Decision:
-    deciding = {t.name: _deciding(t) for t in spec.tools}
-    out = set()
-    for call in calls:
-        keys = deciding.get(call.tool, set())
-        args = {k: v for k, v in call.arguments.items() if k in keys}
-        if not args:
-            out.add((call.tool, "", ""))
-        for key, value in args.items():
-            out.add((call.tool, key, orjson.dumps(value).decode()))
-    return frozenset(out)
-
-
 def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
     for tool, args in label.items():
         if not args and not any(t == tool for t, _, _ in decision):
@@ -132,7 +109,7 @@ def _right(decision: Decision, label: dict[str, dict[str, Any]]) -> bool:
 
 async def _run_size(
     spec: AgentSpec,
-    llm: LLM,
+    llm: Model,
     items: list[EvalItem],
     window: int,
     concurrency: int,
@@ -161,6 +138,7 @@ async def _run_size(
     chunks = [instances[k : k + window] for k in range(0, len(instances), window)]
     for outcome in await asyncio.gather(*(one(c) for c in chunks)):
         report.requests += outcome.requests
+        report.reasks += max(0, outcome.requests - 1)
         report.prompt_tokens += outcome.prompt_tokens
         report.completion_tokens += outcome.completion_tokens
         report.cached_tokens += outcome.cached_tokens
@@ -184,15 +162,18 @@ async def _run_size(
 
 async def evaluate(
     spec: AgentSpec,
-    llm: LLM,
+    llm: Model,
     items: list[EvalItem],
     windows: list[int],
     concurrency: int = 4,
+    permutations: int = 0,
     show_progress: bool = False,
 ) -> list[SizeReport]:
-    """One report per window size; window 1 always runs first, as the reference. With
-    `show_progress`, each size's items answered so far go to stderr (a real model takes
-    minutes per size)."""
+    """One report per window size; window 1 always runs first, as the reference.
+    `permutations`: each window above 1 is asked that many more times with the items
+    shuffled (fixed seeds), and reports how often an item's decision changed with the
+    order (BatchPrompt's order effect). With `show_progress`, each size's items answered
+    so far go to stderr (a real model takes minutes per size)."""
     sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
     reports = []
     for window in sizes:
@@ -206,6 +187,14 @@ async def evaluate(
         shared = [i for i in reference if i in report.decisions]
         same = sum(1 for i in shared if report.decisions[i] == reference[i])
         report.agreement = same / len(reference) if reference else None
+    for report in reports[1:] if permutations else []:
+        runs = [report.decisions]
+        for seed in range(permutations):
+            order = list(items)
+            random.Random(seed).shuffle(order)
+            runs.append((await _run_size(spec, llm, order, report.window, concurrency)).decisions)
+        changed = sum(1 for it in items if len({str(r.get(it.id)) for r in runs}) > 1)
+        report.order_changed = changed / len(items) if items else None
     return reports
 
 
@@ -213,20 +202,25 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
     def pct(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.1f}%"
 
+    ordered = any(r.order_changed is not None for r in reports)
+
     lines = [
         f"{reports[0].items if reports else 0} items from `{source}`, model `{model}`",
         "",
         "| window | requests/item | prompt tok/item | cached | completion tok/item "
-        "| cost/item USD | agreement with window 1 | accuracy | unanswered | p50 s | p99 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cost/item USD | agreement with window 1 | accuracy | re-asks/item | unanswered "
+        "| p50 s | p99 s |" + (" decision changed by order |" if ordered else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|" if ordered else ""),
     ]
     for r in reports:
         lines.append(
             f"| {r.window} | {r.per_item(r.requests):.3f} | {r.per_item(r.prompt_tokens):.1f} "
             f"| {pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None)} "
             f"| {r.per_item(r.completion_tokens):.1f} | {r.per_item(r.cost_usd):.7f} "
-            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.unanswered} "
-            f"| {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+            f"| {pct(r.agreement)} | {pct(r.accuracy)} | {r.per_item(r.reasks):.3f} "
+            f"| {r.unanswered} | {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
+            + (f" {pct(r.order_changed)} |" if ordered else "")
         )
     return "\n".join(lines) + "\n"
 

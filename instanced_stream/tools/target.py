@@ -28,7 +28,7 @@ from instanced_stream.errors import StreamError
 from instanced_stream.testing.broker import free_port
 from instanced_stream.testing.simulator import MODEL_NAME, SimConfig, Simulator, running_simulator
 
-__all__ = ["SimProcess", "Target", "llm_target", "processor_usage"]
+__all__ = ["SimProcess", "Target", "llm_target", "processor_live", "processor_usage"]
 
 Kind = Literal["simulator", "local", "endpoint"]
 
@@ -169,3 +169,13 @@ async def processor_usage(ports: Iterable[int]) -> dict[str, float]:
                         got[each] = got.get(each, 0.0) + sample.value
     got["requests"] = got.get("completions", 0.0) + got.get("failed", 0.0)
     return got
+
+
+async def processor_live(port: int) -> dict[str, Any]:
+    """A processor's live figures (its page's /api/live)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/api/live") as resp,
+    ):
+        data: dict[str, Any] = await resp.json()
+    return data

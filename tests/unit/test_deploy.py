@@ -414,6 +414,11 @@ METRICS: dict[str, str | None] = {
     "instanced_stream_activity_failed_total": "tool",
     "instanced_stream_activity_duplicates_total": None,
     "instanced_stream_activity_results_total": None,
+    "instanced_stream_agreement_compared_total": "window_bucket",
+    "instanced_stream_agreement_agreed_total": "window_bucket",
+    "instanced_stream_window_now": None,
+    "instanced_stream_shadow_total": "outcome",
+    "instanced_stream_shadow_cost_usd_total": None,
 }
 HISTOGRAMS = {
     "instanced_stream_batch_size",

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import load_spec
-from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.tools.eval import _right, decision_of, load_items
+from instanced_stream.llm.client import Completion
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
+from instanced_stream.testing.account import SimConfig
+from instanced_stream.testing.simulator import Simulator
+from instanced_stream.tools.eval import (
+    EvalItem,
+    _right,
+    decision_of,
+    evaluate,
+    load_items,
+    markdown,
+)
+from tests.fakes import FakeLLM
 
 
 def _call(tool: str, **args: object) -> Call:
@@ -64,3 +78,39 @@ def test_disagreements_show_items_decided_differently_than_at_window_1() -> None
     assert "`b`" in text and "`a`" not in text
     assert 'moderateComment.decision="reject"' in text and "window 10" in text
     assert disagreements([one, SizeReport(10, 2, decisions=dict(one.decisions))], items) == ""
+
+
+class _FirstSeatFlipped(FakeLLM):
+    """Decides like the simulator, except that the first item of a request of several
+    gets the other decision: an order effect, as BatchPrompt measured on real models."""
+
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        response_format: dict[str, Any],
+        *,
+        items: int = 1,
+        max_tokens: int | None = None,
+        since: float | None = None,
+        keys: tuple[str, ...] = (),
+    ) -> Completion:
+        done = await super().complete(messages, response_format, items=items)
+        if items < 2:
+            return done
+        answer = orjson.loads(done.text)
+        for call in answer["calls"]:
+            if call["_instance"] == "①" and "decision" in call:
+                call["decision"] = "reject" if call["decision"] == "approve" else "approve"
+        return replace(done, text=orjson.dumps(answer).decode())
+
+
+async def test_permutations_measure_how_often_the_order_changes_a_decision() -> None:
+    spec = load_spec(EXAMPLES / "seed_moderation" / "agent.yaml")
+    items = [EvalItem(f"i{k}", {"comment": f"note {k}"}, None) for k in range(12)]
+    sim = Simulator(SimConfig(classifier=False))
+    steady = await evaluate(spec, FakeLLM(sim), items, [4], permutations=2)
+    assert steady[1].order_changed == 0.0 and steady[0].order_changed is None
+    moved = await evaluate(spec, _FirstSeatFlipped(sim), items, [4], permutations=2)
+    changed = moved[1].order_changed
+    assert changed is not None and 0 < changed < 1
+    assert "decision changed by order" in markdown(moved, "x", "fake")

@@ -31,7 +31,7 @@ def _asks(prompt: PromptBuilder) -> list[Ask]:
 
 def _strict_schemas(spec: AgentSpec) -> list[dict[str, Any]]:
     out = []
-    for answer in ("compact", "protocol"):
+    for answer in ("compact", "protocol", "keyed"):
         for bounded in (True, False):
             model = spec.model.model_copy(update={"answer": answer, "bounded_answer": bounded})
             prompt = PromptBuilder(spec.model_copy(update={"model": model}))
