@@ -40,6 +40,7 @@ class Answer:
     attempt: int
     opinions: list[Opinion] = field(default_factory=list)
     consulted: list[str] = field(default_factory=list)
+    questions: list[tuple[str, str]] = field(default_factory=list)  # (advisor, question)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class Solver:
         for inst in instances:
             groups.setdefault(self.prompt.ask_for(inst.turn), []).append(inst)
         for chosen, group in groups.items():
-            ask = Ask(chosen.active, chosen.consult and self.max_consults > 0)
+            ask = Ask(chosen.active, chosen.consult and self.max_consults > 0, chosen.planning)
             await self._solve(group, outcome, 1, ask, 0)
         return outcome
 
@@ -210,6 +211,7 @@ class Solver:
                     attempt,
                     list(notes_of.opinions.values()),
                     notes_of.consulted,
+                    notes_of.questions,
                 )
             )
         if verdict.consults:
@@ -261,6 +263,7 @@ class Solver:
                     attempt,
                     list(notes_of.opinions.values()),
                     notes_of.consulted,
+                    notes_of.questions,
                 )
             )
         return set(silent)
@@ -297,5 +300,6 @@ class Solver:
             follow = Ask(
                 tuple(dict.fromkeys([*ask.active, *chosen])),
                 rounds + 1 < self.max_consults,
+                ask.planning,
             )
             await self._solve(group, out, attempt + 1, follow, rounds + 1)

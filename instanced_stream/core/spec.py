@@ -148,9 +148,24 @@ class AdviceSettings(_Strict):
 
 
 class Plan(_Strict):
+    """The seeds' Plan message: a template the model plans by, never the plan itself. Each
+    instance's plan is written by the model (its calls, linked by `†state` paths: the
+    `_outputPath` a call writes and the `_scopes` it reads)."""
+
     type: Literal["plan"] = "plan"
-    mode: Literal["eager", "lazy"] = "eager"
-    steps: list[str] = Field(default_factory=list)
+    mode: Literal["eager", "lazy"] = Field(
+        "eager",
+        description="eager: planning is execution (latent steps answered in the same "
+        "generation, activities published at once); lazy: the model only writes the "
+        "dataflow graph, which runs once approved",
+    )
+    goal: str | None = Field(None, description="What every instance's plan is for")
+    constraints: list[str] = Field(
+        default_factory=list, description="Rules every plan must keep, told to the model"
+    )
+    steps: list[str] = Field(
+        default_factory=list, description="Optional hints of the steps a plan usually has"
+    )
     max_turns: int = Field(5, ge=1, alias="maxTurns")
 
 
@@ -331,6 +346,8 @@ class AgentSpec(_Strict):
         for message in self.inputs:
             if message.instance is not None:
                 raise ValueError("spec inputs are global: they must not carry _instance")
+        if self.plan is None:
+            _check_stateless(self.tools)
         return self
 
     def advisor(self, advisor_id: str) -> Advisor | None:
@@ -354,6 +371,21 @@ class AgentSpec(_Strict):
 
 
 _OPINION_FIELDS = {"id", "calls", "_instance"}
+
+
+def _check_stateless(tools: list[Tool]) -> None:
+    """The seeds: without a Plan message a request is one-shot and stateless. An awaited
+    activity (its result written to `†state` for a next turn) needs state kept across
+    turns, so a spec without a plan cannot declare one. A latent tool's `_outputPath` is
+    fine: the model's own output goes with the instance's outcome, nothing is kept."""
+    awaited = [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]
+    if awaited:
+        raise ValueError(
+            f"tools {awaited} declare paths/_output (awaited results written to †state), but "
+            "the spec has no plan: without a plan a request is one-shot and stateless (the "
+            "seeds), so nothing would ever read the result. Add `plan:` (mode eager or "
+            "lazy), or drop paths/_output to make the calls fire-and-forget"
+        )
 
 
 def _check_advisor_schema(advisor: Advisor) -> None:

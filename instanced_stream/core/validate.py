@@ -22,6 +22,7 @@ from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
 from instanced_stream.core.strict_form import without_nulls
 
 __all__ = [
+    "LATENT_IN_LAZY_PLAN",
     "Opinion",
     "Refusal",
     "Validator",
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 _REMEMBERED = 4096  # distinct argument sets whose verdict is kept
+
+# A latent step of a lazy plan answered on the planning turn: nothing latent runs before
+# the plan is approved (the seeds' lazy mode).
+LATENT_IN_LAZY_PLAN = "latent_in_lazy_plan"
 
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
 _STATE = "†state"
@@ -172,7 +177,7 @@ class Validator:
             outcome = (
                 Refusal("malformed_call", raw.reason, None, _known(raw.token, known))
                 if isinstance(raw, compact.Unreadable)
-                else self._check_call(raw, known)
+                else self._check_call(raw, known, ask.planning)
             )
             if isinstance(outcome, Refusal):
                 verdict.refusals.append(outcome)
@@ -186,6 +191,11 @@ class Validator:
         # An instance that asked for a consult is decided in the follow-up, not here.
         for token in verdict.consults:
             verdict.calls.pop(token, None)
+        # A lazy plan carrying a latent result broke the protocol: the whole plan of that
+        # instance is asked again (a plan with a hole would be proposed otherwise).
+        for refusal in verdict.refusals:
+            if refusal.code == LATENT_IN_LAZY_PLAN and refusal.token is not None:
+                verdict.calls.pop(refusal.token, None)
         raw_opinions = answer.get("advisors", [])
         for raw in raw_opinions if isinstance(raw_opinions, list) else []:
             if isinstance(raw, dict) and "_instance" in raw:  # a number in the compact form
@@ -253,7 +263,7 @@ class Validator:
         self._problems[key] = problem
         return problem
 
-    def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
+    def _check_call(self, raw: Any, known: set[str], planning: bool = False) -> Call | Refusal:
         if not isinstance(raw, dict):
             return Refusal("malformed_call", "call is not a JSON object", None)
         tool, token = raw.get("_tool"), raw.get("_instance")
@@ -274,8 +284,16 @@ class Validator:
             for k, v in raw.items()
             if not k.startswith("_") and (v is not None or k in required)
         }
-        problem = self._problem(tool, args)
-        if problem is not None:
+        if planning and self._tools[tool].kind == "latent":
+            if args:
+                return Refusal(
+                    LATENT_IN_LAZY_PLAN,
+                    f"{tool} is a latent step of a lazy plan: plan it with no arguments "
+                    "(its _outputPath only); it is answered after the plan is approved",
+                    raw,
+                    token,
+                )
+        elif (problem := self._problem(tool, args)) is not None:
             return Refusal("bad_arguments", problem, raw, token)
         meta = {k: v for k, v in raw.items() if k in _META and v is not None}
         if "_outputPath" in meta:

@@ -157,7 +157,6 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.core.prompt import PromptBuilder
     from instanced_stream.ops.audit import audit, parse_since
     from instanced_stream.ops.workflow_audit import audit_workflows
     from instanced_stream.runtime.topics import activity_topics
@@ -168,7 +167,7 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
         audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
     )
     flows = None
-    if PromptBuilder(spec).stateful:  # workflows: done, dead-lettered, or pending and why
+    if spec.plan is not None:  # workflows: done, dead-lettered, or pending and why
         flows = asyncio.run(audit_workflows(bootstrap, settings))
     if args.json:
         out = report.model_dump() | ({"workflows": flows.model_dump()} if flows else {})

@@ -227,6 +227,11 @@ class RecordBuilder:
             effects = flow.turn(inst, calls, batch, answer.opinions)
             out.turns.append(TurnChange(inst, calls, batch, answer.opinions))
         reviewed = self._calls(out, inst, calls, batch, advice, effects, flow)
+        if effects.launch and flow is not None:
+            # A lazy plan's steps that waited for this turn's latent answers.
+            st = flow.store.get(inst.id)
+            if st is not None:
+                out.add(self.approved(st, effects.launch, batch.id))
         if effects.proposal is not None:
             out.records.append(
                 OutRecord(self.topics.proposals, key, _dumps(effects.proposal), origin)
@@ -252,6 +257,7 @@ class RecordBuilder:
                 consensus=advice.consensus.as_dict(),
                 divergent=advice.divergent,
                 consulted=answer.consulted,
+                questions=[{"advisor": a, "question": q} for a, q in answer.questions],
                 call_ids=[cid for cid, _ in calls],
                 reviewed=reviewed,
             )
@@ -350,6 +356,7 @@ class RecordBuilder:
             if tool and tool.kind != "latent":
                 trace = list(st.trace)
                 self.add_call(out, tool, cid, call, inst, batch, None, None, trace, st.state)
+                out.events["plan_calls_executed"] += 1
         return out
 
     def done(self, done: DoneRecord) -> Planned:

@@ -21,7 +21,6 @@ import orjson
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages, apply_overrides
-from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.factory import build_llm
@@ -82,7 +81,9 @@ class _Service:
         self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
         self.flows: Flows | None = None
-        if PromptBuilder(merged).stateful:
+        # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
+        # store, no changelog and no workflow: nothing of an instance outlives its request.
+        if merged.plan is not None:
             stores = Stores()
             workflow = Workflow(
                 merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
