@@ -193,10 +193,6 @@ class PromptBuilder:
         lazy_first = plan is not None and plan.mode == "lazy" and turn == 1
         return Ask(active, bool(self.spec.on_demand), lazy_first)
 
-    def _on(self, advisor_id: str) -> str:
-        advisor = self.spec.advisor(advisor_id)
-        return str(advisor.on) if advisor is not None else "None"
-
     def messages(
         self,
         instances: Sequence[Instance],
@@ -233,19 +229,7 @@ class PromptBuilder:
         ]
         if self.spec.advisors:
             ask = ask or self.first_ask
-            control: dict[str, Any] = {
-                "activeAdvisors": list(ask.active),
-                "why": {a: _WHY[self._on(a)] for a in ask.active},
-                "mayConsult": ask.consult,
-            }
-            if questions:
-                # In the model's own naming of instances: numbers in the compact form.
-                number = {token_for(k): k + 1 for k in range(len(instances))}
-                control["questions"] = [
-                    {"_instance": number[t] if self.compact and t in number else t}
-                    | {"advisor": a, "question": q}
-                    for t, a, q in questions
-                ]
+            control = _control(self.spec, ask, questions, len(instances), self.compact)
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
             named = {token_for(k): k + 1 for k in range(len(instances))} if self.compact else {}
@@ -394,6 +378,35 @@ class PromptBuilder:
             "type": "json_schema",
             "json_schema": {"name": "solution", "strict": True, "schema": schema},
         }
+
+
+def _control(
+    spec: AgentSpec,
+    ask: Ask,
+    questions: Sequence[tuple[str, str, str]],
+    n: int,
+    numbered: bool,
+) -> dict[str, Any]:
+    """The request's last message: which advisors speak now and why, whether the model
+    may consult, and the questions it asked (in its own naming of instances: numbers in
+    the compact form, tokens in the protocol form)."""
+    why = {}
+    for advisor_id in ask.active:
+        advisor = spec.advisor(advisor_id)
+        why[advisor_id] = _WHY[str(advisor.on) if advisor is not None else "None"]
+    control: dict[str, Any] = {
+        "activeAdvisors": list(ask.active),
+        "why": why,
+        "mayConsult": ask.consult,
+    }
+    if questions:
+        number = {token_for(k): k + 1 for k in range(n)}
+        control["questions"] = [
+            {"_instance": number[t] if numbered and t in number else t}
+            | {"advisor": a, "question": q}
+            for t, a, q in questions
+        ]
+    return control
 
 
 def _tools_json(tools: Sequence[Tool], call_fields: dict[str, list[str]] | None) -> str:

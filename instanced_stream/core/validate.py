@@ -285,7 +285,7 @@ class Validator:
             if not k.startswith("_") and (v is not None or k in required)
         }
         if planning and self._tools[tool].kind == "latent":
-            if args:
+            if any(v is not None for v in args.values()):
                 return Refusal(
                     LATENT_IN_LAZY_PLAN,
                     f"{tool} is a latent step of a lazy plan: plan it with no arguments "
@@ -293,6 +293,7 @@ class Validator:
                     raw,
                     token,
                 )
+            args = {}  # planned, not answered: its arguments come after approval
         elif (problem := self._problem(tool, args)) is not None:
             return Refusal("bad_arguments", problem, raw, token)
         meta = {k: v for k, v in raw.items() if k in _META and v is not None}

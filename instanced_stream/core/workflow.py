@@ -135,49 +135,10 @@ class Workflow:
         elif self.lazy:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
-            out = self._eager(st, inst, calls, first_time)
+            out = _eager(self.spec, st, inst, calls, first_time, self.timeout)
         if owed is not None:
             st.owe(owed, self.owner)
         self._put(st)
-        return out
-
-    def _eager(
-        self, st: InstanceState, inst: Instance, calls: list[tuple[str, Call]], first_time: bool
-    ) -> TurnEffects:
-        """Planning is execution: latent steps answered in this generation are written,
-        activities run now; the turn's steps join the instance's plan, shown next turn."""
-        out = TurnEffects()
-        awaited = False
-        for cid, call in calls:
-            tool = self.spec.tool(call.tool)
-            if tool is None:
-                continue  # NoAction: nothing to run, nothing to await
-            if tool.kind == "latent":
-                # The validator admits a latent path only when it names one.
-                if call.output_path and first_time:
-                    write_path(st.state, call.output_path.strip(), call.arguments)
-                continue
-            if call.output_path:
-                awaited = True
-                if first_time:
-                    st.pending[cid] = Pending(
-                        tool=call.tool,
-                        paths=alternatives(call.output_path),
-                        deadline=time.time() + self.timeout,
-                        turn=inst.turn,
-                    )
-            out.run.append(cid)
-        if first_time and self.iterative:
-            steps = plan_graph.steps_of(self.spec, calls, "done")
-            for step in steps:
-                if step.kind == "activity" and step.output:
-                    step.status = "running"
-            st.plan = [*st.plan, *steps]
-        out.trace = list(st.trace)
-        if st.pending:
-            st.status = "pending"
-        else:
-            out.done = _maybe_done(self.spec, st, awaited)
         return out
 
     def fail(self, inst: Instance, code: str, reason: str) -> None:
@@ -333,6 +294,51 @@ class Workflow:
         run, finished = lazy.approve(self.spec, st, self.timeout)
         self._put(st)
         return run, finished
+
+
+def _eager(
+    spec: AgentSpec,
+    st: InstanceState,
+    inst: Instance,
+    calls: list[tuple[str, Call]],
+    first_time: bool,
+    timeout: float,
+) -> TurnEffects:
+    """Planning is execution: latent steps answered in this generation are written,
+    activities run now; the turn's steps join the instance's plan, shown next turn."""
+    out = TurnEffects()
+    awaited = False
+    for cid, call in calls:
+        tool = spec.tool(call.tool)
+        if tool is None:
+            continue  # NoAction: nothing to run, nothing to await
+        if tool.kind == "latent":
+            # The validator admits a latent path only when it names one.
+            if call.output_path and first_time:
+                write_path(st.state, call.output_path.strip(), call.arguments)
+            continue
+        if call.output_path:
+            awaited = True
+            if first_time:
+                st.pending[cid] = Pending(
+                    tool=call.tool,
+                    paths=alternatives(call.output_path),
+                    deadline=time.time() + timeout,
+                    turn=inst.turn,
+                )
+        out.run.append(cid)
+    if first_time and spec.plan is not None:
+        steps = plan_graph.steps_of(spec, calls, "done")
+        for step in steps:
+            if step.kind == "activity" and step.output:
+                step.status = "running"
+        st.plan = [*st.plan, *steps]
+    out.trace = list(st.trace)
+    if st.pending:
+        st.status = "pending"
+    else:
+        out.done = _maybe_done(spec, st, awaited)
+    return out
 
 
 def _maybe_done(spec: AgentSpec, st: InstanceState, awaited: bool) -> DoneRecord | None:

@@ -47,7 +47,14 @@ def _spec(reasoning: str = "full", paths: bool = False) -> AgentSpec:
         },
     ]
     return AgentSpec.model_validate(
-        {"name": "t", "instructions": "i", "tools": tools, "model": {"reasoning": reasoning}}
+        {
+            "name": "t",
+            "instructions": "i",
+            "tools": tools,
+            "model": {"reasoning": reasoning},
+            # awaited calls need a plan (no plan: one-shot and stateless)
+            **({"plan": {"mode": "eager"}} if paths else {}),
+        }
     )
 
 

@@ -51,25 +51,30 @@ async def _answer_all(pipe: Pipeline, pub: FakePublisher, tool: str, value: Any)
         await pipe.on_result(orjson.dumps(result), None)
 
 
-async def test_a_replayed_approval_does_not_approve_a_newer_proposal() -> None:
-    """The reproduction of #24: the byte-identical first approval, sent again once the
-    turn-2 proposal is pending, approved it. It names turn 1's proposal, so it may not."""
+async def test_a_graph_is_approved_once_and_runs_in_dependency_order() -> None:
+    """The seeds' lazy plan: the model's graph is proposed once, approved as a whole, and
+    run step by step as the state its steps read comes in; the latent step is answered
+    by the model only after approval, and a replayed approval approves nothing more."""
     pipe, pub, first = await _proposed()
     assert first["proposal_id"] and first["turn"] == 1
+    steps = {s["tool"]: s for s in first["plan"]}
+    assert steps["summarize"]["status"] == "proposed"
+    assert "summary" not in first["calls"][[c["_tool"] for c in first["calls"]].index("summarize")]
     approval = _approval(first)
     await pipe.on_approval(approval, None)
+    assert on(pub, "activity.lookupCustomer") and on(pub, "activity.assessUrgency")
+    assert not on(pub, "activity.routeTicket")  # it reads what the others write
     await _answer_all(pipe, pub, "lookupCustomer", {"plan": "pro", "vip": False})
     await _answer_all(pipe, pub, "assessUrgency", {"why": "test"})
     await drain(pipe)
-    second = on(pub, "proposals")[-1]
-    assert second["turn"] == 2 and second["proposal_id"] != first["proposal_id"]
-    await pipe.on_approval(approval, None)  # the old one, again
-    assert not on(pub, "activity.routeTicket")  # nothing of turn 2 ran
+    assert len(on(pub, "proposals")) == 1  # approval is asked once per graph
+    await pipe.on_approval(approval, None)  # the same approval again: a repeat
+    assert len(on(pub, "activity.routeTicket")) == 1
+    (done,) = on(pub, "done")
+    assert done["status"] == "done" and done["state"]["summary"]
     assert pipe.workflow is not None
     st = pipe.workflow.store.get(first["instance"])
-    assert st is not None and st.status == "awaiting_approval"
-    await pipe.on_approval(_approval(second), None)  # the one that names it
-    assert len(on(pub, "activity.routeTicket")) == 1
+    assert st is not None and all(s.status == "done" for s in st.plan)
     await pipe.windower.stop()
 
 
