@@ -103,7 +103,7 @@ def test_a_latent_result_in_a_lazy_plan_is_refused_and_the_plan_asked_again() ->
     spec = _tickets("protocol")
     validator = Validator(spec)
     planning = PromptBuilder(spec).ask_for(1)
-    answer = {
+    answer: dict[str, list[dict[str, Any]]] = {
         "calls": [
             {"_tool": "lookupCustomer", "_instance": "①", "reason": "r",
              "_outputPath": "†state.customer", "_scopes": ["input"]},
