@@ -9,10 +9,10 @@ compact answer groups calls per tool and writes each call as a positional array:
 The positions of a tool's call are named in the system prompt (`call`): the instance's
 number (1 for ①: one token where a circled one takes two or three, in the question too),
 or a list of the numbers of instances that get the very same call,
-`_reasoningForCall` unless the spec turned reasoning off, `_outputPath` and `_scopes` in
-stateful runs, then the tool's arguments in their schema's order (null for an optional
-one left out). An empty reasoning repeats the instance's previous one, so
-a follow-up call (notifyAuthor after a rejection) does not say the same thing twice.
+`_reasoningForCall` unless the spec turned reasoning off, `_outputPath` in stateful runs,
+`_scopes` (stateful runs, and every activity: null when it needs nothing), then the
+tool's arguments in their schema's order (null for an optional one left out). An empty
+reasoning repeats the instance's previous one, so a follow-up call (notifyAuthor after a rejection) does not say the same thing twice.
 
 Consumers never see this form: `expand` turns it back into protocol calls, which the
 validator checks one by one exactly as before.
@@ -28,9 +28,11 @@ import orjson
 
 __all__ = [
     "INSTANCE",
+    "OUTPUT_PATH",
     "PROTOCOL",
     "REASONING",
     "REASONING_TEXT",
+    "SCOPES",
     "Unreadable",
     "call_fields",
     "compress",
@@ -71,7 +73,8 @@ REASONING_TEXT = {
 
 INSTANCE = "_instance"
 REASONING = "_reasoningForCall"
-_STATE_FIELDS = ("_outputPath", "_scopes")
+OUTPUT_PATH = "_outputPath"
+SCOPES = "_scopes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +86,16 @@ class Unreadable:
     token: str | None
 
 
-def call_fields(parameters: dict[str, Any], reasoning: bool, stateful: bool) -> list[str]:
-    """The names of a tool's call positions, in the order the model writes them."""
+def call_fields(
+    parameters: dict[str, Any], reasoning: bool, stateful: bool, scoped: bool = False
+) -> list[str]:
+    """The names of a tool's call positions, in the order the model writes them.
+    `scoped`: an activity, which may import its own instance's input in any spec."""
     return [
         INSTANCE,
         *([REASONING] if reasoning else []),
-        *(_STATE_FIELDS if stateful else ()),
+        *([OUTPUT_PATH] if stateful else []),
+        *([SCOPES] if stateful or scoped else []),
         *parameters.get("properties", {}),
     ]
 

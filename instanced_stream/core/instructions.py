@@ -17,6 +17,7 @@ __all__ = [
     "OVERRIDE_RULE",
     "PROTOCOL",
     "REASONING",
+    "SCOPES",
     "SILENCE",
     "STATEFUL",
     "plan_text",
@@ -61,12 +62,20 @@ is the schema of the result the activity writes there.
 path in its "_scopes". When an instance needs nothing more, make no awaited call for it:
 its workflow is then done."""
 
+# Every spec's activities may import their own instance's input (a stateless spec's
+# `context` would otherwise always be empty).
+SCOPES = """# Scopes
+"_scopes" lists what the activity may read of its own instance: "input" (the whole
+input message) or "input.field"; null when it needs nothing. It never sees other
+instances."""
+
 # A spec without a plan: one-shot and stateless (the seeds), yet a latent tool may
 # still name where its output goes.
 ONE_SHOT = """# Output paths
 This request is one-shot: nothing is kept for a later turn. A latent tool's
 "_outputPath" (a state path like "†state.task") names where your own arguments go in
-this instance's outcome."""
+this instance's outcome. "_scopes" lists what an activity may read of its own
+instance ("input" or "input.field"); null when it needs nothing."""
 
 
 def plan_text(plan: Plan) -> str:

@@ -61,10 +61,14 @@ NO_ACTION_TOOL = Tool(
     },
 )
 
-# Call properties of stateful runs; nullable because strict output wants every property.
+# Call meta properties; nullable because strict output wants every property. Every
+# spec's calls may import their instance's input (`_scopes`); stateful ones also write.
+_SCOPES_META: dict[str, Any] = {
+    "_scopes": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+}
 _STATE_META: dict[str, Any] = {
     "_outputPath": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    "_scopes": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+    **_SCOPES_META,
 }
 
 
@@ -101,6 +105,12 @@ def _planned_parameters(tool: Tool, ask: Ask) -> tuple[dict[str, Any], list[str]
     if ask.planning and tool.kind == "latent":
         props = {k: {"type": "null"} for k in props}
     return props, required
+
+
+def _activity(spec: AgentSpec, tool: Tool) -> bool:
+    """One of the spec's activities (not a meta tool, not latent): it may import its own
+    instance's input through `_scopes`, whatever the spec."""
+    return tool.kind == "activity" and spec.tool(tool.name) is not None
 
 
 def _instance_schema(tokens: list[str], compact: bool, loose: bool = False) -> dict[str, Any]:
@@ -146,7 +156,9 @@ class PromptBuilder:
         self.compact = spec.model.answer == "compact"
         # The positions of each tool's compact call (the validator reads them back).
         self.call_fields = {
-            t.name: compact.call_fields(t.parameters, spec.model.reasoning != "off", self.stateful)
+            t.name: compact.call_fields(
+                t.parameters, spec.model.reasoning != "off", self.stateful, _activity(spec, t)
+            )
             for t in self.tools
         }
         self.first_ask = self.ask_for(1)
@@ -165,6 +177,8 @@ class PromptBuilder:
         if self.stateful:
             stateful = instructions.STATEFUL if spec.plan else instructions.ONE_SHOT
             sections.insert(2, stateful)
+        else:
+            sections.insert(2, instructions.SCOPES)
         if spec.plan is not None:
             sections.append(instructions.plan_text(spec.plan))
         if spec.advisors:
@@ -180,6 +194,11 @@ class PromptBuilder:
             sections += ["# Global inputs", globals_json]
         self.system = "\n\n".join(sections)
         self._schema = lru_cache(maxsize=64)(self._build_schema)
+
+    def _meta(self, tool: Tool) -> dict[str, Any]:
+        if self.stateful:
+            return _STATE_META
+        return _SCOPES_META if _activity(self.spec, tool) else {}
 
     def ask_for(self, turn: int) -> Ask:
         """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
@@ -332,14 +351,14 @@ class PromptBuilder:
                         "_tool",
                         "_instance",
                         *reasoning,
-                        *(_STATE_META if self.stateful else {}),
+                        *self._meta(tool),
                         *required,
                     ],
                     "properties": {
                         "_tool": {"type": "string", "enum": [tool.name]},
                         "_instance": _instance_schema(tokens, False, loose),
                         **reasoning,
-                        **(_STATE_META if self.stateful else {}),
+                        **self._meta(tool),
                         **props,
                     },
                 }

@@ -13,6 +13,7 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import LATENT_IN_LAZY_PLAN, Validator
+from instanced_stream.runtime.scopes import imported
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
 
 FORMS = ["compact", "protocol"]
@@ -128,3 +129,29 @@ def test_awaited_calls_without_a_plan_are_refused_at_spec_load() -> None:
         AgentSpec.model_validate({"name": "n", "instructions": "i", "tools": [tool]})
     latent = {**tool, "kind": "latent"}  # the model's own output: nothing awaited
     assert AgentSpec.model_validate({"name": "n", "instructions": "i", "tools": [latent]})
+
+
+def test_a_stateless_spec_s_activity_imports_its_own_input_through_scopes() -> None:
+    """#26 item 6: `_scopes` in every spec, so a stateless activity's context is not empty."""
+    spec = load_spec(DEFAULT_SPEC)
+    assert spec.plan is None
+    builder = PromptBuilder(spec)
+    assert "_scopes" in builder.call_fields["moderateComment"]
+    assert "_scopes" not in builder.call_fields["NoAction"]  # not an activity
+    assert '"_scopes" lists what the activity may read of its own instance' in builder.system
+    fields = builder.call_fields["moderateComment"]
+    row: list[Any] = [None] * len(fields)
+    row[0], row[fields.index("_scopes")] = 1, ["input.comment"]
+    for name in fields[1:]:
+        if name == "decision":
+            row[fields.index(name)] = "approve"
+        elif name in ("reason", "_reasoningForCall"):
+            row[fields.index(name)] = "fine"
+    answer = {"advisors": [], "calls": {"moderateComment": [row], "notifyAuthor": []}}
+    verdict = Validator(spec).check(orjson.dumps(answer).decode(), ["①", "②"])
+    (call,) = verdict.calls["①"]
+    assert call.scopes == ["input.comment"]
+    mine, other = _inst(0, comment="mine"), _inst(1, comment="theirs")
+    context = imported(spec, mine, call.scopes, {})
+    assert context and context[0]["comment"] == "mine" and "theirs" not in str(context)
+    assert other.payload["comment"] == "theirs"
