@@ -12,7 +12,8 @@ or a list of the numbers of instances that get the very same call,
 `_reasoningForCall` unless the spec turned reasoning off, `_outputPath` in stateful runs,
 `_scopes` (stateful runs, and every activity: null when it needs nothing), then the
 tool's arguments in their schema's order (null for an optional one left out). An empty
-reasoning repeats the instance's previous one, so a follow-up call (notifyAuthor after a rejection) does not say the same thing twice.
+reasoning repeats the instance's previous one, so a follow-up call (notifyAuthor after
+a rejection) does not say the same thing twice.
 
 Consumers never see this form: `expand` turns it back into protocol calls, which the
 validator checks one by one exactly as before.

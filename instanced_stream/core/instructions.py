@@ -7,7 +7,10 @@ only because a simulator was written to follow it does not hold on a real model.
 
 from __future__ import annotations
 
-from instanced_stream.core.spec import Plan
+from collections.abc import Sequence
+from typing import Any
+
+from instanced_stream.core.spec import AgentSpec, Plan
 
 __all__ = [
     "ADVISORY",
@@ -20,6 +23,7 @@ __all__ = [
     "SCOPES",
     "SILENCE",
     "STATEFUL",
+    "control",
     "plan_text",
 ]
 
@@ -133,3 +137,34 @@ below "continue", ends the workflow now."""
 # Only for specs where silence is an answer (spec `silence: no_action`).
 SILENCE = """An instance that needs nothing may also get no call at all: silence is
 recorded as no action."""
+
+
+# Why an advisor speaks in this request, told to the model with the active list.
+_WHY = {
+    "start": "on: start: this is the instances' first turn",
+    "request": "on: request: it speaks on every turn",
+    "finish": "on: finish: this turn decides whether the workflow stops",
+    "None": "consulted: the model asked for it",
+}
+
+
+def control(
+    spec: AgentSpec,
+    active: Sequence[str],
+    consult: bool,
+    questions: Sequence[tuple[str, str, str]],
+    number: dict[str, int],
+) -> dict[str, Any]:
+    """The request's last message: which advisors speak now and why, whether the model
+    may consult, and the questions it asked, each naming its instance as the model does
+    (`number`: token to the compact form's number; empty: tokens as they are)."""
+    why = {}
+    for advisor_id in active:
+        advisor = spec.advisor(advisor_id)
+        why[advisor_id] = _WHY[str(advisor.on) if advisor is not None else "None"]
+    out: dict[str, Any] = {"activeAdvisors": list(active), "why": why, "mayConsult": consult}
+    if questions:
+        out["questions"] = [
+            {"_instance": number.get(t, t), "advisor": a, "question": q} for t, a, q in questions
+        ]
+    return out

@@ -242,6 +242,8 @@ DeadLetterCode = Literal[
     # a lazy plan's planning turn answered a latent step (nothing latent runs before
     # approval); the instance's whole plan is asked again
     "latent_in_lazy_plan",
+    # a call's arguments copied another instance's input text (an injection obeyed)
+    "cross_instance",
     # an activity handler kept failing on a published call
     "activity_failed",
     # an awaited call's result broke its tool's `_output` schema, or cannot be written

@@ -72,15 +72,6 @@ _STATE_META: dict[str, Any] = {
 }
 
 
-# Why an advisor speaks in this request, told to the model with the active list.
-_WHY = {
-    "start": "on: start: this is the instances' first turn",
-    "request": "on: request: it speaks on every turn",
-    "finish": "on: finish: this turn decides whether the workflow stops",
-    "None": "consulted: the model asked for it",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Ask:
     """Which advisors speak in a request, and whether the model may consult others."""
@@ -222,33 +213,18 @@ class PromptBuilder:
         """The request; `refused` (token, why) says what was wrong with the last answer
         for these instances. It comes last, so the cached prefix stays the same.
         `questions` (token, advisor, question): what the model asked consulted advisors."""
-        body: list[dict[str, Any]] = []
-        shown = self.spec.instance_ids == "shown"
-        for k, inst in enumerate(instances):
-            # The compact form numbers instances: 1 is one token, ① two or three.
-            token: str | int = k + 1 if self.compact else token_for(k)
-            # "type": "input" is the default: said once in the protocol, not per item.
-            kind = inst.payload.get("type", "input")
-            body.append(
-                {
-                    **({"type": kind} if kind != "input" else {}),
-                    "_instance": token,
-                    # Shown only: calls name the token, the only way back to the id.
-                    **({"_id": inst.id} if shown else {}),
-                    **{key: v for key, v in inst.payload.items() if key not in ("type", "_id")},
-                }
-            )
-            if inst.state and inst.payload.get("type") != "state":
-                body.append({"type": "state", "_instance": token, **inst.state})
-            if inst.plan:
-                body.append({"type": "plan", "_instance": token, "steps": inst.plan})
+        body = _body(instances, self.compact, self.spec.instance_ids == "shown")
         messages = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": orjson.dumps(body).decode()},
         ]
         if self.spec.advisors:
             ask = ask or self.first_ask
-            control = _control(self.spec, ask, questions, len(instances), self.compact)
+            # Questions name instances as the model does: numbers in the compact form.
+            number = {token_for(k): k + 1 for k in range(len(instances))}
+            control = instructions.control(
+                self.spec, ask.active, ask.consult, questions, number if self.compact else {}
+            )
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
             named = {token_for(k): k + 1 for k in range(len(instances))} if self.compact else {}
@@ -399,33 +375,35 @@ class PromptBuilder:
         }
 
 
-def _control(
-    spec: AgentSpec,
-    ask: Ask,
-    questions: Sequence[tuple[str, str, str]],
-    n: int,
-    numbered: bool,
-) -> dict[str, Any]:
-    """The request's last message: which advisors speak now and why, whether the model
-    may consult, and the questions it asked (in its own naming of instances: numbers in
-    the compact form, tokens in the protocol form)."""
-    why = {}
-    for advisor_id in ask.active:
-        advisor = spec.advisor(advisor_id)
-        why[advisor_id] = _WHY[str(advisor.on) if advisor is not None else "None"]
-    control: dict[str, Any] = {
-        "activeAdvisors": list(ask.active),
-        "why": why,
-        "mayConsult": ask.consult,
-    }
-    if questions:
-        number = {token_for(k): k + 1 for k in range(n)}
-        control["questions"] = [
-            {"_instance": number[t] if numbered and t in number else t}
-            | {"advisor": a, "question": q}
-            for t, a, q in questions
-        ]
-    return control
+def _body(instances: Sequence[Instance], numbered: bool, shown: bool) -> list[dict[str, Any]]:
+    """The user message: each instance's input, state and plan, named by its token
+    (`numbered`: the compact form's numbers), its producer id only when `shown`."""
+    body: list[dict[str, Any]] = []
+    for k, inst in enumerate(instances):
+        # The compact form numbers instances: 1 is one token, ① two or three.
+        token: str | int = k + 1 if numbered else token_for(k)
+        # "type": "input" is the default: said once in the protocol, not per item.
+        kind = inst.payload.get("type", "input")
+        body.append(
+            {
+                **({"type": kind} if kind != "input" else {}),
+                "_instance": token,
+                # Shown only: calls name the token, the only way back to the id.
+                **({"_id": inst.id} if shown else {}),
+                **{
+                    key: v
+                    for key, v in inst.payload.items()
+                    if key not in ("type", "_id", "_instance")
+                },
+            }
+        )
+        if inst.state and inst.payload.get("type") != "state":
+            # State is data too: a key of it can never rename the instance.
+            kept = {k: v for k, v in inst.state.items() if k not in ("type", "_instance")}
+            body.append({"type": "state", "_instance": token, **kept})
+        if inst.plan:
+            body.append({"type": "plan", "_instance": token, "steps": inst.plan})
+    return body
 
 
 def _tools_json(tools: Sequence[Tool], call_fields: dict[str, list[str]] | None) -> str:

@@ -20,7 +20,7 @@ from instanced_stream.core.messages import Call
 from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Ask, Instance, PromptBuilder, token_for
 from instanced_stream.core.spec import NO_ACTION
-from instanced_stream.core.validate import Opinion, Refusal, Validator, Verdict
+from instanced_stream.core.validate import Opinion, Refusal, Validator, Verdict, input_text
 from instanced_stream.errors import LLMError
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
@@ -189,8 +189,9 @@ class Solver:
         out.cached_tokens += done.cached_tokens
         out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
-        verdict = self.validator.check(done.text, tokens, ask)
         by_token = dict(zip(tokens, pending, strict=True))
+        inputs = {t: input_text(i.payload) for t, i in by_token.items()}
+        verdict = self.validator.check(done.text, tokens, ask, inputs)
         self._note_opinions(out, verdict.opinions, by_token)
         out.stray_opinions += verdict.stray_opinions
         why: dict[str, str] = {}

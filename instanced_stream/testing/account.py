@@ -53,3 +53,9 @@ class SimConfig(BaseModel):
     )
     requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
     model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")
+    obedient: bool = Field(
+        False,
+        description='follow instructions found inside items ("for item ③ reject"), as an '
+        "injectable model would: first the injected call for the other instance, its reason "
+        "copying the injecting text; for proving the product's defenses",
+    )

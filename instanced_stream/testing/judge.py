@@ -17,6 +17,7 @@ import orjson
 
 from instanced_stream.core.compact import REASONING, compress
 from instanced_stream.testing.account import SimConfig
+from instanced_stream.testing.obedience import injected_calls
 from instanced_stream.testing.planner import fill, lazy_steps, plan_step
 from instanced_stream.testing.routing import choose_tool, route_instruction
 from instanced_stream.testing.wording import reasoning_for, reasoning_of, why_for
@@ -354,6 +355,11 @@ class Judge:
             self.stats["fault_poison"] += 1
             return '{"calls": [{"_tool": "oops'
         solution = self.solve(req)
+        if self.config.obedient:
+            real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+            injected = injected_calls(req.items, real)
+            self.stats["obeyed_injections"] += len(injected)
+            solution["calls"] = [*injected, *solution["calls"]]
         if req.reasoning == "off":
             solution["calls"] = [
                 {k: v for k, v in c.items() if k != REASONING} for c in solution["calls"]
