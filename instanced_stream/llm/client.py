@@ -24,13 +24,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import openai
 from openai.types.chat import ChatCompletion
 
 from instanced_stream.core.model import Completion
 from instanced_stream.errors import LLMError
+from instanced_stream.llm.deadline import Deadline
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.llm.shape import RequestShape
@@ -237,6 +238,7 @@ class LLM:
         self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
+        self.deadline = Deadline(timeout_s)
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
@@ -297,7 +299,13 @@ class LLM:
                 "/chat/completions",
                 body=body,
                 cast_to=ChatCompletion,
-                options={"headers": headers} if headers else {},
+                # The deadline follows what this answer may write on this endpoint (the
+                # SDK's per-request options: a dict it types as its RequestOptions).
+                options=cast(
+                    Any,
+                    {"timeout": self.deadline.timeout_for(cap)}
+                    | ({"headers": headers} if headers else {}),
+                ),
             )
         except Exception as exc:  # every failure is classified, none escapes raw
             raise _classify(exc) from exc
@@ -424,6 +432,7 @@ class LLM:
 
     def _answered(self, done: Completion, items: int) -> None:
         self.last_answer = time.monotonic()
+        self.deadline.observe(done.completion_tokens, done.latency_s)
         if self.refused is not None:
             log.warning("the model endpoint answers again; consumption resumes")
             self.refused = None

@@ -79,7 +79,9 @@ async def probe(llm: LLM, prompt: PromptBuilder, *, adapt: bool = True) -> Probe
         llm.shape = shape
         try:
             # Marked, so a simulator can leave it out of its item counts.
-            await llm.complete_once(messages, response_format, cap, {"x-stream-probe": "1"})
+            done = await llm.complete_once(messages, response_format, cap, {"x-stream-probe": "1"})
+            # The endpoint's first measured pace: the first batch's deadline follows it.
+            llm.deadline.observe(done.completion_tokens, done.latency_s, least=1)
         except LLMError as exc:
             if exc.status in REFUSED:
                 raise StreamError(
