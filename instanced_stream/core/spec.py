@@ -145,6 +145,11 @@ class AdviceSettings(_Strict):
         0.3, ge=0, le=1, description="instances whose advisors diverge this much are flagged"
     )
     max_consults: int = Field(1, ge=0, le=3, description="ConsultAdvisor rounds per instance")
+    missing: Literal["review", "allow"] = Field(
+        "review",
+        description="gate: a call of an instance whose active instanced advisors gave no "
+        "valid opinion (after one re-ask) goes to review (fails closed); allow: it runs",
+    )
 
 
 class Plan(_Strict):
