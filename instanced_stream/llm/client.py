@@ -77,8 +77,7 @@ _CONTENT_PARAMS = frozenset({"messages", "prompt", "input"})
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
-    """OpenAI and Azure send `retry-after-ms` beside `retry-after` (whole seconds): the
-    finer one wins."""
+    """OpenAI and Azure send `retry-after-ms` beside `retry-after` (seconds): the finer wins."""
     headers = exc.response.headers
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
@@ -299,8 +298,7 @@ class LLM:
                 "/chat/completions",
                 body=body,
                 cast_to=ChatCompletion,
-                # The deadline follows what this answer may write on this endpoint (the
-                # SDK's per-request options: a dict it types as its RequestOptions).
+                # The deadline follows what it may write here (llm/deadline.py).
                 options=cast(
                     Any,
                     {"timeout": self.deadline.timeout_for(cap)}
@@ -386,6 +384,8 @@ class LLM:
 
     def _failed(self, exc: LLMError, items: int) -> None:
         self.failing += 1
+        if exc.timeout:
+            self.deadline.timed_out()
         if self.limiter is not None:
             if exc.overload:
                 self.limiter.on_overload(exc.retry_after)

@@ -25,6 +25,15 @@ class Deadline:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.rates: deque[float] = deque(maxlen=_KEEP)
+        self.grow = 1.0  # while nothing was ever answered: doubled by each timeout
+
+    def timed_out(self) -> None:
+        """A request timed out. Before any answer was measured (the start-up probe timed
+        out too: a loaded CPU endpoint), the timeout itself is the suspect: the next
+        deadline doubles, up to the bound, instead of halving batches that could never
+        be answered within it."""
+        if not self.rates:
+            self.grow = min(self.grow * 2, _MOST)
 
     def observe(self, completion_tokens: int, latency_s: float, least: int = _MIN_TOKENS) -> None:
         """A completed answer: its output tokens per second (latency includes the prompt,
@@ -32,10 +41,11 @@ class Deadline:
         the start-up probe's short answer is the only measure before the first batch."""
         if completion_tokens >= least and latency_s > 0:
             self.rates.append(completion_tokens / latency_s)
+            self.grow = 1.0
 
     def timeout_for(self, cap: int | None) -> float:
         """The deadline of a request that may write up to `cap` tokens."""
         if cap is None or not self.rates:
-            return self.timeout_s
+            return self.timeout_s * self.grow
         needed = cap / min(self.rates) * _ROOM
         return min(max(self.timeout_s, needed), self.timeout_s * _MOST)

@@ -88,6 +88,8 @@ async def probe(llm: LLM, prompt: PromptBuilder, *, adapt: bool = True) -> Probe
                     f"the model endpoint {llm.base_url} refuses us ({exc.message}): check "
                     f"the API key, the model name ({llm.model!r}) and the URL"
                 ) from exc
+            if exc.timeout:
+                llm.deadline.timed_out()  # the first batch gets longer
             if exc.status not in (400, 422):
                 # Unreachable, slow, 429 or 5xx: nothing said about the shape.
                 log.warning(

@@ -33,3 +33,15 @@ def test_the_probe_s_short_answer_is_a_first_measure() -> None:
     d = Deadline(60)
     d.observe(12, 2.0, least=1)
     assert d.rates[0] == 6.0
+
+
+def test_timeouts_before_any_answer_lengthen_the_deadline_not_only_halve_batches() -> None:
+    d = Deadline(60)
+    d.timed_out()
+    d.timed_out()
+    assert d.timeout_for(9_000) == 240
+    for _ in range(10):
+        d.timed_out()
+    assert d.timeout_for(9_000) == 600  # bounded
+    d.observe(950, 10.0)  # an answer: its pace decides from now on
+    assert d.grow == 1.0 and d.timeout_for(100) == 60
