@@ -213,6 +213,12 @@ class NoActionRecord(_Record):
     reason: str
     source: SourcePosition
     batch: BatchRef
+    latent: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The latent calls the model answered for it, with their outputs: in a "
+        "spec without a plan (one-shot, stateless) a latent call's `_outputPath` output is "
+        "part of the instance's outcome, here",
+    )
 
 
 # the item itself ends here

@@ -240,9 +240,10 @@ class RecordBuilder:
             out.events["done"] += 1
         if len(out.records) == first:
             # Only latent calls: the instance needs no action, and says so on the record.
+            latent = [c.wire() for _, c in calls if c.tool != NO_ACTION]
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
-            )
+            ).model_copy(update={"latent": latent})
             out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         out.decisions.append(_decision(inst, calls, advice))
         if advice.consensus is not None:

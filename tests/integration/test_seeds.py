@@ -241,7 +241,9 @@ async def test_instance_input_overrides_the_global_input(deploy: Deploy, tmp_pat
 async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
     deploy: Deploy,
 ) -> None:
-    dep = await deploy(spec_path=EXAMPLES / "seeds" / "manager.yaml")
+    dep = await deploy(
+        spec_path=EXAMPLES / "seeds" / "manager.yaml", STREAM_DELIVERY="exactly_once"
+    )
     mark = dep.sim.seen_total
     employees = seed_items("manager")
     assert all(set(e) == {"type", "_instance", "task", "status"} for e in employees)
@@ -256,17 +258,15 @@ async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
     assert set(shown) == {"employee_A", "employee_B"}
     # Calls name batch tokens (numbers in the compact form); ids are only to read.
     assert set(shown.values()) <= {"①", "②", 1, 2}
-    reasons = {n["instance"]: n["reason"] for n in await dep.records(dep.settings.topics.no_action)}
-    assert reasons["employee_A"].startswith("no call")
-    states = await _until(lambda: _b_updated(dep))
-    assert states["employee_B"]["state"]["newTask"] == "Finalize the quarterly report"
-    assert states["employee_A"]["state"]["task"] == "Draft initial proposal"
-    assert "newTask" not in states["employee_A"]["state"]
-
-
-async def _b_updated(dep: Deployment) -> dict[str, dict[str, Any]]:
-    got = await workflow_states(dep)
-    return got if got.get("employee_B", {}).get("state", {}).get("newTask") else {}
+    # Whatever the model answered: each employee has one outcome, and a latent
+    # updateTask's output is on it (no plan: one-shot, nothing kept in state).
+    outcomes = {n["instance"]: n for n in await dep.records(dep.settings.topics.no_action)}
+    assert set(outcomes) == {"employee_A", "employee_B"}
+    for rec in outcomes.values():
+        for call in rec["latent"]:
+            assert call["_tool"] == "updateTask" and {"newTask", "newStatus"} <= set(call)
+        assert rec["reason"]
+    assert await workflow_states(dep) == {}
 
 
 async def test_bad_output_path_unknown_scope_and_latent_branch_are_refused_calls(
