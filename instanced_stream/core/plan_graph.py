@@ -73,12 +73,14 @@ def depends_on(graph: list[Step], index: int) -> list[int]:
 
 
 def steps_of(spec: AgentSpec, calls: list[tuple[str, Call]], status: StepStatus) -> list[Step]:
-    """An answer's calls for one instance as plan steps (NoAction is no step)."""
+    """An answer's calls for one instance as plan steps (NoAction and thoughts are none)."""
     out = []
     for cid, call in calls:
         tool = spec.tool(call.tool)
         if call.tool == NO_ACTION or tool is None:
             continue
+        if tool.kind == "latent" and not call.output_path:
+            continue  # a thought: ephemeral (the seeds), never stored, nothing reads it
         wire = {"call_id": cid, **call.wire()}
         inputs = [s.strip() for s in call.scopes or [] if s.strip().startswith(_STATE)]
         out.append(
