@@ -19,7 +19,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Dependencies first, read from pyproject.toml, in their own layer: editing the
-# source then rebuilds in seconds instead of reinstalling faust, sklearn, openai...
+# source then rebuilds in seconds instead of reinstalling aiokafka, sklearn, openai...
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import subprocess, sys, tomllib; \
 deps = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']; \

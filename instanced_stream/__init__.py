@@ -5,7 +5,7 @@ The sub-packages follow the data path (see docs/architecture.md):
 - `instanced_stream.core`: the protocols (spec, messages, prompt, validation, solving, advice,
   workflow, state). Pure: no Kafka, no HTTP.
 - `instanced_stream.llm`: the model endpoint (openai client), its adaptive limiter, a local server.
-- `instanced_stream.runtime`: the Kafka side: the faust app, intake, windows, offsets, publishing.
+- `instanced_stream.runtime`: the Kafka side: units, state stores, windows, commits.
 - `instanced_stream.activities`: the SDK for workers that run activity calls (no faust needed).
 - `instanced_stream.ops`: what people run and watch: CLI, console, audit, metrics, web page, logs.
 - `instanced_stream.testing`: the LLM simulator, the local broker launcher, samples,

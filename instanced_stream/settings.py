@@ -109,8 +109,9 @@ class Settings(BaseSettings):
     publish_timeout_ms: int = Field(
         30_000,
         ge=1000,
-        description="A publish unacknowledged this long is sent again (and again, until the "
-        "cluster answers: a batch waits out a broker outage, it is never dead-lettered)",
+        description="A commit's records unacknowledged this long fail the commit: the "
+        "partition's unit is reopened and redoes its uncommitted work once the cluster "
+        "answers (an outage is waited out, nothing is dead-lettered for it)",
     )
     state_retention_s: float = Field(
         86_400.0,
@@ -126,7 +127,7 @@ class Settings(BaseSettings):
     )
     commit_interval: float = Field(1.0, gt=0, description="Seconds between offset commits")
     delivery: Literal["exactly_once", "at_least_once"] = Field(
-        "at_least_once",
+        "exactly_once",
         description="exactly_once: one Kafka transaction per input partition carries the "
         "outputs and the offsets (read_committed consumers see each outcome once); "
         "at_least_once: duplicates possible after a crash, deduplicated by call_id",

@@ -200,6 +200,6 @@ async def stuck_report(dep: Deployment, tools: list[str]) -> str:
     }
     seen = sorted((r["instance"], r["call_id"].split("/", 1)[1]) for r in results)
     if dep.proc.proc is not None and dep.proc.proc.poll() is None:
-        dep.proc.proc.send_signal(signal.SIGUSR1)  # faust's worker logs every task's stack
+        dep.proc.proc.send_signal(signal.SIGUSR1)  # the processor logs every task's stack
         await asyncio.sleep(2)
     return f"records {counts}; states {states}; results {seen}\n{dep.proc.tail(400)}"

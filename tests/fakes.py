@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
+
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.structs import TopicPartition
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
@@ -91,3 +96,76 @@ class FakePublisher:
                 "broker refused a record (fake): MessageSizeTooLargeError", [records[0]]
             )
         self.records.extend(records)
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    topic: str
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    partition: int | None
+
+
+class FakeProducer:
+    """A transactional producer in memory. `calls`: what it was asked to do, in order;
+    `records` and `committed`: what a read_committed consumer sees (the records and the
+    group's offsets of committed transactions; outside a transaction a send lands at
+    once). A record over its topic's `limits` (bytes, as the unit estimates a record's
+    batch) is refused like the broker refuses it."""
+
+    OVERHEAD = 128  # what a record batch adds to its one record (unit.py's estimate)
+
+    def __init__(
+        self, fail_send: BaseException | None = None, limits: dict[str, int] | None = None
+    ) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_send = fail_send
+        self.limits = dict(limits or {})
+        self.records: list[Sent] = []
+        self.committed: dict[TopicPartition, int] = {}
+        self._open: list[Sent] | None = None
+        self._offsets: dict[TopicPartition, int] = {}
+
+    async def begin_transaction(self) -> None:
+        self.calls.append(("begin",))
+        self._open, self._offsets = [], {}
+
+    async def send(self, topic: str, value: bytes | None, **kw: Any) -> asyncio.Future[None]:
+        if self.fail_send is not None:
+            raise self.fail_send
+        self.calls.append(("send", topic, value, kw.get("headers")))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        key = kw.get("key")
+        limit = self.limits.get(topic)
+        if limit is not None and len(value or b"") + len(key or b"") + self.OVERHEAD > limit:
+            fut.set_exception(MessageSizeTooLargeError())
+            return fut
+        sent = Sent(topic, key, value, kw.get("partition"))
+        (self.records if self._open is None else self._open).append(sent)
+        fut.set_result(None)
+        return fut
+
+    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group: str) -> None:
+        self.calls.append(("offsets", dict(offsets), group))
+        self._offsets.update(offsets)
+
+    async def commit_transaction(self) -> None:
+        self.calls.append(("commit",))
+        self.records += self._open or []
+        self.committed.update(self._offsets)
+        self._open, self._offsets = None, {}
+
+    async def abort_transaction(self) -> None:
+        self.calls.append(("abort",))
+        self._open, self._offsets = None, {}
+
+    async def stop(self) -> None:
+        self.calls.append(("stop",))
+
+    def sent(self) -> list[bytes | None]:
+        """Every value it was asked to send, committed or not."""
+        return [c[2] for c in self.calls if c[0] == "send"]
+
+    def offsets(self) -> list[dict[Any, int]]:
+        """The offsets of every transaction, committed or not."""
+        return [c[1] for c in self.calls if c[0] == "offsets"]

@@ -1,5 +1,8 @@
-"""A stateful pipeline in memory, for the workflow tests: the tickets example, a memory
-store, the fake model and a publisher that keeps what it is given."""
+"""The processor's runtime in memory, for the pipeline and workflow tests: the stager, the
+workflows (stateful specs) and their stores, one unit per input partition on an in-memory
+transactional producer, and the fake model. It is wired as runtime/service.py wires them;
+what is left out is Kafka: records are offered here, not fetched, and what a
+read_committed consumer would see is read from the producer."""
 
 from __future__ import annotations
 
@@ -9,14 +12,23 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import AgentSpec, load_spec
-from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.runtime.processor import Pipeline
+from instanced_stream.ops.metrics import Metrics
+from instanced_stream.runtime.intake import source_of
+from instanced_stream.runtime.probe import NO_PROBE
+from instanced_stream.runtime.records import RecordBuilder
+from instanced_stream.runtime.service import limiter_for
+from instanced_stream.runtime.stager import Stager
+from instanced_stream.runtime.store import Stores
+from instanced_stream.runtime.topics import state_changelog
+from instanced_stream.runtime.unit import Refusals, Slot, Unit
+from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
-from tests.fakes import FakeLLM, FakePublisher
+from tests.fakes import FakeLLM, FakeProducer, Sent
 
-__all__ = ["TICKETS", "drain", "lazy", "on", "pipeline", "tickets_spec"]
+__all__ = ["TICKETS", "Rig", "lazy", "tickets_spec"]
 
 TICKETS = Path(__file__).resolve().parents[1] / "examples" / "tickets" / "agent.yaml"
 
@@ -31,25 +43,165 @@ def lazy(spec: AgentSpec) -> AgentSpec:
     return spec.model_copy(update={"plan": spec.plan.model_copy(update={"mode": "lazy"})})
 
 
-def pipeline(
-    spec: AgentSpec,
-    store: MemoryStore | None = None,
-    *,
-    retention_s: float = 86_400.0,
-    max_output_bytes: int = 1_000_000,
-) -> tuple[Pipeline, FakePublisher, MemoryStore]:
-    pub, store = FakePublisher(), store if store is not None else MemoryStore()
-    settings = Settings(bootstrap_servers="unused:9092", max_output_bytes=max_output_bytes)
-    workflow = Workflow(spec, store, pending_timeout_s=60, retention_s=retention_s)
-    return Pipeline(settings, spec, FakeLLM(), pub, workflow=workflow), pub, store
+class Rig:
+    """`limits`: the broker's record limit per topic (bytes), below `max_output_bytes` to
+    make it refuse records the stager let through."""
 
+    def __init__(
+        self,
+        spec: AgentSpec,
+        *,
+        stores: Stores | None = None,
+        retention_s: float = 86_400.0,
+        max_output_bytes: int = 1_000_000,
+        max_record_bytes: int = 256_000,
+        limits: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = Settings(
+            bootstrap_servers="unused:9092",
+            max_output_bytes=max_output_bytes,
+            max_record_bytes=max_record_bytes,
+            pending_timeout_s=60,
+            state_retention_s=retention_s,
+        )
+        self.topics = self.settings.topics
+        self.metrics = Metrics(spec.model)
+        self.llm = FakeLLM()
+        self.worker = "rig"
+        self.builder = RecordBuilder(spec, self.topics, self.llm.model)
+        self.stores = stores if stores is not None else Stores()
+        self.flows: Flows | None = None
+        if spec.plan is not None:  # no plan, no state (the seeds)
+            workflow = Workflow(
+                spec,
+                self.stores,
+                self.settings.pending_timeout_s,
+                self.settings.state_retention_s,
+                self.worker,
+            )
+            self.flows = Flows(
+                workflow,
+                self.stores,
+                self.builder,
+                self.metrics,
+                self.worker,
+                state_changelog(self.settings),
+                max_output_bytes,
+            )
+        self.stager = Stager(
+            self.settings,
+            spec,
+            self.llm,
+            limiter=limiter_for(spec, self.metrics),
+            metrics=self.metrics,
+            builder=self.builder,
+            probe=NO_PROBE,
+            worker=self.worker,
+            flows=self.flows,
+        )
+        self.producer = FakeProducer(limits=limits)
+        self.units: dict[int, Unit] = {}
+        self._next: dict[tuple[str, int], int] = {}  # the next offset per topic, partition
 
-async def drain(pipe: Pipeline) -> None:
-    await pipe.windower.flush()
-    while pipe.tasks:
-        await asyncio.gather(*list(pipe.tasks))
+    @property
+    def workflow(self) -> Workflow:
+        assert self.flows is not None, "a stateless spec has no workflow"
+        return self.flows.workflow
 
+    def unit(self, partition: int) -> Unit:
+        """The unit of `partition`, opened (with an empty store) when first asked for."""
+        if partition not in self.units:
 
-def on(pub: FakePublisher, part: str) -> list[dict[str, Any]]:
-    """The published records whose topic ends with `part`, parsed."""
-    return [orjson.loads(r.value) for r in pub.records if r.topic.endswith(part)]
+            async def limits(topics: set[str]) -> dict[str, int]:
+                return {t: n for t, n in self.producer.limits.items() if t in topics}
+
+            async def renew(max_batch: int) -> Any:
+                return self.producer
+
+            refusals = Refusals(self.stager.replacement, limits, renew)
+            producer: Any = self.producer  # what a unit uses of AIOKafkaProducer
+            unit = Unit(partition, producer, group_id="g", transactional=True, refusals=refusals)
+            if self.flows is not None:
+                self.flows.store_for(partition)
+            self.units[partition] = unit
+        return self.units[partition]
+
+    def _slot_at(self, topic: str, partition: int, offset: int | None) -> tuple[Slot, int]:
+        at = self._next.get((topic, partition), 0) if offset is None else offset
+        self._next[(topic, partition)] = at + 1
+        return self.unit(partition).track(topic, at), at
+
+    # ------------------------------------------------------------------ triggers
+
+    async def offer(
+        self, value: bytes, partition: int = 0, offset: int | None = None, key: bytes | None = None
+    ) -> None:
+        """An input record consumed at `partition` (the next offset unless given)."""
+        slot, at = self._slot_at(self.topics.input, partition, offset)
+        source = source_of(self.topics.input, partition, at, key, 0)
+        await self.stager.offer(self.unit(partition), source, key, value, slot)
+
+    async def result(self, value: bytes, partition: int = 0) -> None:
+        await self._answer(self.topics.results, value, partition)
+
+    async def approval(self, value: bytes, partition: int = 0) -> None:
+        await self._answer(self.topics.approvals, value, partition)
+
+    async def _answer(self, topic: str, value: bytes, partition: int) -> None:
+        """As the service's fetch loop: staged on its slot; then committed (as the unit's
+        linger would, shortly), and the next turns it made ready offered."""
+        assert self.flows is not None
+        slot, _ = self._slot_at(topic, partition, None)
+        unit = self.unit(partition)
+        ready = self.flows.answer(unit, slot, value, result=topic == self.topics.results)
+        await self.commit()
+        await self.turns([(unit, inst) for inst in ready])
+
+    async def expire(self, now: float) -> list[Instance]:
+        """The service's expiry tick at `now`; returns the next turns it offered."""
+        assert self.flows is not None
+        ready = self.flows.expired(self.units, now)
+        await self.commit()
+        await self.turns(ready)
+        return [inst for _, inst in ready]
+
+    async def turns(self, ready: list[tuple[Unit, Instance]]) -> None:
+        for unit, inst in ready:
+            if unit.alive and not self.stager.draining:
+                await self.stager.offer_turn(unit, inst)
+
+    async def revoke(self, partition: int) -> None:
+        """The partition is revoked: what its unit finished is committed, the rest is left
+        to its next owner, and its store is dropped."""
+        unit = self.units.pop(partition)
+        await unit.close(commit=True)
+        if self.flows is not None:
+            self.flows.stores.drop(partition)
+
+    # ------------------------------------------------------------------ commits
+
+    async def drain(self) -> None:
+        """The open window launched, every batch in flight staged, every unit committed."""
+        await self.stager.windower.flush()
+        while self.stager.tasks:
+            await asyncio.gather(*list(self.stager.tasks))
+        await self.commit()
+
+    async def commit(self) -> None:
+        for unit in list(self.units.values()):
+            if unit.alive:
+                await unit.commit()
+
+    @property
+    def records(self) -> list[Sent]:
+        """What a read_committed consumer of the output topics sees."""
+        return self.producer.records
+
+    def on(self, part: str) -> list[dict[str, Any]]:
+        """The committed records whose topic ends with `part`, parsed."""
+        return [orjson.loads(r.value) for r in self.records if r.topic.endswith(part) and r.value]
+
+    def offsets(self, topic: str | None = None) -> dict[int, int]:
+        """The committed offsets of `topic` (the input's unless named), per partition."""
+        topic = topic or self.topics.input
+        return {tp.partition: o for tp, o in self.producer.committed.items() if tp.topic == topic}

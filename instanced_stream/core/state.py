@@ -1,5 +1,6 @@
 """Instance state: what one instance has learned across turns, kept in a changelog-backed
-faust table keyed by the producer's instance id.
+store keyed by the producer's instance id (runtime/store.py: a unit's store, restored from
+its changelog partition).
 
 The changelog record of an instance goes to the partition its input came from, so the
 worker that owns an input partition also owns (and recovers) the state of the instances
@@ -25,7 +26,6 @@ __all__ = [
     "Pending",
     "StagedStore",
     "StateStore",
-    "TableStore",
     "alternatives",
     "path_problem",
     "read_path",
@@ -227,56 +227,3 @@ class StagedStore:
 
     async def flush(self) -> None:
         return None
-
-
-class TableStore:
-    """A faust table of JSON bytes; each write also goes to the changelog partition of the
-    instance's input, which faust's own partitioner could not know.
-
-    Changelog writes are queued by faust; `flush` awaits their acknowledgement, so that an
-    offset committed after it never points past state that a crash could still lose.
-    Parsed states are cached by their bytes: the expiry scan reads every state each
-    second, and parsing them all each time would cost more than the stream itself."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-        self._unacked: list[Any] = []
-        self._parsed: dict[bytes, tuple[bytes, InstanceState]] = {}
-
-    def get(self, instance: str) -> InstanceState | None:
-        key = instance.encode()
-        found = self._parse(key, self.table.data.get(key))
-        return found.model_copy(deep=True) if found else None
-
-    def _parse(self, key: bytes, raw: bytes | None) -> InstanceState | None:
-        if not raw:
-            self._parsed.pop(key, None)
-            return None
-        cached = self._parsed.get(key)
-        if cached is not None and cached[0] is raw:
-            return cached[1]
-        value = InstanceState.model_validate_json(raw)
-        self._parsed[key] = (raw, value)
-        return value
-
-    def put(self, value: InstanceState) -> None:
-        key, raw = value.instance.encode(), value.model_dump_json().encode()
-        self.table.data[key] = raw
-        self._unacked.append(self.table.send_changelog(value.partition, key, raw))
-
-    def delete(self, instance: str, partition: int) -> None:
-        key = instance.encode()
-        self.table.data.pop(key, None)
-        self._parsed.pop(key, None)
-        self._unacked.append(self.table.send_changelog(partition, key, None))
-
-    def items(self) -> Iterator[InstanceState]:
-        for key, raw in list(self.table.data.items()):
-            found = self._parse(key, raw)
-            if found is not None:
-                yield found.model_copy(deep=True)
-
-    async def flush(self) -> None:
-        unacked, self._unacked = self._unacked, []
-        for fut in unacked:
-            await fut

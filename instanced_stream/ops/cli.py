@@ -46,7 +46,7 @@ def _secure(settings: Settings) -> None:
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.runtime.app import run_processor
+    from instanced_stream.runtime.service import run_processor
 
     spec, bootstrap = _configured(settings)
     return run_processor(settings, spec, bootstrap)

@@ -1,34 +1,35 @@
-"""The Kafka runtime: the faust processor app and the parts it is built from.
+"""The Kafka runtime: the processor, on aiokafka's public API (DESIGN.md section 8).
 
-Modules (imported where used, so that importing one does not start faust):
-`app` (the faust app: agents, timers, rebalances), `feed` (the input topic, a whole
-fetch at a time), `processor` (the pipeline, assembled from: `batcher` (offer, window,
-launch, in-flight order), `records` (a solved batch to its records, pure), `delivery`
-(publish, dead-letter, retry, fatal, offsets) and `coordinator` (workflows: results,
-approvals, turns, expiry; `guard`: the size limit of its records)), `budget` (what a
-window may hold), `intake` (records to instances), `windowing`, `offsets` (commit in
-offset order), `publish`, `clients` (every Kafka client), `topics`, `security`,
-`overrides` (the compacted context topic), `probe` (named moments, for the fault
-campaign).
+Modules (imported where used): `service` (the processor assembled and run: fetch loop,
+timers, drain), `membership` (the consumer group; a unit per owned input partition),
+`unit` (one partition's slots and its transactional commits), `store` (a unit's state,
+restored from its changelog partition), `stager` (cross-partition windows, solved
+batches staged onto their items' units), `workflows` (results, approvals, turns and
+deadlines as state changes staged with their outputs; `guard`: their size limit),
+`records` (a solved batch to its records, pure), `budget` (what a window may hold),
+`intake` (records to instances), `windowing`, `publish` (the activity SDK's producer),
+`clients` (every Kafka client), `topics`, `security`, `overrides` (the compacted context
+topic), `probe` (named moments, for the fault campaign), `tracing`, `scopes`.
 """
 
 __all__ = [
-    "app",
-    "batcher",
     "budget",
     "clients",
-    "coordinator",
-    "delivery",
-    "feed",
     "guard",
     "intake",
-    "offsets",
+    "membership",
     "overrides",
     "probe",
-    "processor",
     "publish",
     "records",
+    "scopes",
     "security",
+    "service",
+    "stager",
+    "store",
     "topics",
+    "tracing",
+    "unit",
     "windowing",
+    "workflows",
 ]

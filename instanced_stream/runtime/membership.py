@@ -14,24 +14,70 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from instanced_stream.errors import StreamError
 from instanced_stream.runtime import clients
+from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.topics import record_limits
 from instanced_stream.runtime.tracing import traceparent_of
 from instanced_stream.runtime.unit import Refusals, Replace, Slot, Unit
 
-__all__ = ["Fetched", "Membership"]
+__all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
+
+MAX_FAILURES = 5  # a partition's failures in a row before the process stops
+
+
+class PartitionFailing(StreamError):
+    """A partition's unit kept failing: its work cannot be delivered by this process."""
+
+
+class Failures:
+    """When a failed unit may be reopened: after a back-off that doubles with each
+    failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
+    fenced) are waited out for as long as they last; any other failure counts, and a
+    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
+    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
+    another member) is the remedy an operator sees, rather than a silent loop that asks
+    the model again and again."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, tuple[int, float]] = {}  # (failures, retry at)
+
+    def due(self, p: int, unit: Unit, now: float) -> bool:
+        """Whether `unit` of partition `p` is to be reopened now."""
+        if unit.alive:
+            if unit.commits:
+                self.by_partition.pop(p, None)
+            return False
+        count, retry_at = self.by_partition.get(p, (0, 0.0))
+        if retry_at == 0.0:  # just failed: count it, and wait before reopening
+            tries = count + 1
+            if not isinstance(unit.failed, KafkaError):
+                count += 1
+                if count >= MAX_FAILURES:
+                    raise PartitionFailing(
+                        f"partition {p} failed {count} times in a row: {unit.failed!r}"
+                    )
+            self.by_partition[p] = (count, now + min(0.5 * 2 ** min(tries - 1, 5), 10.0))
+            return False
+        if now < retry_at:
+            return False
+        self.by_partition[p] = (count, 0.0)
+        return True
+
 
 # A commit hands its whole prefix over at once: in large batches it goes out in one
 # request per partition instead of one per 16 KB (an idempotent producer has one
@@ -69,7 +115,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_close: Callable[[Unit], None] | None = None,
         replace: Replace | None = None,
         client_id: str | None = None,
+        probe: Probe = NO_PROBE,
+        request_timeout_ms: int = 30_000,
     ) -> None:
+        self.probe = probe
+        self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
         self.bootstrap = bootstrap
         self.group_id = group_id
         self.topics = topics
@@ -87,12 +137,13 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer: AIOKafkaConsumer | None = None
         self._shared: Any = None  # at least once: one idempotent producer for all units
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
+        self._failures = Failures()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = clients.producer(self.bootstrap, **_BATCHING)
+            self._shared = clients.producer(self.bootstrap, **self.batching)
             await self._shared.start()
         options: dict[str, Any] = {}
         if self.client_id:
@@ -168,6 +219,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 transactional=False,
                 commit_offsets=self._commit,
                 refusals=self._refusals(None),
+                probe=self.probe,
             )
         producer = await self._producer(partition)
         return Unit(
@@ -176,10 +228,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=self.group_id,
             transactional=True,
             refusals=self._refusals(partition),
+            probe=self.probe,
         )
 
     async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
-        batching = dict(_BATCHING)
+        batching = dict(self.batching)
         if max_batch is not None:
             batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
         producer = clients.producer(
@@ -224,16 +277,21 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.commit(offsets)
 
     async def heal(self) -> None:
-        """Replaces every unit that failed while its partition is still owned here."""
+        """Reopens each failed unit of a partition still owned here (see `Failures`)."""
+        now = time.monotonic()
         for p, unit in list(self.units.items()):
-            if unit.alive:
+            if not self._failures.due(p, unit, now):
                 continue
             log.warning(
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
             self.units.pop(p)
             await self._close(unit, commit=False)
-            await self._open([p])
+            try:
+                await self._open([p])
+            except Exception as exc:  # the broker still away: tried again after the wait
+                log.warning("partition %d: reopening failed: %r", p, exc)
+                unit.failed, self.units[p] = exc, unit
 
     # ------------------------------------------------------------------ fetching
 

@@ -26,10 +26,9 @@ from aiokafka.partitioner import DefaultPartitioner
 from instanced_stream.errors import StreamError
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime import clients
-from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.tracing import TRACES, Headers, TraceContext
 
-__all__ = ["Order", "OutRecord", "PublishError", "Publisher"]
+__all__ = ["OutRecord", "PublishError", "Publisher"]
 
 log = logging.getLogger("stream.publish")
 
@@ -57,51 +56,6 @@ _REFUSALS = (
 )
 
 
-class Order:
-    """A batch's place among the publishes. Batches send in the order they were launched:
-    each once the one before has handed all its records to the producer (`handed`),
-    which keeps the order of sends per partition, so their acknowledgements are awaited
-    side by side. A retry could still land after a later batch's records: so a batch
-    that holds a record of the same instance (its key) as an earlier batch not yet
-    acknowledged waits for that one to finish first. Instances rarely repeat within a
-    few batches, so this costs nothing, and each instance's outputs keep its input order
-    even when the broker fails a publish."""
-
-    def __init__(self, previous: Order | None = None) -> None:
-        self.sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.keys: set[bytes] = set()  # the instances of its records, once built
-        # The batches launched so far and not finished, oldest first, shared by all.
-        self.unfinished: list[Order] = previous.unfinished if previous is not None else []
-        self.unfinished.append(self)
-
-    def handed(self) -> None:
-        if not self.sent.done():
-            self.sent.set_result(None)
-
-    async def turn(self) -> None:
-        """Until this batch may send: the batch before has handed its records over, and
-        every earlier batch with one of its instances has finished."""
-        earlier = self.unfinished[: self.unfinished.index(self)]
-        if earlier:
-            # Batches hand over in launch order: the last one still unfinished before
-            # this one is the one to wait for (those that finished have handed over).
-            await asyncio.shield(earlier[-1].sent)
-        for before in earlier:
-            if before.keys & self.keys:
-                await asyncio.shield(before.done)
-
-    def finish(self) -> None:
-        """Finished: acknowledged, or nothing to send. Not called for a batch that failed
-        for good: the batches after it must not publish before it (the group redoes it
-        once the worker has stopped)."""
-        self.handed()
-        if not self.done.done():
-            self.done.set_result(None)
-        if self in self.unfinished:
-            self.unfinished.remove(self)
-
-
 _PARTITIONER = DefaultPartitioner()  # the producer's own choice for a keyed record
 
 
@@ -120,7 +74,6 @@ class Publisher:
         bootstrap: str,
         *,
         client_id: str = "stream-publisher",
-        probe: Probe = NO_PROBE,
         request_timeout_ms: int = 30_000,
         traces: TraceContext = TRACES,
     ) -> None:
@@ -128,7 +81,6 @@ class Publisher:
         self._bootstrap = bootstrap
         self._request_timeout_ms = request_timeout_ms
         self._client_id = client_id
-        self._probe = probe
         self._producer: AIOKafkaProducer | None = None
         self.sent = 0
         self.retries = 0
@@ -162,15 +114,8 @@ class Publisher:
             partitions = known[rec.topic] = sorted(found)
         return int(_PARTITIONER(rec.key, partitions, partitions))
 
-    async def publish(
-        self,
-        records: Sequence[OutRecord],
-        sent: Order | None = None,
-    ) -> None:
-        """Sends all records and returns once the broker acknowledged each of them.
-
-        `sent`: told once every record was handed to the producer, so the next batch may
-        send its own (see `Order`)."""
+    async def publish(self, records: Sequence[OutRecord]) -> None:
+        """Sends all records and returns once the broker acknowledged each of them."""
         assert self._producer is not None, "Publisher.start() was not awaited"
         todo = list(records)
         refused: list[tuple[OutRecord, BaseException]] = []
@@ -191,12 +136,6 @@ class Publisher:
                 except KafkaError as exc:
                     partition, fut = None, _failed(exc)
                 futures.append(((rec.topic, partition) if partition is not None else fut, fut))
-                if len(futures) == 1 < len(todo) and self._probe.watches("mid_publish"):
-                    # The first record acknowledged, the rest not yet sent.
-                    await asyncio.wait([futures[0][1]])
-                    self._probe.at("mid_publish")
-            if sent is not None and not attempt:
-                sent.handed()
             outcomes = await _settled(futures)
             first = next((i for i, err in enumerate(outcomes) if err is not None), None)
             if first is None:

@@ -2,7 +2,7 @@
 
 Settings say how to reach a cluster (`STREAM_KAFKA_*`); `register` files those options
 under the cluster's bootstrap address once, at start-up, and every client built for that
-address (producers, consumers, admin clients, the faust app) asks `options_for` it. The
+address (producers, consumers, admin clients) asks `options_for` it. The
 address is what the code already passes everywhere, and one process may talk to two
 clusters (the tests do), so a lookup by address keeps both apart without threading a
 second argument through every function. Secrets are read here, from the settings or a
@@ -19,7 +19,7 @@ from aiokafka.helpers import create_ssl_context
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["client_options", "faust_credentials", "options_for", "register"]
+__all__ = ["client_options", "options_for", "register"]
 
 _OPTIONS: dict[str, dict[str, Any]] = {}
 
@@ -81,21 +81,3 @@ def register(bootstrap: str, options: dict[str, Any]) -> None:
 
 def options_for(bootstrap: str) -> dict[str, Any]:
     return dict(_OPTIONS.get(bootstrap, {}))
-
-
-def faust_credentials(bootstrap: str) -> Any:
-    """The same options in faust's terms (its `broker_credentials`), or None."""
-    import faust
-
-    options = options_for(bootstrap)
-    protocol = options.get("security_protocol", "PLAINTEXT")
-    if protocol == "PLAINTEXT":
-        return None
-    if protocol == "SSL":
-        return faust.SSLCredentials(options["ssl_context"])
-    return faust.SASLCredentials(
-        username=options["sasl_plain_username"],
-        password=options["sasl_plain_password"],
-        ssl_context=options.get("ssl_context"),
-        mechanism=options["sasl_mechanism"],
-    )

@@ -10,13 +10,12 @@ heartbeats and rebalances go on. Nothing here knows about transactions; the unit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
-import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import mode
 import orjson
 
 from instanced_stream.core.instance import Instance
@@ -24,15 +23,13 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.factory import build_llm
+from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
 from instanced_stream.ops.web import WebServer
-from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import source_of
 from instanced_stream.runtime.membership import Fetched, Membership
 from instanced_stream.runtime.overrides import OverrideFollower
 from instanced_stream.runtime.probe import NO_PROBE, Probe
-from instanced_stream.runtime.processor import limiter_for
-from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import RecordBuilder
 from instanced_stream.runtime.stager import Stager
 from instanced_stream.runtime.store import Stores
@@ -41,7 +38,7 @@ from instanced_stream.runtime.unit import Unit
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
-__all__ = ["run_units"]
+__all__ = ["limiter_for", "run_processor"]
 
 log = logging.getLogger("stream.processor")
 
@@ -55,7 +52,14 @@ _QUEUED_FETCHES = 4
 _HELD_POLL_MS = 20  # while held: results and approvals still flow, heartbeats go on
 
 
-class _Service:
+def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
+    """The in-flight limiter the spec asks for, reporting its limit to the metrics."""
+    return Limiter(
+        spec.window.max_in_flight, adaptive=spec.window.adaptive, on_change=metrics.on_limit
+    )
+
+
+class _Service(mode.Service):
     def __init__(
         self,
         settings: Settings,
@@ -65,8 +69,10 @@ class _Service:
         overrides: tuple[Messages, dict[int, int]],
         probe: Probe,
     ) -> None:
+        super().__init__()
         self.settings = settings
         topics = settings.topics
+        self.fetching: asyncio.Future[None] | None = None
         self.metrics = Metrics(spec.model)
         self.limiter = limiter_for(spec, self.metrics)
         self.llm = build_llm(
@@ -81,6 +87,7 @@ class _Service:
         self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
         self.flows: Flows | None = None
+        self.probe = probe
         # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
         # store, no changelog and no workflow: nothing of an instance outlives its request.
         if merged.plan is not None:
@@ -120,18 +127,20 @@ class _Service:
             client_id=f"{group}-{self.worker}",
             on_open=self._opened if self.flows is not None else None,
             on_close=self._closed if self.flows is not None else None,
-            replace=self._refused,
+            replace=self.stager.replacement,
+            probe=probe,
+            request_timeout_ms=settings.publish_timeout_ms,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
         self.web = WebServer(
             self.metrics,
-            lambda: self.started and not self.membership.rebalancing and self.metrics.endpoint_ok,
+            lambda: self.serving and not self.membership.rebalancing and self.metrics.endpoint_ok,
             settings.web_host,
             settings.web_port,
         )
-        self.started = False
+        self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
@@ -150,12 +159,6 @@ class _Service:
         )
         self._ready(unit, ready)
 
-    def _refused(self, record: OutRecord, said: str) -> list[OutRecord]:
-        """A record the broker refused for itself: its item's dead letter instead."""
-        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
-        self.stager.count(letters)
-        return letters.records
-
     def _closed(self, unit: Unit) -> None:
         assert self.flows is not None
         self.flows.stores.drop(unit.partition)
@@ -169,12 +172,8 @@ class _Service:
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
         self.stager.reconfigure(spec)
-        self.builder.spec = spec
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+    async def on_start(self) -> None:
         await self.membership.start()
         self.stager.start()
         try:
@@ -182,34 +181,36 @@ class _Service:
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
         await self.follower.start()
-        self.started = True
+
+    async def on_started(self) -> None:
+        self.serving = True
         log.info("processor %s started (delivery %s)", self.worker, self.settings.delivery)
-        intake = asyncio.create_task(self._intake(), name="intake")
-        intake.add_done_callback(self._intake_ended)
-        tasks = [
-            intake,
-            asyncio.create_task(self._next_turns(), name="turns"),
-            asyncio.create_task(_every(5.0, self._lag), name="lag"),
-            asyncio.create_task(_every(1.0, self._expire), name="expire"),
-            asyncio.create_task(_every(30.0, self._report), name="report"),
-        ]
-        try:
-            await self._fetch_loop()
-        finally:
-            self.started = False
-            left = await self.stager.drain(self.settings.drain_s)
-            if left:
-                log.warning("drain: %d batches still in flight; redone by the next owner", left)
-            else:
-                log.info("drain: every batch in flight was delivered")
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.stager.stop()
-            await self.membership.stop()
-            await self.follower.stop()
-            await self.web.stop()
-            await self.llm.close()
+        # Supervised by mode: a task that raises crashes the service, and the worker
+        # exits non-zero (a partition that keeps failing, an intake bug).
+        self.fetching = self.add_future(self._fetch_loop())
+        self.add_future(self._intake())
+        self.add_future(self._next_turns())
+        self.add_future(_every(5.0, self._lag))
+        self.add_future(_every(1.0, self._expire))
+        self.add_future(_every(30.0, self._report))
+
+    async def on_stop(self) -> None:
+        """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
+        `drain_s` to be staged and committed, then every unit commits and leaves."""
+        self.stopping.set()
+        if self.fetching is not None:
+            await asyncio.gather(self.fetching, return_exceptions=True)
+        self.serving = False
+        left = await self.stager.drain(self.settings.drain_s)
+        if left:
+            log.warning("drain: %d batches still in flight; redone by the next owner", left)
+        else:
+            log.info("drain: every batch in flight was delivered")
+        await self.stager.stop()
+        await self.membership.stop()
+        await self.follower.stop()
+        await self.web.stop()
+        await self.llm.close()
 
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():
@@ -241,11 +242,6 @@ class _Service:
                 source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
                 await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
 
-    def _intake_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.critical("the intake failed, stopping: %r", task.exception())
-            self.stopping.set()
-
     async def _next_turns(self) -> None:
         while True:
             unit, inst = await self.turns.get()
@@ -259,20 +255,17 @@ class _Service:
             self.metrics.count({"results_ignored": 1})
             got.unit.finish(got.slot)
             return
-        rec, topics = got.record, self.settings.topics
-        if rec.topic == topics.results:
-            change = self.flows.on_result(rec.value, rec.partition)
-        else:
-            change = self.flows.on_approval(rec.value, rec.partition)
-        self._ready(got.unit, self.stager.staged(got.unit, got.slot, change))
+        result = got.record.topic == self.settings.topics.results
+        ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
+        self._ready(got.unit, ready)
+        # Staged on its unit, not yet committed.
+        self.probe.at("after_result" if result else "after_approval")
 
     async def _expire(self) -> None:
         if self.flows is None or self.membership.rebalancing:
             return
-        for partition, change in self.flows.expire().items():
-            unit = self.membership.units.get(partition)
-            if unit is not None and unit.alive:
-                self._ready(unit, self.stager.staged(unit, None, change))
+        for unit, inst in self.flows.expired(self.membership.units):
+            self.turns.put_nowait((unit, inst))
 
     async def _lag(self) -> None:
         self.metrics.set_lag(await self.membership.lag())
@@ -299,20 +292,48 @@ async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
             log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
 
 
-def run_units(
-    settings: Settings,
-    spec: AgentSpec,
-    bootstrap: str,
-    llm_url: str,
-    overrides: tuple[Messages, dict[int, int]],
-    probe: Probe = NO_PROBE,
-) -> int:
-    """`stream process` with `STREAM_DELIVERY=exactly_once`: runs until stopped."""
+def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
+    """`stream process`: checks the endpoint, creates the topics, reads the context
+    topic, then runs the units until SIGTERM or SIGINT."""
+    from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
+    from instanced_stream.ops.web import claim_port
+    from instanced_stream.runtime.overrides import load_overrides
+    from instanced_stream.runtime.topics import check_partitions, ensure_product_topics
 
-    async def main() -> None:
-        service = _Service(settings, spec, bootstrap, llm_url, overrides, probe)
-        with contextlib.suppress(asyncio.CancelledError):
-            await service.run()
+    llm_url = endpoint(settings, spec)
+    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
+    probe: Probe = NO_PROBE
+    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
+        from instanced_stream.testing.faults import FaultProbe, arm
 
-    asyncio.run(main())
+        arm(settings.crash_at)
+        probe = FaultProbe()
+
+    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
+        probed = await check_llm(settings, spec)
+        await ensure_product_topics(bootstrap, settings, spec)
+        if spec.plan is not None:
+            await check_partitions(bootstrap, settings)
+        # The probed shape becomes the spec's, as if model.request had said it.
+        return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
+
+    pinned, overrides = asyncio.run(prepare())
+    # asyncio.run closed its loop; mode's worker runs on the current one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
+    # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
+    # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
+    # non-zero exit. Logging stays as the CLI set it up.
+    worker = mode.Worker(
+        service,
+        loglevel=settings.log_level,
+        quiet=True,
+        override_logging=False,
+        redirect_stdouts=False,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
     return 0

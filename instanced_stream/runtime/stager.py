@@ -15,33 +15,69 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import orjson
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.tokenizer import Tokenizer
+from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.batcher import make_solver
+from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime.budget import Budget
-from instanced_stream.runtime.delivery import BATCH_TRIES, retried
+from instanced_stream.runtime.guard import refused
 from instanced_stream.runtime.intake import parse_item
 from instanced_stream.runtime.probe import Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, bad_record, oversized, position
 from instanced_stream.runtime.unit import Slot, Unit
 from instanced_stream.runtime.windowing import Windower
-from instanced_stream.runtime.workflows import Flows, Staging
+from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
-__all__ = ["Staged", "Stager"]
+__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
 
 log = logging.getLogger("stream.processor")
+
+BATCH_TRIES = 3
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's step that raised
+_T = TypeVar("_T")
+
+
+def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
+    return Solver(
+        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
+    )
+
+
+async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
+    """Runs `step` up to BATCH_TRIES times; its result, or the last error. A bug must cost
+    a retry, never an item: the caller dead-letters with the error."""
+    error: Exception = RuntimeError(f"{what} was not tried")
+    for attempt in range(1, BATCH_TRIES + 1):
+        try:
+            return await step()
+        except Exception as exc:
+            log.exception(
+                "batch %s: %s failed (try %d of %d)",
+                batch_id,
+                what,
+                attempt,
+                BATCH_TRIES,
+                extra={"batch_id": batch_id},
+            )
+            error = exc
+            await asyncio.sleep(_BACKOFF.delay(attempt))
+    return error
 
 
 @dataclass(slots=True, eq=False)
@@ -96,11 +132,15 @@ class Stager:
         self.draining = False
 
     def reconfigure(self, spec: AgentSpec) -> None:
-        """A new spec (from the context topic); batches in flight finish as asked."""
+        """A new spec (from the context topic) for the batches, their records and the
+        workflows; batches in flight finish as asked."""
         solver = make_solver(self.llm, spec, self.settings)
         self.budget.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.windower.max_tokens = self.budget.item_tokens
+        self.builder.spec = spec
+        if self.flows is not None:  # a finish advisor from the context is heard too
+            self.flows.workflow.spec = spec
 
     def start(self) -> None:
         self.windower.start()
@@ -209,8 +249,12 @@ class Stager:
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             planned = await self._solved(batch_id, [i.instance for i in live])
-            self.probe.at("after_llm")
-            self._stage(batch_id, live, planned)
+            try:
+                self._stage(batch_id, live, planned)
+            except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
+                log.exception("batch %s: staging failed", batch_id)
+                for item in live:
+                    item.unit.fail(exc)
         finally:
             self.limiter.release()
             self.metrics.batch_ended()
@@ -230,7 +274,9 @@ class Stager:
                 len({id(a.instance) for a in outcome.answers}),
             )
             flow = self.flows.rehearsal() if self.flows is not None else None
-            return self.builder.batch(batch_id, outcome, flow)
+            planned = self.builder.batch(batch_id, outcome, flow)
+            self.probe.at("after_llm")  # the batch's records built, none staged yet
+            return planned
 
         planned = await retried(batch_id, "solving", solve)
         if isinstance(planned, Exception):
@@ -284,15 +330,12 @@ class Stager:
                 len(items) - staged,
             )
 
-    def staged(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
-        """A trigger's change (a result, an approval, a deadline) onto its unit; returns
-        the next turns it made ready."""
-        self.count(change.planned)
-        if slot is None:
-            unit.stage(change.records)
-        else:
-            unit.finish(slot, change.records)
-        return change.ready
+    def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
+        """A record the broker refused for itself (`said`): its item's dead letter, to
+        write instead (the units' `Refusals.replace`)."""
+        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
+        self.count(letters)
+        return letters.records
 
     def count(self, planned: Planned) -> None:
         """Counts what the records mean (metrics, the live page's decisions)."""

@@ -41,7 +41,8 @@ _DEFAULT_RF = "default.replication.factor"
 
 
 def state_changelog(settings: Settings) -> str:
-    """faust names a table's changelog `<app id>-<table>-changelog`."""
+    """The state's compacted changelog, `<app id>-state-changelog` (the name faust gave
+    it, kept so that existing deployments restore their state)."""
     return f"{settings.topic_prefix}{settings.app_id}-state-changelog"
 
 

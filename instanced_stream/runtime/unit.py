@@ -33,6 +33,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
+from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.tracing import Headers
 
@@ -114,8 +115,10 @@ class Unit:
         transactional: bool,
         commit_offsets: CommitOffsets | None = None,
         refusals: Refusals | None = None,
+        probe: Probe = NO_PROBE,
     ) -> None:
         self.partition = partition
+        self.probe = probe  # the fault campaign's points: mid_commit, after_commit
         self.refusals = refusals
         self.producer = producer
         self.group_id = group_id
@@ -176,6 +179,13 @@ class Unit:
             if not slot.done:
                 return slot.offset
         return None
+
+    def fail(self, exc: BaseException) -> None:
+        """Voids the unit (a bug while staging on it): its owner replaces it, and the
+        uncommitted prefix is redone from the last commit."""
+        if self.alive:
+            self.failed, self.alive = exc, False
+            log.error("partition %d: staging failed, the unit is dropped: %r", self.partition, exc)
 
     def _check(self) -> None:
         if not self.alive:
@@ -246,6 +256,7 @@ class Unit:
                 raise
             self.commits += 1
             self.committed_records += len(records)
+            self.probe.at("after_commit")
             return len(records)
 
     async def _write(
@@ -260,6 +271,7 @@ class Unit:
                     await self._commit_transaction(records, offsets)
                 else:
                     await self._send(records)
+                    self.probe.at("mid_commit")
                     if offsets and self.commit_offsets is not None:
                         await self.commit_offsets(offsets)
                 return records
@@ -288,6 +300,7 @@ class Unit:
         await self._send(records)
         if offsets:
             await self.producer.send_offsets_to_transaction(offsets, self.group_id)
+        self.probe.at("mid_commit")  # every record sent, the transaction still open
         await self.producer.commit_transaction()
 
     async def _send(self, records: list[OutRecord]) -> None:

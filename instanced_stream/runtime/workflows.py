@@ -3,31 +3,38 @@ an approval, a deadline) changes in state, and which records go with that change
 
 Every change is made in one synchronous step on the unit's store, and the changelog
 records it queued are taken at once and handed back with the trigger's output records:
-the caller stages them together on the trigger's slot (or, for a next turn or a deadline,
-with the unit's next commit), so state and outputs commit in one transaction or not at
-all. There is no outbox and no rehearsal-then-publish ordering to get right: a crash
-before the commit leaves neither; the next owner restores the store and redoes the
-trigger.
+they are staged together on the trigger's slot (or, for a next turn or a deadline, with
+the unit's next commit), so state and outputs commit in one transaction or not at all.
+There is no outbox and no rehearsal-then-publish ordering to get right: a crash before
+the commit leaves neither; the next owner restores the store and redoes the trigger.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
+import orjson
 from pydantic import ValidationError
 
 from instanced_stream.core.binding import Unbound
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.messages import ApprovalRecord, ResultRecord, SourcePosition
+from instanced_stream.core.messages import (
+    ApprovalRecord,
+    DeadLetter,
+    DoneRecord,
+    ResultRecord,
+    SourcePosition,
+)
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.errors import BadRecord
 from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.coordinator import instance_of, refusal_letter
 from instanced_stream.runtime.guard import fit
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.records import Planned, RecordBuilder, TurnChange, bad_result
 from instanced_stream.runtime.store import Stores, UnitStore
+from instanced_stream.runtime.unit import Slot, Unit
 
 __all__ = ["Flows", "Staging"]
 
@@ -113,7 +120,6 @@ class Flows:
         return out
 
     def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
-        from instanced_stream.core.messages import DeadLetter
 
         return self.builder.letter(
             DeadLetter(
@@ -126,6 +132,25 @@ class Flows:
         )
 
     # ------------------------------------------------------------------ results
+
+    def answer(
+        self, unit: Unit, slot: Slot, value: bytes | None, *, result: bool
+    ) -> list[Instance]:
+        """A result (`result`) or an approval consumed at `unit`: its change staged on its
+        slot; returns the next turns it made ready."""
+        on = self.on_result if result else self.on_approval
+        return self.stage(unit, slot, on(value, unit.partition))
+
+    def stage(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
+        """A trigger's change onto its unit: on its slot, or (`None`: a deadline) with the
+        unit's next commit; its records counted. Returns the next turns it made ready."""
+        self.metrics.count(change.planned.events)
+        self.metrics.decisions.extend(change.planned.decisions)
+        if slot is None:
+            unit.stage(change.records)
+        else:
+            unit.finish(slot, change.records)
+        return change.ready
 
     def on_result(self, value: bytes | None, partition: int) -> Staging:
         """An awaited call's result: into state, with its done record and next turn. One
@@ -152,8 +177,8 @@ class Flows:
             nxt, done = self.workflow.on_result(rec)
         except BadRecord as exc:  # the state would pass the broker's limit
             self._changes(partition)
-            out.planned.add(self.builder.letter(bad_result(rec, exc.message)))
-            nxt, done = None, None
+            out.planned.add(self.builder.letter(unstorable(rec, exc)))
+            nxt, done = self._failed(rec, exc.message, partition)
         launched = self.workflow.take_launched(rec.instance)
         after = self.workflow.store.get(rec.instance)
         if launched and after is not None:  # a lazy plan's steps that waited for it
@@ -166,6 +191,17 @@ class Flows:
         out.changes += self._changes(partition)
         self.metrics.count({"results": 1})
         return out
+
+    def _failed(
+        self, rec: ResultRecord, error: str, partition: int
+    ) -> tuple[Instance | None, DoneRecord | None]:
+        """A result its state cannot hold is its call's error: the workflow goes on now,
+        instead of waiting for the call's deadline as if no result had come."""
+        try:
+            return self.workflow.on_result(rec.model_copy(update={"value": None, "error": error}))
+        except BadRecord:  # the state is at the limit even without it: left to the deadline
+            self._changes(partition)
+            return None, None
 
     def on_approval(self, value: bytes | None, partition: int) -> Staging:
         """A person's answer to a lazy plan's proposal, bound to its id and turn."""
@@ -218,6 +254,18 @@ class Flows:
 
     # ------------------------------------------------------------------ deadlines
 
+    def expired(
+        self, units: Mapping[int, Unit], now: float | None = None
+    ) -> list[tuple[Unit, Instance]]:
+        """`expire`, each partition's change staged on its unit (if still alive here);
+        returns the next turns it made ready, with their units."""
+        out = []
+        for partition, change in self.expire(now).items():
+            unit = units.get(partition)
+            if unit is not None and unit.alive:
+                out += [(unit, inst) for inst in self.stage(unit, None, change)]
+        return out
+
     def expire(self, now: float | None = None) -> dict[int, Staging]:
         """Awaited calls past their deadline, workflows past their retention: per
         partition, the records to stage with the unit's next commit."""
@@ -236,3 +284,33 @@ class Flows:
             if changes:
                 out.setdefault(partition, Staging()).changes += changes
         return out
+
+
+def refusal_letter(
+    code: str, reason: str, instance: str | None, source: SourcePosition | None
+) -> DeadLetter:
+    """The dead letter of a result or approval that answers nothing pending."""
+    letter = DeadLetter.model_validate(
+        {"code": code, "reason": reason[:1000], "scope": "call", "instance": instance}
+    )
+    return letter if source is None else letter.model_copy(update={"source": source})
+
+
+def unstorable(rec: ResultRecord, exc: BadRecord) -> DeadLetter:
+    """The dead letter of a result its instance's state cannot hold (`exc`): it names the
+    call, and leaves out the value that was too large."""
+    call = {"call_id": rec.call_id, "_tool": rec.tool}
+    letter = DeadLetter.model_validate(
+        {"code": exc.code, "reason": exc.message, "scope": "call", "instance": rec.instance}
+    )
+    return letter.model_copy(update={"source": rec.source, "call": call})
+
+
+def instance_of(value: bytes | None) -> str | None:
+    """The instance a malformed approval names, if it names one (its dead letter's key)."""
+    try:
+        found = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    name = found.get("instance") if isinstance(found, dict) else None
+    return name if isinstance(name, str) else None

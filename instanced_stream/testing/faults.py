@@ -10,15 +10,13 @@ point for one process:
   batch body, as the code around the point sees it); `raise:solved:2+`: raise on the
   2nd time and every time after.
 
-The points: `solved` (runtime/batcher.py, every model answer of a batch in hand,
-no record built yet, inside the processor's retry), `after_llm`
-(runtime/delivery.py: the batch's outcome records built, before its publish), `mid_publish`
-(runtime/publish.py, the first record of a publish acknowledged, the rest not yet
-sent), `after_publish` (delivery.py: every record acknowledged, offsets not yet finished).
-Stateful workflows add `after_state` (delivery.py: a batch's turns stored and durable,
-their records not yet published), `after_result` (runtime/coordinator.py: a result
-stored, its offset not finished, the next turn not yet batched) and `after_approval`
-(coordinator.py: an approval stored with its calls in the outbox, not yet published).
+The points: `solved` (runtime/stager.py: every model answer of a batch in hand, no record
+built yet, inside the batch's retry), `after_llm` (stager.py: the batch's records built,
+none staged on a unit yet, inside the retry), `mid_commit` (runtime/unit.py: every record
+of a commit sent and its offsets too, the transaction still open), `after_commit`
+(unit.py: a commit done, before the unit goes on), `after_result` and `after_approval`
+(runtime/service.py: a result's or an approval's change staged on its unit, not yet
+committed).
 
 The pipeline never calls this module: its pieces take a `instanced_stream.runtime.probe.Probe`,
 and `stream process` passes a `FaultProbe` only when STREAM_CRASH_AT is set.
@@ -43,9 +41,8 @@ POINTS = frozenset(
     {
         "solved",
         "after_llm",
-        "after_state",
-        "mid_publish",
-        "after_publish",
+        "mid_commit",
+        "after_commit",
         "after_result",
         "after_approval",
     }

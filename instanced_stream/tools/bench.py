@@ -90,7 +90,7 @@ class Bench:
         partitions: int,
         processes: int,
         model: dict[str, Any] | None = None,
-        delivery: str = "at_least_once",
+        delivery: str = "exactly_once",
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
         """Fresh topics and `processes` processor processes (not started yet); `model`
         overrides the spec's model settings (reasoning, answer form)."""
@@ -140,7 +140,7 @@ class Bench:
         items: int | None = None,
         paced: bool = True,
         model: dict[str, Any] | None = None,
-        delivery: str = "at_least_once",
+        delivery: str = "exactly_once",
     ) -> Result:
         endpoint = endpoint or self.endpoint
         if self.sim is not None:
@@ -399,19 +399,19 @@ async def run_bench(
         # Both delivery modes side by side (DESIGN.md section 8): LLM-bound at window 50,
         # and bound by the processor itself with the instant simulator.
         await bench.product(
-            "window 50, exactly once",
+            "window 50, at least once",
             50,
             in_flight=in_flight,
             partitions=partitions,
-            delivery="exactly_once",
+            delivery="at_least_once",
         )
         if bench.sim is not None:
             await bench.product(
-                "instant simulator, window 50, exactly once",
+                "instant simulator, window 50, at least once",
                 50,
                 endpoint=Endpoint(instant=True),
                 items=len(bench.items),
-                delivery="exactly_once",
+                delivery="at_least_once",
             )
         for variant in variants:
             key, _, value = variant.partition("=")

@@ -81,9 +81,8 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.core.prompt import PromptBuilder
     from instanced_stream.core.spec import load_spec
     from instanced_stream.llm.client import LLM
-    from instanced_stream.llm.factory import initial_shape
+    from instanced_stream.llm.factory import initial_shape, resolve_api_key
     from instanced_stream.llm.probe import probe
-    from instanced_stream.runtime.processor import resolve_api_key
     from instanced_stream.tools.eval import disagreements, load_items, markdown
     from instanced_stream.tools.eval import evaluate as run_eval
     from instanced_stream.tools.target import llm_target

@@ -63,7 +63,7 @@ class Result:
     rss_end_mb: float | None = None
     cpu_ms_per_item: float | None = None  # the processors' own CPU time per item
     capped: bool = False
-    delivery: str = "at_least_once"
+    delivery: str = "exactly_once"
     notes: list[str] = field(default_factory=list)
 
 

@@ -1,7 +1,7 @@
 """Stateful workflows under kill -9, on the real broker: the processor dies at each crash
-point of a two-turn workflow (after a turn's state is stored, after its publish, after a
-result is stored and before its next turn, between a stored approval and its calls' publish),
-is restarted, and every workflow still ends, once, without a loop.
+point of a two-turn workflow (inside a commit's open transaction, just after a commit,
+after a result's change is staged and before its commit, after an approval's), is
+restarted, and every workflow still ends, once, without a loop or a duplicate.
 
 The kill moment is drawn per session (printed, replay with STREAM_CHAOS_SEED)."""
 
@@ -97,9 +97,9 @@ def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
         assert seen.setdefault(rec["call_id"], what) == what, rec["call_id"]
 
 
-# The deliverable's four points: after the state write, after publish, between a result
-# and its done record or next turn (after_result), between approval and publish (below).
-@pytest.mark.parametrize("point", ["after_state", "after_publish", "after_result"])
+# Inside a transaction (its state, outputs and offsets sent, not committed), right after a
+# commit, between a result's change and its commit; an approval's below.
+@pytest.mark.parametrize("point", ["mid_commit", "after_commit", "after_result"])
 async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, point: str) -> None:
     dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_CRASH_AT=f"{point}:{_nth()}")
     registry = load_activities(str(TICKETS / "activities.py"))
@@ -132,6 +132,7 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
     assert dep.sim.stats["completions"] - asked <= 12
     calls = await _calls(dep)
     _one_call_one_item(calls)
+    assert len(calls) == len({c["call_id"] for c in calls}), "a call was published twice"
     routed = {r["instance"] for r in calls if r["tool"] == "routeTicket"}
     assert routed == {i["_instance"] for i in items}
     assert dep.sim.stats["completions"] == settled, "a finished workflow was asked again"
@@ -151,7 +152,7 @@ async def test_kill_9_between_approval_and_publish_runs_the_approved_calls(
     proposals = {p["instance"]: p for p in await dep.records(dep.settings.topics.proposals)}
     approved = await dep.cli("approve", "--instance", "t-000001", STREAM_SPEC=str(lazy))
     assert approved.returncode == 0, approved.stderr
-    await _killed(dep)  # the approval is stored, its calls are not yet published
+    await _killed(dep)  # the approval is staged with its calls, not yet committed
     assert not await dep.records(dep.activity_topic("lookupCustomer"))
     dep.proc.env.pop("STREAM_CRASH_AT")
     dep.proc.start()

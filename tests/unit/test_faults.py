@@ -23,7 +23,7 @@ def _disarmed() -> Iterator[None]:
 
 def test_parse_reads_kill_raise_and_onwards() -> None:
     assert parse("after_llm:3") == ("after_llm", 3, True, False)
-    assert parse("raise:mid_publish:1") == ("mid_publish", 1, False, False)
+    assert parse("raise:mid_commit:1") == ("mid_commit", 1, False, False)
     assert parse("raise:solved:2+") == ("solved", 2, False, True)
 
 
@@ -42,8 +42,8 @@ def test_a_process_is_killed_once_only() -> None:
 
 
 def test_settings_validate_the_crash_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STREAM_CRASH_AT", "after_publish:2")
-    assert Settings().crash_at == "after_publish:2"
+    monkeypatch.setenv("STREAM_CRASH_AT", "after_commit:2")
+    assert Settings().crash_at == "after_commit:2"
     monkeypatch.setenv("STREAM_CRASH_AT", "before_everything:1")
     with pytest.raises(ValidationError, match="crash point"):
         Settings()
@@ -60,8 +60,8 @@ def test_unarmed_points_do_nothing() -> None:
 
 def test_raise_fires_at_the_nth_pass_of_its_own_point_only() -> None:
     arm("raise:after_llm:3")
-    assert faults.armed("after_llm") and not faults.armed("after_publish")
-    crash_point("after_publish")  # another point: not counted
+    assert faults.armed("after_llm") and not faults.armed("after_commit")
+    crash_point("after_commit")  # another point: not counted
     crash_point("after_llm")
     crash_point("after_llm")
     with pytest.raises(InjectedFault, match="after_llm"):
@@ -80,10 +80,10 @@ def test_raise_onwards_fires_every_time_from_n() -> None:
 def test_kill_mode_sigkills_the_process() -> None:
     code = (
         "from instanced_stream.testing.faults import arm, crash_point\n"
-        "arm('mid_publish:2')\n"
-        "crash_point('mid_publish')\n"
+        "arm('mid_commit:2')\n"
+        "crash_point('mid_commit')\n"
         "print('survived the first pass', flush=True)\n"
-        "crash_point('mid_publish')\n"
+        "crash_point('mid_commit')\n"
         "print('survived the second pass', flush=True)\n"
     )
     done = subprocess.run(

@@ -1,4 +1,4 @@
-"""The package layout keeps its promises: a pure core, an SDK without faust, and modules
+"""The package layout keeps its promises: a pure core, an SDK without mode, and modules
 and classes small enough to read."""
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def test_the_core_imports_no_kafka_http_or_model_client() -> None:
         "for m in pkgutil.iter_modules(instanced_stream.core.__path__):\n"
         "    importlib.import_module('instanced_stream.core.' + m.name)"
     )
-    assert _loaded_after(code, ("faust", "aiokafka", "aiohttp", "openai")) == []
+    assert _loaded_after(code, ("mode", "aiokafka", "aiohttp", "openai")) == []
 
 
-def test_the_activity_sdk_imports_no_faust() -> None:
-    assert _loaded_after("import instanced_stream.activities", ("faust",)) == []
+def test_the_activity_sdk_imports_no_service_framework() -> None:
+    assert _loaded_after("import instanced_stream.activities", ("mode",)) == []
 
 
 def _sizes() -> dict[str, tuple[int, dict[str, int]]]:

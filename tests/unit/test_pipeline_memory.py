@@ -1,143 +1,115 @@
-"""The processor's pipeline in memory: fake LLM and publisher, real windowing and ledger."""
+"""The processor's runtime in memory (tests/flows.py): fake LLM and producer, real
+windowing, stager and units."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from typing import Any
 
 import orjson
+import pytest
 
-from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.spec import AgentSpec, Tool, load_spec
-from instanced_stream.runtime.delivery import Fatal
-from instanced_stream.runtime.processor import Pipeline
-from instanced_stream.settings import DEFAULT_SPEC, Settings
-from tests.fakes import FakeLLM, FakePublisher
+from instanced_stream.settings import DEFAULT_SPEC
+from tests.flows import Rig
 
 
-def _pipeline(
-    spec: AgentSpec | None = None, on_fatal: Fatal | None = None
-) -> tuple[Pipeline, FakePublisher]:
-    pub = FakePublisher()
-    settings = Settings(bootstrap_servers="unused:9092", max_record_bytes=1000)
-    pipe = Pipeline(settings, spec or load_spec(DEFAULT_SPEC), FakeLLM(), pub, on_fatal=on_fatal)
-    return pipe, pub
+def _rig(spec: AgentSpec | None = None, **kw: Any) -> Rig:
+    return Rig(spec or load_spec(DEFAULT_SPEC), max_record_bytes=1000, **kw)
 
 
-async def _feed(pipe: Pipeline, records: list[tuple[int, int, bytes]], acked: list[Any]) -> None:
-    await pipe.start()
+async def _feed(rig: Rig, records: list[tuple[int, int, bytes]]) -> None:
     for partition, offset, value in records:
-        src = SourcePosition(topic="items", partition=partition, offset=offset)
-        await pipe.offer(value, None, src, functools.partial(acked.append, (partition, offset)))
-    await pipe.windower.flush()
-    while pipe.tasks:
-        await asyncio.gather(*list(pipe.tasks))
-    await pipe.windower.stop()
+        await rig.offer(value, partition, offset)
+    await rig.drain()
 
 
 def _item(i: int, text: str = "lovely post") -> bytes:
     return orjson.dumps({"_instance": f"p-{i}", "comment": f"{text} {i}"})
 
 
-def _decoded(pub: FakePublisher, topic_part: str) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in pub.records if topic_part in r.topic]
-
-
-async def test_every_record_acked_in_offset_order_with_one_outcome_each() -> None:
-    pipe, pub = _pipeline()
+async def test_every_record_committed_in_offset_order_with_one_outcome_each() -> None:
+    rig = _rig()
     records = [(i % 2, i // 2, _item(i)) for i in range(60)]
     records[11] = (1, 5, b"{broken")
-    acked: list[Any] = []
-    await _feed(pipe, records, acked)
-    for part in (0, 1):
-        offsets = [o for p, o in acked if p == part]
-        assert offsets == list(range(30))
-    calls = _decoded(pub, "activity.moderateComment")
-    letters = _decoded(pub, "deadletter")
+    await _feed(rig, records)
+    assert rig.offsets() == {0: 30, 1: 30}
+    for part in (0, 1):  # each partition's outcomes are written in its input order
+        outcomes = [o["source"] for o in rig.on("")]
+        offsets = [s["offset"] for s in outcomes if s["partition"] == part]
+        assert offsets == sorted(offsets) and set(offsets) == set(range(30))
+    calls = rig.on("activity.moderateComment")
+    letters = rig.on("deadletter")
     assert len(calls) == 59
     assert [(d["code"], d["source"]["offset"]) for d in letters] == [("not_json", 5)]
-    assert pipe.stats["llm_requests"] == 3  # 59 items, windows of 25
+    assert rig.metrics.counts()["llm_requests"] == 3  # 59 items, windows of 25
 
 
-async def test_revoked_partition_publishes_and_acks_nothing() -> None:
-    pipe, pub = _pipeline()
-    acked: list[Any] = []
-    await pipe.start()
+async def test_a_revoked_partition_commits_nothing_of_what_it_had_not_finished() -> None:
+    rig = _rig()
     for i in range(10):
-        src = SourcePosition(topic="items", partition=i % 2, offset=i // 2)
-        await pipe.offer(_item(i), None, src, functools.partial(acked.append, (i % 2, i // 2)))
-    pipe.ledger.drop([("items", 1)])
-    await pipe.windower.flush()
-    await asyncio.gather(*list(pipe.tasks))
-    await pipe.windower.stop()
-    assert {p for p, _ in acked} == {0}
-    assert {r.origin[1] for r in pub.records if r.origin} == {0}
+        await rig.offer(_item(i), i % 2, i // 2)
+    await rig.revoke(1)  # its items are still in the open window
+    await rig.drain()
+    assert rig.offsets() == {0: 5}
+    assert {r["source"]["partition"] for r in rig.on("")} == {0}
 
 
 async def test_a_refused_record_dead_letters_its_item_only_and_nothing_stalls() -> None:
-    pipe, pub = _pipeline()
-    pub.refuse_next = 1
-    acked: list[Any] = []
-    await _feed(pipe, [(0, i, _item(i)) for i in range(5)], acked)
-    letters = _decoded(pub, "deadletter")
+    topic = "activity.moderateComment"
+    rig = _rig(limits={topic: 1000})  # the broker's limit, below ours
+    big = orjson.dumps({"_instance": "p-" + "9" * 400, "comment": "lovely post"})
+    await _feed(rig, [(0, i, _item(i)) for i in range(4)] + [(0, 4, big)])
+    letters = rig.on("deadletter")
     assert [d["code"] for d in letters] == ["too_large"]  # the refused record's item alone
-    calls = _decoded(pub, "activity.moderateComment")
+    assert letters[0]["instance"].endswith("9" * 100) and "refused" in letters[0]["reason"]
+    calls = rig.on(topic)
     assert letters[0]["instance"] not in {c["instance"] for c in calls}
-    assert len(calls) == 4  # its batch-mates were published, not dead-lettered
-    assert len(acked) == 5
+    assert len(calls) == 4  # its batch-mates were committed, not dead-lettered
+    assert rig.offsets() == {0: 5}
+    assert ("abort",) in rig.producer.calls  # the refusing transaction was redone
 
 
 async def test_an_output_over_the_broker_limit_is_dead_lettered_before_it_is_sent() -> None:
-    pipe, pub = _pipeline()
-    pipe.delivery.max_output_bytes = 1200
+    rig = _rig(max_output_bytes=1200)
     big = "b" * 500  # an id is copied into each of its records: those outgrow the limit
-    acked: list[Any] = []
     huge = orjson.dumps({"_instance": big, "comment": "a fine remark"})
-    await _feed(pipe, [(0, 0, huge), (0, 1, _item(1))], acked)
-    letters = _decoded(pub, "deadletter")
+    await _feed(rig, [(0, 0, huge), (0, 1, _item(1))])
+    letters = rig.on("deadletter")
     assert letters and {(d["code"], d["instance"]) for d in letters} == {("too_large", big)}
     assert letters[0]["raw_size"] > 1200 and "max_output_bytes" in letters[0]["reason"]
-    sent = [orjson.loads(r.value) for r in pub.records if "deadletter" not in r.topic]
+    sent = [orjson.loads(r.value or b"") for r in rig.records if "deadletter" not in r.topic]
     assert {s["instance"] for s in sent} == {"p-1"}  # its batch-mate went out as usual
-    assert len(acked) == 2
+    assert ("abort",) not in rig.producer.calls  # nothing was refused by the broker
+    assert rig.offsets() == {0: 2}
 
 
 async def test_latent_calls_are_never_published() -> None:
     base = load_spec(DEFAULT_SPEC)
     think = Tool(name="think", description="a private thought", kind="latent")
-    spec = base.model_copy(update={"tools": [base.tools[0], think]})
-    pipe, pub = _pipeline(spec)
-    acked: list[Any] = []
-    await _feed(pipe, [(0, 0, _item(0, "you stupid idiot")), (0, 1, _item(1))], acked)
-    assert not [r for r in pub.records if "think" in r.topic]
-    assert pipe.stats["latent_calls"] == 2  # one thought per instance
-    assert len(_decoded(pub, "activity.moderateComment")) == 2
+    rig = _rig(base.model_copy(update={"tools": [base.tools[0], think]}))
+    await _feed(rig, [(0, 0, _item(0, "you stupid idiot")), (0, 1, _item(1))])
+    assert not [r for r in rig.records if "think" in r.topic]
+    assert rig.metrics.counts()["latent_calls"] == 2  # one thought per instance
+    assert len(rig.on("activity.moderateComment")) == 2
 
 
 async def test_oversized_record_dead_letter_keeps_a_capped_copy() -> None:
-    pipe, pub = _pipeline()
-    acked: list[Any] = []
-    await _feed(pipe, [(0, 0, b'{"_instance": "x", "c": "' + b"y" * 5000 + b'"}')], acked)
-    (letter,) = _decoded(pub, "deadletter")
+    rig = _rig()
+    await _feed(rig, [(0, 0, b'{"_instance": "x", "c": "' + b"y" * 5000 + b'"}')])
+    (letter,) = rig.on("deadletter")
     assert letter["code"] == "too_large" and letter["raw_size"] > 5000
-    assert acked == [(0, 0)]
+    assert rig.offsets() == {0: 1}
 
 
-async def test_a_batch_that_cannot_be_delivered_at_all_crashes_the_worker() -> None:
-    crashed: list[BaseException] = []
-
-    async def crash(exc: BaseException) -> None:
-        crashed.append(exc)
-
-    pipe, pub = _pipeline(on_fatal=crash)
-
-    async def refuse(records: list[Any], sent: Any = None) -> None:
-        raise RuntimeError("the publisher is broken")
-
-    pub.publish = refuse  # type: ignore[method-assign]
-    acked: list[Any] = []
-    await _feed(pipe, [(0, i, _item(i)) for i in range(3)], acked)
-    # Retried, then dead-lettering failed too: nothing acked, the worker told to crash.
-    assert acked == []
-    assert len(crashed) == 1 and "the publisher is broken" in repr(crashed[0])
+async def test_a_batch_that_cannot_be_committed_at_all_voids_its_unit() -> None:
+    """Nothing is committed, and the unit is dropped: its partition's next owner (the
+    membership reopens it) redoes the batch from the last commit."""
+    rig = _rig()
+    rig.producer.fail_send = RuntimeError("the producer is broken")
+    for i in range(3):
+        await rig.offer(_item(i), 0, i)
+    with pytest.raises(RuntimeError, match="the producer is broken"):
+        await rig.drain()
+    assert not rig.units[0].alive
+    assert rig.records == [] and rig.offsets() == {}
+    assert ("abort",) in rig.producer.calls

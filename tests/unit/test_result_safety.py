@@ -7,7 +7,7 @@ import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.validate import Validator
-from tests.flows import drain, on, pipeline, tickets_spec
+from tests.flows import Rig, tickets_spec
 
 SRC = SourcePosition(topic="items", partition=0, offset=0)
 BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
@@ -33,22 +33,23 @@ async def test_a_result_that_cannot_be_written_is_a_dead_letter_not_a_crash() ->
     """A pending call to †state (stored by an older version, or a forged record) whose
     result is not an object: a bad_result dead letter, the call counts as failed, the
     workflow goes on; the result handler raises nothing."""
-    pipe, pub, store = pipeline(tickets_spec())
-    assert pipe.workflow is not None
-    await pipe.start()
-    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    rig = Rig(tickets_spec())
+    rig.unit(0)  # its store
+    inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
     assert inst is not None
     routed = Call.model_validate(
         {"_tool": "routeTicket", "_instance": "t-1", "_outputPath": "†state", "queue": "x"}
     )
-    pipe.workflow.turn(inst, [("c1", routed)], BATCH, [])
+    rig.workflow.turn(inst, [("c1", routed)], BATCH, [])
     result = ResultRecord.model_validate(
         {"call_id": "c1", "instance": "t-1", "tool": "routeTicket", "turn": 1, "value": None}
     )
-    await pipe.on_result(result.model_dump_json().encode(), None)
-    (letter,) = on(pub, "deadletter")
+    await rig.result(result.model_dump_json().encode())
+    (letter,) = rig.on("deadletter")
     assert letter["code"] == "bad_result" and "object" in letter["reason"]
-    st = store.get("t-1")
+    st = rig.stores.get("t-1")
     assert st is not None and "c1" in st.state["errors"] and st.status == "ready"
-    await drain(pipe)
-    await pipe.windower.stop()
+    assert rig.offsets(rig.topics.results) == {0: 1}
+    await rig.drain()  # the workflow goes on: its next turn
+    (looked,) = rig.on("activity.lookupCustomer")
+    assert looked["turn"] == 2

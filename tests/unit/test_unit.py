@@ -4,54 +4,15 @@ tests/integration/test_exactly_once.py."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.unit import Unit, UnitGone
+from tests.fakes import FakeProducer
 
 IN, RES = "items", "stream.results"
-
-
-class FakeProducer:
-    """Records what a transactional producer was asked to do."""
-
-    def __init__(self, fail_send: BaseException | None = None) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.fail_send = fail_send
-
-    async def begin_transaction(self) -> None:
-        self.calls.append(("begin",))
-
-    async def send(self, topic: str, value: bytes, **kw: Any) -> asyncio.Future[None]:
-        if self.fail_send is not None:
-            raise self.fail_send
-        self.calls.append(("send", topic, value, kw.get("headers")))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group: str) -> None:
-        self.calls.append(("offsets", dict(offsets), group))
-
-    async def commit_transaction(self) -> None:
-        self.calls.append(("commit",))
-
-    async def abort_transaction(self) -> None:
-        self.calls.append(("abort",))
-
-    async def stop(self) -> None:
-        self.calls.append(("stop",))
-
-    def sent(self) -> list[bytes]:
-        return [c[2] for c in self.calls if c[0] == "send"]
-
-    def offsets(self) -> list[dict[Any, int]]:
-        return [c[1] for c in self.calls if c[0] == "offsets"]
 
 
 def _rec(value: bytes) -> OutRecord:

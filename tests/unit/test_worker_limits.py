@@ -1,5 +1,6 @@
 """#24 item 2: records over the broker's limit are dead-lettered, by the activity worker
-(its results) and by the coordinator (done records), instead of crashing either."""
+(its results) and by the processor (results its state cannot hold, and their letters),
+instead of crashing either."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from instanced_stream.core.messages import (
 from instanced_stream.core.spec import Tool
 from instanced_stream.settings import Settings
 from tests.fakes import FakePublisher
-from tests.flows import on, pipeline, tickets_spec
+from tests.flows import Rig, tickets_spec
 
 SRC = SourcePosition(topic="items", partition=0, offset=0)
 BATCH = BatchRef(id="b-1", size=1, token="①", attempt=1)
@@ -80,18 +81,21 @@ async def test_a_result_the_broker_refuses_does_not_stop_the_worker() -> None:
     assert result["error"] and "refused" in result["error"]
 
 
-async def test_a_done_record_over_the_limit_is_refused_before_it_is_published() -> None:
+async def test_a_last_result_over_the_limit_is_refused_and_the_workflow_ends() -> None:
+    """Its state (and so its done record, which holds no more than the state) would pass
+    the limit: the result is dead-lettered, its call failed, and the workflow ends now,
+    not at the call's deadline."""
     base = tickets_spec()
     assert base.plan is not None
     spec = base.model_copy(update={"plan": base.plan.model_copy(update={"max_turns": 1})})
-    pipe, pub, store = pipeline(spec, max_output_bytes=LIMIT)
-    assert pipe.workflow is not None
-    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    rig = Rig(spec, max_output_bytes=LIMIT)
+    rig.unit(0)  # its store
+    inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
     assert inst is not None
     call = Call.model_validate(
         {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
     )
-    pipe.workflow.turn(inst, [("c1", call)], BATCH, [])
+    rig.workflow.turn(inst, [("c1", call)], BATCH, [])
     big = ResultRecord.model_validate(
         {
             "call_id": "c1",
@@ -101,30 +105,34 @@ async def test_a_done_record_over_the_limit_is_refused_before_it_is_published() 
             "value": {"plan": "x" * 5000, "vip": True},
         }
     )
-    await pipe.on_result(big.model_dump_json().encode(), None)  # turn limit: done
-    assert all(len(r.value) <= LIMIT for r in pub.records)
-    (letter,) = on(pub, "deadletter")
+    await rig.result(big.model_dump_json().encode())  # turn limit: done
+    assert all(len(r.value or b"") <= LIMIT for r in rig.records)
+    (letter,) = rig.on("deadletter")
     assert letter["code"] == "too_large" and str(LIMIT) in letter["reason"]
-    assert "stream.done" in letter["reason"]
-    st = store.get("t-1")
+    assert "state of t-1" in letter["reason"] and letter["call"]["call_id"] == "c1"
+    st = rig.stores.get("t-1")
     assert st is not None and st.status == "done"  # it ended all the same
+    assert str(LIMIT) in st.state["errors"]["c1"] and "customer" not in st.state
+    (done,) = rig.on("stream.done")
+    assert done["status"] == "turn_limit"
+    assert rig.offsets(rig.topics.results) == {0: 1}
 
 
 async def test_a_bad_result_letter_over_the_limit_is_refused_too() -> None:
     """The bad_result letter carries the value: a huge value that breaks `_output`
     must not make a letter the broker refuses."""
-    pipe, pub, store = pipeline(tickets_spec(), max_output_bytes=LIMIT)
-    assert pipe.workflow is not None
-    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
+    rig = Rig(tickets_spec(), max_output_bytes=LIMIT)
+    rig.unit(0)  # its store
+    inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, SRC, 10))
     assert inst is not None
     call = Call.model_validate(
         {"_tool": "lookupCustomer", "_instance": "t-1", "_outputPath": "†state.customer"}
     )
-    pipe.workflow.turn(inst, [("c1", call)], BATCH, [])
+    rig.workflow.turn(inst, [("c1", call)], BATCH, [])
     value = {"plan": "x" * 5000, "vip": "yes"}  # vip must be a boolean
     bad = {"call_id": "c1", "instance": "t-1", "tool": "lookupCustomer", "turn": 1}
-    await pipe.on_result(orjson.dumps({**bad, "value": value}), None)
-    assert all(len(r.value) <= LIMIT for r in pub.records)
-    assert [x["code"] for x in on(pub, "deadletter")] == ["too_large"]
-    st = store.get("t-1")
+    await rig.result(orjson.dumps({**bad, "value": value}))
+    assert all(len(r.value or b"") <= LIMIT for r in rig.records)
+    assert [x["code"] for x in rig.on("deadletter")] == ["too_large"]
+    st = rig.stores.get("t-1")
     assert st is not None and "breaks its _output" in st.state["errors"]["c1"]

@@ -7,12 +7,9 @@ from typing import Any
 
 import orjson
 
-from instanced_stream.core.messages import SourcePosition
 from instanced_stream.ops.approvals import pending_proposals
-from instanced_stream.runtime.processor import Pipeline
 from instanced_stream.testing.samples import tickets
-from tests.fakes import FakePublisher
-from tests.flows import drain, lazy, on, pipeline, tickets_spec
+from tests.flows import Rig, lazy, tickets_spec
 
 
 def _approval(proposal: dict[str, Any], approve: bool = True) -> bytes:
@@ -26,19 +23,17 @@ def _approval(proposal: dict[str, Any], approve: bool = True) -> bytes:
     )
 
 
-async def _proposed() -> tuple[Pipeline, FakePublisher, dict[str, Any]]:
+async def _proposed() -> tuple[Rig, dict[str, Any]]:
     """A lazy tickets workflow whose first turn is proposed."""
-    pipe, pub, _ = pipeline(lazy(tickets_spec()))
-    await pipe.start()
-    src = SourcePosition(topic="items", partition=0, offset=0)
-    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
-    await drain(pipe)
-    (proposal,) = on(pub, "proposals")
-    return pipe, pub, proposal
+    rig = Rig(lazy(tickets_spec()))
+    await rig.offer(orjson.dumps(tickets(1)[0]))
+    await rig.drain()
+    (proposal,) = rig.on("proposals")
+    return rig, proposal
 
 
-async def _answer_all(pipe: Pipeline, pub: FakePublisher, tool: str, value: Any) -> None:
-    for rec in on(pub, f"activity.{tool}"):
+async def _answer_all(rig: Rig, tool: str, value: Any) -> None:
+    for rec in rig.on(f"activity.{tool}"):
         result = {
             "call_id": rec["call_id"],
             "instance": rec["instance"],
@@ -48,96 +43,89 @@ async def _answer_all(pipe: Pipeline, pub: FakePublisher, tool: str, value: Any)
         }
         if tool == "assessUrgency":
             result["path"] = "†state.routine"
-        await pipe.on_result(orjson.dumps(result), None)
+        await rig.result(orjson.dumps(result))
 
 
 async def test_a_graph_is_approved_once_and_runs_in_dependency_order() -> None:
     """The seeds' lazy plan: the model's graph is proposed once, approved as a whole, and
     run step by step as the state its steps read comes in; the latent step is answered
     by the model only after approval, and a replayed approval approves nothing more."""
-    pipe, pub, first = await _proposed()
+    rig, first = await _proposed()
     assert first["proposal_id"] and first["turn"] == 1
     steps = {s["tool"]: s for s in first["plan"]}
     assert steps["summarize"]["status"] == "proposed"
     assert "summary" not in first["calls"][[c["_tool"] for c in first["calls"]].index("summarize")]
     approval = _approval(first)
-    await pipe.on_approval(approval, None)
-    assert on(pub, "activity.lookupCustomer") and on(pub, "activity.assessUrgency")
-    assert not on(pub, "activity.routeTicket")  # it reads what the others write
-    await _answer_all(pipe, pub, "lookupCustomer", {"plan": "pro", "vip": False})
-    await _answer_all(pipe, pub, "assessUrgency", {"why": "test"})
-    await drain(pipe)
-    assert len(on(pub, "proposals")) == 1  # approval is asked once per graph
-    await pipe.on_approval(approval, None)  # the same approval again: a repeat
-    assert len(on(pub, "activity.routeTicket")) == 1
-    (done,) = on(pub, "done")
+    await rig.approval(approval)
+    assert rig.on("activity.lookupCustomer") and rig.on("activity.assessUrgency")
+    assert not rig.on("activity.routeTicket")  # it reads what the others write
+    await _answer_all(rig, "lookupCustomer", {"plan": "pro", "vip": False})
+    await _answer_all(rig, "assessUrgency", {"why": "test"})
+    await rig.drain()
+    assert len(rig.on("proposals")) == 1  # approval is asked once per graph
+    await rig.approval(approval)  # the same approval again: a repeat
+    assert len(rig.on("activity.routeTicket")) == 1
+    (done,) = rig.on("done")
     assert done["status"] == "done" and done["state"]["summary"]
-    assert pipe.workflow is not None
-    st = pipe.workflow.store.get(first["instance"])
+    st = rig.stores.get(first["instance"])
     assert st is not None and all(s.status == "done" for s in st.plan)
-    await pipe.windower.stop()
 
 
 async def test_an_approval_that_names_no_pending_proposal_is_a_dead_letter() -> None:
-    pipe, pub, first = await _proposed()
+    rig, first = await _proposed()
     forged = {**first, "proposal_id": "items/0/0/t9/proposal", "turn": 9}
-    await pipe.on_approval(_approval(forged), None)
-    assert not on(pub, "activity.lookupCustomer")  # nothing ran
-    (letter,) = on(pub, "deadletter")
+    await rig.approval(_approval(forged))
+    assert not rig.on("activity.lookupCustomer")  # nothing ran
+    (letter,) = rig.on("deadletter")
     assert letter["code"] == "unexpected_approval" and first["proposal_id"] in letter["reason"]
     # An approval that names no proposal at all (the old wire form) is refused too.
-    await pipe.on_approval(orjson.dumps({"instance": first["instance"], "approve": True}), None)
-    assert not on(pub, "activity.lookupCustomer")
-    assert [x["code"] for x in on(pub, "deadletter")][-1] == "unexpected_approval"
-    await pipe.windower.stop()
+    await rig.approval(orjson.dumps({"instance": first["instance"], "approve": True}))
+    assert not rig.on("activity.lookupCustomer")
+    assert [x["code"] for x in rig.on("deadletter")][-1] == "unexpected_approval"
+    assert rig.offsets(rig.topics.approvals) == {0: 2}  # refused, and done with
 
 
 async def test_a_result_must_name_a_pending_call_and_its_turn() -> None:
-    pipe, pub, _ = pipeline(tickets_spec())
-    await pipe.start()
-    src = SourcePosition(topic="items", partition=0, offset=0)
-    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
-    await drain(pipe)
-    (call,) = on(pub, "activity.lookupCustomer")
+    rig = Rig(tickets_spec())
+    await rig.offer(orjson.dumps(tickets(1)[0]))
+    await rig.drain()
+    (call,) = rig.on("activity.lookupCustomer")
     result = {"call_id": call["call_id"], "instance": call["instance"], "tool": "lookupCustomer"}
     value = {"plan": "pro", "vip": True}
-    await pipe.on_result(orjson.dumps({**result, "turn": 2, "value": value}), None)
-    await pipe.on_result(orjson.dumps({**result, "call_id": "made/up/1", "turn": 1}), None)
-    letters = on(pub, "deadletter")
+    await rig.result(orjson.dumps({**result, "turn": 2, "value": value}))
+    await rig.result(orjson.dumps({**result, "call_id": "made/up/1", "turn": 1}))
+    letters = rig.on("deadletter")
     assert [x["code"] for x in letters] == ["unexpected_result", "unexpected_result"]
     assert "turn 1" in letters[0]["reason"] and "made/up/1" in letters[1]["reason"]
-    assert pipe.workflow is not None
-    st = pipe.workflow.store.get(call["instance"])
+    st = rig.stores.get(call["instance"])
     assert st is not None and call["call_id"] in st.pending and "customer" not in st.state
-    await pipe.on_result(orjson.dumps({**result, "turn": 1, "value": value}), None)
-    st = pipe.workflow.store.get(call["instance"])
+    await rig.result(orjson.dumps({**result, "turn": 1, "value": value}))
+    st = rig.stores.get(call["instance"])
     assert st is not None and st.state["customer"] == value
     # The same result again (a redelivery) is a repeat, ignored without a dead letter.
-    await pipe.on_result(orjson.dumps({**result, "turn": 1, "value": value}), None)
-    assert len(on(pub, "deadletter")) == 2 and pipe.workflow.results_ignored == 1
-    await pipe.windower.stop()
+    await rig.result(orjson.dumps({**result, "turn": 1, "value": value}))
+    assert len(rig.on("deadletter")) == 2 and rig.workflow.results_ignored == 1
 
 
 async def test_state_input_is_refused_unless_the_spec_opts_in() -> None:
     record = orjson.dumps({"_instance": "t-1", "type": "state", "vip": True})
-    src = SourcePosition(topic="items", partition=0, offset=0)
-    pipe, pub, store = pipeline(tickets_spec())
-    await pipe.start()
-    await pipe.offer(record, None, src, lambda: None)
-    await drain(pipe)
-    (letter,) = on(pub, "deadletter")
+    rig = Rig(tickets_spec())
+    await rig.offer(record)
+    await rig.drain()
+    (letter,) = rig.on("deadletter")
     assert letter["code"] == "state_input_refused" and "accept_state_input" in letter["reason"]
-    assert store.get("t-1") is None
-    await pipe.windower.stop()
+    assert rig.stores.get("t-1") is None
+    assert rig.offsets() == {0: 1}
     opted = tickets_spec().model_copy(update={"accept_state_input": True})
-    pipe, pub, store = pipeline(opted)
-    await pipe.start()
-    await pipe.offer(record, None, src, lambda: None)
-    await drain(pipe)
-    st = store.get("t-1")
+    rig = Rig(opted)
+    await rig.offer(record)
+    await rig.drain()
+    st = rig.stores.get("t-1")
     assert st is not None and st.state["vip"] is True
-    assert not on(pub, "deadletter")
-    await pipe.windower.stop()
+    assert not rig.on("deadletter")
+    # The state is committed with the input's offset: its changelog records are written.
+    changed = rig.on("state-changelog")
+    assert changed and all(c["instance"] == "t-1" and c["state"]["vip"] for c in changed)
 
 
 def test_stream_approve_offers_only_what_is_pending_now() -> None:

@@ -1,11 +1,9 @@
-"""A two-turn workflow in memory: fake LLM (the simulator's planner), memory state store."""
+"""A two-turn workflow in memory (tests/flows.py): fake LLM (the simulator's planner), the
+unit runtime's stores and commits."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,53 +11,28 @@ import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
-from instanced_stream.core.state import MemoryStore, Outgoing
+from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.runtime.processor import Pipeline
-from instanced_stream.settings import Settings
 from instanced_stream.testing.samples import tickets
-from tests.fakes import FakeLLM, FakePublisher
-
-TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets" / "agent.yaml"
-
-
-def _pipeline(spec: AgentSpec) -> tuple[Pipeline, FakePublisher, MemoryStore]:
-    pub, store = FakePublisher(), MemoryStore()
-    settings = Settings(bootstrap_servers="unused:9092")
-    workflow = Workflow(spec, store, pending_timeout_s=60)
-    pipe = Pipeline(settings, spec, FakeLLM(), pub, workflow=workflow)
-    return pipe, pub, store
-
-
-async def _drain(pipe: Pipeline) -> None:
-    await pipe.windower.flush()
-    while pipe.tasks:
-        await asyncio.gather(*list(pipe.tasks))
-
-
-def _on(pub: FakePublisher, part: str) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in pub.records if r.topic.endswith(part)]
+from tests.flows import TICKETS, Rig
 
 
 async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
-    pipe, pub, store = _pipeline(load_spec(TICKETS))
-    await pipe.start()
-    acked: list[int] = []
-    for i, ticket in enumerate(tickets(3)):
-        src = SourcePosition(topic="items", partition=0, offset=i)
-        await pipe.offer(orjson.dumps(ticket), None, src, functools.partial(acked.append, i))
-    await _drain(pipe)
-    assert acked == [0, 1, 2]  # turn 1 is published: the inputs are done with
-    looked = _on(pub, "activity.lookupCustomer")
-    urgency = _on(pub, "activity.assessUrgency")
+    rig = Rig(load_spec(TICKETS))
+    for ticket in tickets(3):
+        await rig.offer(orjson.dumps(ticket))
+    await rig.drain()
+    assert rig.offsets() == {0: 3}  # turn 1 is committed: the inputs are done with
+    looked = rig.on("activity.lookupCustomer")
+    urgency = rig.on("activity.assessUrgency")
     assert len(looked) == len(urgency) == 3
     assert all(r["call"]["_outputPath"] == "†state.customer" for r in looked)
     assert all(r["call"]["_outputPath"] == "†state.urgent || †state.routine" for r in urgency)
     assert all(r["context"][-1]["customer"] for r in looked)  # scoped to its own input
-    assert not _on(pub, "activity.routeTicket") and not _on(pub, "stream.done")
-    assert not [r for r in pub.records if "think" in r.topic or "summarize" in r.topic]
-    first = store.get("t-000001")
+    assert not rig.on("activity.routeTicket") and not rig.on("stream.done")
+    assert not [r for r in rig.records if "think" in r.topic or "summarize" in r.topic]
+    first = rig.stores.get("t-000001")
     assert first is not None and first.status == "pending" and len(first.pending) == 2
     assert first.state["summary"]["summary"].startswith("notes:")  # latent, into state
     for rec in looked:
@@ -70,7 +43,7 @@ async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
             turn=rec["turn"],
             value={"vip": rec["instance"] == "t-000002"},
         )
-        await pipe.on_result(answer.model_dump_json().encode(), None)
+        await rig.result(answer.model_dump_json().encode())
     for rec in urgency:
         answer = ResultRecord(
             call_id=rec["call_id"],
@@ -80,33 +53,31 @@ async def test_two_turns_where_turn_two_uses_turn_one_results() -> None:
             value={"why": "test"},
             path="†state.urgent" if rec["instance"] == "t-000003" else "†state.routine",
         )
-        await pipe.on_result(answer.model_dump_json().encode(), None)
-    # a repeated result is ignored: at-least-once delivery is normal
-    await pipe.on_result(answer.model_dump_json().encode(), None)
-    assert pipe.workflow is not None and pipe.workflow.results_ignored == 1
-    await _drain(pipe)
-    routed = {r["instance"]: r for r in _on(pub, "activity.routeTicket")}
+        await rig.result(answer.model_dump_json().encode())
+    # a repeated result is ignored: an activity worker delivers at least once
+    await rig.result(answer.model_dump_json().encode())
+    assert rig.workflow.results_ignored == 1
+    assert rig.offsets(rig.topics.results) == {0: 7}  # the repeat is committed, unapplied
+    await rig.drain()
+    routed = {r["instance"]: r for r in rig.on("activity.routeTicket")}
     assert set(routed) == {"t-000001", "t-000002", "t-000003"}
     assert routed["t-000002"]["call"]["queue"] == "priority"  # vip, learnt in turn 1
     assert routed["t-000003"]["call"]["queue"] == "priority"  # urgent branch
     assert routed["t-000001"]["call"]["queue"] == "standard"
     assert routed["t-000001"]["turn"] == 2 and "/t2/" in routed["t-000001"]["call_id"]
     assert [t["turn"] for t in routed["t-000001"]["trace"]] == [1, 2]
-    done = {d["instance"]: d for d in _on(pub, "stream.done")}
+    done = {d["instance"]: d for d in rig.on("stream.done")}
     assert set(done) == set(routed) and all(d["status"] == "done" for d in done.values())
     assert done["t-000003"]["state"]["urgent"] == {"why": "test"}
     assert "routine" not in done["t-000003"]["state"]
     assert "thought" not in orjson.dumps(done).decode()  # a thought is never stored
-    await pipe.windower.stop()
 
 
 async def test_unlisted_branch_is_refused_and_recorded() -> None:
-    pipe, pub, store = _pipeline(load_spec(TICKETS))
-    await pipe.start()
-    src = SourcePosition(topic="items", partition=0, offset=0)
-    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
-    await _drain(pipe)
-    rec = _on(pub, "activity.assessUrgency")[0]
+    rig = Rig(load_spec(TICKETS))
+    await rig.offer(orjson.dumps(tickets(1)[0]))
+    await rig.drain()
+    rec = rig.on("activity.assessUrgency")[0]
     bad = ResultRecord(
         call_id=rec["call_id"],
         instance=rec["instance"],
@@ -115,11 +86,10 @@ async def test_unlisted_branch_is_refused_and_recorded() -> None:
         value=1,
         path="†state.somewhereElse",
     )
-    await pipe.on_result(bad.model_dump_json().encode(), None)
-    st = store.get(rec["instance"])
+    await rig.result(bad.model_dump_json().encode())
+    st = rig.stores.get(rec["instance"])
     assert st is not None and "somewhereElse" not in st.state
     assert "not one of" in st.state["errors"][rec["call_id"]]
-    await pipe.windower.stop()
 
 
 def _started(spec: AgentSpec, store: MemoryStore, timeout: float = 60) -> Workflow:
@@ -184,53 +154,6 @@ def test_turn_limit_and_a_finish_advisor_end_the_workflow() -> None:
     assert st is not None and st.pending == {} and st.status == "done"
 
 
-async def test_recovery_takes_over_only_what_another_processor_left() -> None:
-    """A live process's own workflows (an outbox on its way, a turn already queued) are
-    not recovered again: that raced into a second turn 2 and a second done record."""
-    pipe, _, store = _pipeline(load_spec(TICKETS))
-    await pipe.start()
-    for i, ticket in enumerate(tickets(2)):
-        src = SourcePosition(topic="items", partition=0, offset=i)
-        await pipe.offer(orjson.dumps(ticket), None, src, lambda: None)
-    await _drain(pipe)
-    mine = [st for st in store.items() if st.status == "pending"]
-    assert len(mine) == 2 and all(st.owner == pipe.worker for st in mine)
-    for st in mine:  # as if both were ready with records owed, but changed by us
-        store.put(st.model_copy(update={"status": "ready", "outbox": []}))
-    assert await pipe.coordinator.recover(lambda _: True) == []
-    left = mine[0].model_copy(update={"status": "ready", "owner": "an-earlier-process"})
-    store.put(left)  # left by an earlier process: recovered, and ours from then on
-    resumed = await pipe.coordinator.recover(lambda _: True)
-    assert [inst.id for inst in resumed] == [left.instance]
-
-
-async def test_an_outbox_left_by_a_crash_stays_owed_after_a_result_changed_its_state() -> None:
-    """A crash mid-publish leaves records unpublished; a result for one that did go out
-    changes the state here first. Recovery must still publish what the crash left."""
-    pipe, pub, store = _pipeline(load_spec(TICKETS))
-    await pipe.start()
-    src = SourcePosition(topic="items", partition=0, offset=0)
-    await pipe.offer(orjson.dumps(tickets(1)[0]), None, src, lambda: None)
-    await _drain(pipe)
-    (st,) = store.items()
-    owed = [Outgoing(topic=r.topic, value=r.value.decode()) for r in pub.records]
-    assert st.pending and owed
-    earlier = "an-earlier-process"
-    store.put(st.model_copy(update={"outbox": owed, "outbox_owner": earlier, "owner": earlier}))
-    first = next(iter(st.pending))
-    result = ResultRecord(
-        call_id=first, instance=st.instance, tool="lookupCustomer", turn=1, value={}
-    )
-    await pipe.on_result(result.model_dump_json().encode(), None)
-    changed = store.get(st.instance)
-    assert changed is not None and changed.owner == pipe.worker and changed.outbox == owed
-    published = len(pub.records)
-    await pipe.coordinator.recover(lambda _: True)
-    assert len(pub.records) == published + len(owed)  # the crash's records, again
-    recovered = store.get(st.instance)
-    assert recovered is not None and recovered.outbox == []
-
-
 def test_a_result_that_breaks_its_output_schema_is_named_each_time() -> None:
     flow = _started(load_spec(TICKETS), MemoryStore())
     src = SourcePosition(topic="items", partition=0, offset=0)
@@ -248,15 +171,15 @@ def test_a_result_that_breaks_its_output_schema_is_named_each_time() -> None:
 
 
 def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> None:
-    pipe, _, _ = _pipeline(load_spec(TICKETS))
-    assert pipe.workflow is not None
+    rig = Rig(load_spec(TICKETS))
+    rig.unit(0)  # its store
     closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
-    pipe.reconfigure(pipe.spec.model_copy(update={"advisors": [closer]}), [])
+    rig.stager.reconfigure(rig.workflow.spec.model_copy(update={"advisors": [closer]}))
     src = SourcePosition(topic="items", partition=0, offset=0)
-    inst = pipe.workflow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
+    inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
     assert inst is not None
     stop = Opinion(advisor="closer", token=None, fields={}, votes_raw='{"stop": 90, "go": 10}')
-    turn = pipe.workflow.turn(
+    turn = rig.workflow.turn(
         inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop]
     )
     assert turn.done is not None and turn.done.status == "stopped"
