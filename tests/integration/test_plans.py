@@ -56,7 +56,12 @@ async def test_a_lazy_graph_is_proposed_once_then_runs_in_dependency_order(
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     dep = await deploy(spec_path=path, **EXACTLY_ONCE)
     await dep.produce_items(tickets(2))
-    proposals = await _until(lambda: dep.records(dep.settings.topics.proposals), 60)
+
+    async def both_proposed() -> list[dict[str, Any]]:
+        got = await dep.records(dep.settings.topics.proposals)
+        return got if len(got) >= 2 else []
+
+    proposals = await _until(both_proposed, 60)
     assert len(proposals) == 2
     for p in proposals:
         latent = [c for c in p["calls"] if c["_tool"] == "summarize"]
