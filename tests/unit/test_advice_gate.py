@@ -111,3 +111,17 @@ def test_the_gate_fails_closed_on_an_unheard_advisor_unless_the_spec_allows() ->
     )
     planned = RecordBuilder(allowed, topics, "m").batch("b", Outcome(answers=[answer]), None)
     assert any(r.topic == topics.activity("approve") for r in planned.records)
+
+
+def test_the_consult_question_is_recorded_in_the_advice_record() -> None:
+    spec = _spec("record")
+    topics = Settings(bootstrap_servers="unused:9092").topics
+    call = Call.model_validate({**CALL, "_instance": "a"})
+    opinion = Opinion("judge", "①", {}, '{"approve": 80}')
+    answer = Answer(
+        _inst(), [call], "①", 1, 2, [opinion], ["judge"], [("judge", "Is this a scam?")]
+    )
+    planned = RecordBuilder(spec, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    (advice,) = [orjson.loads(r.value) for r in planned.records if r.topic == topics.advice]
+    assert advice["questions"] == [{"advisor": "judge", "question": "Is this a scam?"}]
+    assert advice["consulted"] == ["judge"]
