@@ -220,7 +220,7 @@ class Stager:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        text = orjson.dumps([inst.payload, inst.state])
+        text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
         await self.windower.add(Staged(inst, unit, None, text))
 
     def _tokens_of(self, item: Staged) -> int:
