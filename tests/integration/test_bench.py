@@ -52,7 +52,7 @@ async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
     alo = by["window 50, at least once"]
     alo_instant = by["instant simulator, window 50, at least once"]
     assert alo.delivery == alo_instant.delivery == "at_least_once"
-    eo, eo_instant = by["window 50"], by["instant simulator, window 50"]
+    eo, eo_instant = win, by["instant simulator, window 50"]  # the default delivery
     assert eo.delivery == eo_instant.delivery == "exactly_once"
     assert alo.items == 400 and alo_instant.items == 600
     assert eo.items == 400 and not eo.capped and eo.items_per_s > 0
