@@ -254,8 +254,7 @@ class Stager:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
-        await self.window(Staged(inst, unit, None, text))
+        await self.window(Staged(inst, unit, None, orjson.dumps([inst.payload, inst.state])))
 
     # ------------------------------------------------------------------ batches
 
