@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from instanced_stream.tools.report import Endpoint, Result, markdown, plots
+from instanced_stream.tools.report import (
+    Endpoint,
+    Result,
+    delivery_lines,
+    markdown,
+    median_run,
+    plots,
+)
 from instanced_stream.tools.soak import Sample, SoakResult
 from instanced_stream.tools.soak import markdown as soak_markdown
 from instanced_stream.tools.soak import plot as soak_plot
@@ -94,3 +101,32 @@ def test_a_drain_that_lands_in_one_wave_is_timed_from_the_produce() -> None:
     now = tally.restarted_at + 10.0
     tally.progress = [(now - 0.01, 25), (now, 50)]  # both waves within milliseconds
     assert 4.9 < tally.rate() < 5.1  # 50 items in 10 s, not 2,500 items/s
+
+
+def _run(name: str, rate: float) -> Result:
+    return Result(name, 50, processes=1, partitions=4, items=100, seconds=1.0, items_per_s=rate)
+
+
+def test_the_median_run_is_kept_and_names_every_run() -> None:
+    runs = [_run("instant", rate) for rate in (900.0, 300.0, 600.0)]
+    kept = median_run(runs)
+    assert kept is runs[2]
+    assert kept.notes == ["median of 3 runs in alternating order (900, 300, 600 items/s)"]
+    # An even count keeps the lower middle: the table never shows the luckier of two.
+    assert median_run([_run("a", 5.0), _run("b", 1.0)]).name == "b"
+
+
+def test_the_delivery_modes_are_compared_against_their_targets() -> None:
+    by_name = {
+        r.name: r
+        for r in (
+            _run("window 50", 190.0),
+            _run("window 50, at least once", 200.0),
+            _run("instant simulator, window 50", 700.0),
+            _run("instant simulator, window 50, at least once", 1000.0),
+        )
+    }
+    lines = delivery_lines(by_name)
+    assert "exactly once 95% of at least once's items/s (target at least 95%: met)" in lines[2]
+    assert "exactly once 70% of at least once's items/s (target at least 80%: missed)" in lines[3]
+    assert delivery_lines({}) == []
