@@ -16,6 +16,7 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import mode
@@ -47,7 +48,7 @@ from instanced_stream.runtime.unit import Unit, oldest_open_since
 from instanced_stream.runtime.workflows import Flows
 from instanced_stream.settings import Settings
 
-__all__ = ["limiter_for", "run_processor"]
+__all__ = ["every", "limiter_for", "run_processor"]
 
 log = logging.getLogger("stream.processor")
 
@@ -216,11 +217,12 @@ class _Service(mode.Service):
         self.fetching = self.add_future(self._fetch_loop())
         self.add_future(self._intake())
         self.add_future(self._next_turns())
-        self.add_future(_every(5.0, self._lag))
-        self.add_future(_every(1.0, self._expire))
-        self.add_future(_every(30.0, self._report))
+        failed = partial(self.metrics.count, {"timer_errors": 1})
+        self.add_future(every(5.0, self._lag, failed))
+        self.add_future(every(1.0, self._expire, failed))
+        self.add_future(every(30.0, self._report, failed))
         if self.submissions is not None:
-            self.add_future(_every(5.0, self.submissions.sweep))
+            self.add_future(every(5.0, self.submissions.sweep, failed))
 
     async def on_stop(self) -> None:
         """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
@@ -351,8 +353,11 @@ def _second(settings: Settings, spec: AgentSpec, metrics: Metrics, llm_url: str)
     )
 
 
-async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
-    """A timer that survives its step's errors: logged, and tried again next time."""
+async def every(
+    seconds: float, step: Callable[[], Awaitable[Any]], failed: Callable[[], None] = lambda: None
+) -> None:
+    """A timer that survives its step's errors: logged, counted by `failed`, and tried
+    again next time (a timer's exception once stopped the whole worker)."""
     while True:
         await asyncio.sleep(seconds)
         try:
@@ -360,6 +365,7 @@ async def _every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
         except asyncio.CancelledError:
             raise
         except Exception:
+            failed()
             log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
 
 
