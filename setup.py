@@ -9,11 +9,20 @@ EXAMPLES = [
     f"instanced_stream.{name}" for name in find_packages(include=["examples", "examples.*"])
 ]
 
+# The broker's pom.xml lives in a folder of its own: a data-only package, listed so that
+# setuptools ships it without warning that an importable folder is left out.
+BROKER_POM = "instanced_stream.testing.kafka"
+
 setup(
-    packages=[*find_packages(include=["instanced_stream", "instanced_stream.*"]), *EXAMPLES],
+    packages=[
+        *find_packages(include=["instanced_stream", "instanced_stream.*"]),
+        BROKER_POM,
+        *EXAMPLES,
+    ],
     package_dir={"instanced_stream.examples": "examples"},
     package_data={
-        "instanced_stream": ["py.typed", "testing/kafka/pom.xml", "ops/live.html"],
+        "instanced_stream": ["py.typed", "ops/live.html"],
+        BROKER_POM: ["pom.xml"],
         **{name: ["*.yaml", "*.jsonl"] for name in EXAMPLES},
     },
 )
