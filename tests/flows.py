@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.ops.metrics import Metrics
@@ -72,7 +71,7 @@ class Rig:
         self.builder = RecordBuilder(spec, self.topics, self.llm.model)
         self.stores = stores if stores is not None else Stores()
         self.flows: Flows | None = None
-        if PromptBuilder(spec).stateful:
+        if spec.plan is not None:  # no plan, no state (the seeds)
             workflow = Workflow(
                 spec,
                 self.stores,

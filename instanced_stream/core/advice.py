@@ -107,10 +107,13 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
 
 
 def summarise(
-    spec: AgentSpec, opinions: Sequence[Opinion]
+    spec: AgentSpec, opinions: Sequence[Opinion], instanced_only: bool = False
 ) -> tuple[list[OpinionRecord], Consensus]:
     """The opinions about one instance as records, and the weighted consensus of those
-    that vote on the calls."""
+    that vote on the calls. `instanced_only`: the consensus of the opinions about this
+    instance alone: a non-instanced advisor's one opinion is about the whole request (in
+    a stream, an arbitrary window of items), so it is recorded, never a gate on one
+    item's call."""
     records: list[OpinionRecord] = []
     votes: list[Vote] = []
     for opinion in sorted(opinions, key=lambda o: o.advisor):
@@ -121,7 +124,8 @@ def summarise(
         # A finish advisor scores stop/continue for the loop (the workflow reads it),
         # not the calls: recorded, kept out of the calls' consensus.
         about_calls = advisor is None or advisor.on != "finish"
-        if shares is not None and opinion.error is None and about_calls:
+        mine = opinion.token is not None or not instanced_only
+        if shares is not None and opinion.error is None and about_calls and mine:
             votes.append(Vote(opinion.advisor, weight, shares))
         records.append(
             OpinionRecord(

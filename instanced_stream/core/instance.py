@@ -20,6 +20,7 @@ class Instance:
     size: int
     state: dict[str, Any] | None = None  # the instance's state, shown to the model
     turn: int = 1  # 1 for the input itself; a stateful workflow's later turns count on
+    plan: list[dict[str, Any]] | None = None  # the plan's steps so far, shown to the model
 
     @property
     def key(self) -> str:

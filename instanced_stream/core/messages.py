@@ -148,7 +148,12 @@ class ProposalRecord(_Record):
     batch: BatchRef
     calls: list[dict[str, Any]]
     call_ids: list[str]
-    plan: list[str] = Field(default_factory=list)
+    plan: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The model's plan: its steps (tool, _outputPath, the †state inputs "
+        "they read), in the order they run; a step waits for the earlier ones it reads",
+    )
+    goal: str | None = Field(None, description="The spec plan's goal")
     source: SourcePosition | None = None
 
 
@@ -191,6 +196,10 @@ class AdviceRecord(_Record):
     )
     divergent: bool = Field(description="divergence at or above the spec's alert level")
     consulted: list[str] = Field(default_factory=list)
+    questions: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="What the model asked the consulted advisors: advisor and question",
+    )
     call_ids: list[str] = Field(default_factory=list)
     reviewed: list[str] = Field(
         default_factory=list, description="call_ids the gate sent to the review topic"
@@ -204,6 +213,12 @@ class NoActionRecord(_Record):
     reason: str
     source: SourcePosition
     batch: BatchRef
+    latent: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The latent calls the model answered for it, with their outputs: in a "
+        "spec without a plan (one-shot, stateless) a latent call's `_outputPath` output is "
+        "part of the instance's outcome, here",
+    )
 
 
 # the item itself ends here
@@ -230,6 +245,11 @@ DeadLetterCode = Literal[
     "duplicate_call",
     "bad_output_path",
     "bad_scopes",
+    # a lazy plan's planning turn answered a latent step (nothing latent runs before
+    # approval); the instance's whole plan is asked again
+    "latent_in_lazy_plan",
+    # a call's arguments copied another instance's input text (an injection obeyed)
+    "cross_instance",
     # an activity handler kept failing on a published call
     "activity_failed",
     # an awaited call's result broke its tool's `_output` schema, or cannot be written

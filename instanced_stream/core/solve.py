@@ -16,11 +16,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from instanced_stream.core.advice import parse_votes
 from instanced_stream.core.messages import Call
 from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Ask, Instance, PromptBuilder, token_for
-from instanced_stream.core.spec import NO_ACTION
-from instanced_stream.core.validate import Opinion, Refusal, Validator, Verdict
+from instanced_stream.core.spec import NO_ACTION, AgentSpec
+from instanced_stream.core.validate import Opinion, Refusal, Validator, Verdict, input_text
 from instanced_stream.errors import LLMError
 
 __all__ = ["Answer", "Outcome", "Solver", "Unanswered"]
@@ -40,6 +41,8 @@ class Answer:
     attempt: int
     opinions: list[Opinion] = field(default_factory=list)
     consulted: list[str] = field(default_factory=list)
+    questions: list[tuple[str, str]] = field(default_factory=list)  # (advisor, question)
+    unheard: list[str] = field(default_factory=list)  # active instanced advisors silent on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class _Notes:
     opinions: dict[str, Opinion] = field(default_factory=dict)
     consulted: list[str] = field(default_factory=list)
     questions: list[tuple[str, str]] = field(default_factory=list)  # (advisor, question)
+    reasked_advice: bool = False  # asked again once for a missing instanced opinion
 
 
 @dataclass(slots=True)
@@ -98,7 +102,7 @@ class Solver:
         for inst in instances:
             groups.setdefault(self.prompt.ask_for(inst.turn), []).append(inst)
         for chosen, group in groups.items():
-            ask = Ask(chosen.active, chosen.consult and self.max_consults > 0)
+            ask = Ask(chosen.active, chosen.consult and self.max_consults > 0, chosen.planning)
             await self._solve(group, outcome, 1, ask, 0)
         return outcome
 
@@ -189,8 +193,9 @@ class Solver:
         out.cached_tokens += done.cached_tokens
         out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
-        verdict = self.validator.check(done.text, tokens, ask)
         by_token = dict(zip(tokens, pending, strict=True))
+        inputs = {t: input_text(i.payload) for t, i in by_token.items()}
+        verdict = self.validator.check(done.text, tokens, ask, inputs)
         self._note_opinions(out, verdict.opinions, by_token)
         out.stray_opinions += verdict.stray_opinions
         why: dict[str, str] = {}
@@ -199,6 +204,7 @@ class Solver:
             out.refusals.append((refusal, owner, attempt))
             if refusal.token:
                 why.setdefault(refusal.token, f"{refusal.code}: {refusal.reason}")
+        unheard = _unheard(self.prompt.spec, verdict, by_token, out, ask, why)
         for token, calls in verdict.calls.items():
             inst = by_token[token]
             notes_of = out.notes.get(id(inst), _Notes())
@@ -211,6 +217,8 @@ class Solver:
                     attempt,
                     list(notes_of.opinions.values()),
                     notes_of.consulted,
+                    notes_of.questions,
+                    unheard.get(token, []),
                 )
             )
         if verdict.consults:
@@ -262,6 +270,7 @@ class Solver:
                     attempt,
                     list(notes_of.opinions.values()),
                     notes_of.consulted,
+                    notes_of.questions,
                 )
             )
         return set(silent)
@@ -298,5 +307,41 @@ class Solver:
             follow = Ask(
                 tuple(dict.fromkeys([*ask.active, *chosen])),
                 rounds + 1 < self.max_consults,
+                ask.planning,
             )
             await self._solve(group, out, attempt + 1, follow, rounds + 1)
+
+
+def _unheard(
+    spec: AgentSpec,
+    verdict: Verdict,
+    by_token: dict[str, Instance],
+    out: Outcome,
+    ask: Ask,
+    why: dict[str, str],
+) -> dict[str, list[str]]:
+    """Active instanced advisors without a valid opinion on an answered instance. The
+    first time, the instance is asked again (like a skipped one: its calls are not
+    taken); the second time its calls are taken, and the advisors named as unheard
+    (the gate then fails closed)."""
+    instanced = [
+        a.id for a in (spec.advisor(i) for i in ask.active) if a is not None and a.is_instanced
+    ]
+    out_of: dict[str, list[str]] = {}
+    for token in list(verdict.calls):
+        notes = out.notes.setdefault(id(by_token[token]), _Notes())
+        heard = {
+            a
+            for a, o in notes.opinions.items()
+            if o.error is None and parse_votes(o.votes_raw)[0] is not None
+        }
+        silent = [a for a in instanced if a not in heard]
+        if not silent:
+            continue
+        if not notes.reasked_advice:
+            notes.reasked_advice = True
+            verdict.calls.pop(token)
+            why[token] = f"advisors {silent} gave no valid opinion on this instance"
+        else:
+            out_of[token] = silent
+    return out_of

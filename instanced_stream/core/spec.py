@@ -151,12 +151,30 @@ class AdviceSettings(_Strict):
         0.3, ge=0, le=1, description="instances whose advisors diverge this much are flagged"
     )
     max_consults: int = Field(1, ge=0, le=3, description="ConsultAdvisor rounds per instance")
+    missing: Literal["review", "allow"] = Field(
+        "review",
+        description="gate: a call of an instance whose active instanced advisors gave no "
+        "valid opinion (after one re-ask) goes to review (fails closed); allow: it runs",
+    )
 
 
 class Plan(_Strict):
+    """The seeds' Plan message: a template the model plans by. Each instance's plan is the
+    model's own: its calls, linked by the `†state` paths they write and read."""
+
     type: Literal["plan"] = "plan"
-    mode: Literal["eager", "lazy"] = "eager"
-    steps: list[str] = Field(default_factory=list)
+    mode: Literal["eager", "lazy"] = Field(
+        "eager",
+        description="eager: planning is execution (latent steps answered in the same "
+        "generation); lazy: the model only writes the dataflow graph, run once approved",
+    )
+    goal: str | None = Field(None, description="What every instance's plan is for")
+    constraints: list[str] = Field(
+        default_factory=list, description="Rules every plan must keep, told to the model"
+    )
+    steps: list[str] = Field(
+        default_factory=list, description="Optional hints of the steps a plan usually has"
+    )
     max_turns: int = Field(5, ge=1, alias="maxTurns")
 
 
@@ -340,6 +358,8 @@ class AgentSpec(_Strict):
         for message in self.inputs:
             if message.instance is not None:
                 raise ValueError("spec inputs are global: they must not carry _instance")
+        if self.plan is None:
+            _check_stateless(self.tools)
         return self
 
     def advisor(self, advisor_id: str) -> Advisor | None:
@@ -363,6 +383,19 @@ class AgentSpec(_Strict):
 
 
 _OPINION_FIELDS = {"id", "calls", "_instance"}
+
+
+def _check_stateless(tools: list[Tool]) -> None:
+    """The seeds: without a Plan message a request is one-shot and stateless, so no
+    awaited activity (a latent tool's `_outputPath` goes with the outcome: fine)."""
+    awaited = [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]
+    if awaited:
+        raise ValueError(
+            f"tools {awaited} declare paths/_output (awaited results written to †state), but "
+            "the spec has no plan: without a plan a request is one-shot and stateless (the "
+            "seeds), so nothing would ever read the result. Add `plan:` (mode eager or "
+            "lazy), or drop paths/_output to make the calls fire-and-forget"
+        )
 
 
 def _check_advisor_schema(advisor: Advisor) -> None:

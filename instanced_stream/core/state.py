@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from instanced_stream.core.messages import SourcePosition, TraceEntry
+from instanced_stream.core.plan_graph import Step
 
 __all__ = [
     "Ended",
@@ -72,6 +73,9 @@ class InstanceState(BaseModel):
         default="", description="The pending proposal's id: only an approval naming it counts"
     )
     trace: list[TraceEntry] = Field(default_factory=list)
+    plan: list[Step] = Field(
+        default_factory=list, description="The model's plan for this instance (its graph)"
+    )
     applied: list[str] = Field(
         default_factory=list, description="Recent triggers already applied (idempotence)"
     )

@@ -6,7 +6,7 @@ asked again. Nothing here raises on bad model output: everything becomes data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +22,27 @@ from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
 from instanced_stream.core.strict_form import without_nulls
 
 __all__ = [
+    "CROSS_INSTANCE",
+    "LATENT_IN_LAZY_PLAN",
     "Opinion",
     "Refusal",
     "Validator",
     "Verdict",
+    "input_text",
     "output_path_problem",
     "scopes_problem",
 ]
 
 _REMEMBERED = 4096  # distinct argument sets whose verdict is kept
+
+# A latent step of a lazy plan answered on the planning turn: nothing latent runs before
+# the plan is approved (the seeds' lazy mode).
+LATENT_IN_LAZY_PLAN = "latent_in_lazy_plan"
+
+# A call whose argument copies another instance's input text: one item's text decided
+# another's call (an injection), refused.
+CROSS_INSTANCE = "cross_instance"
+_COPY_MIN = 16  # characters: shorter strings ("approve", a name) coincide innocently
 
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
 _STATE = "†state"
@@ -110,6 +122,7 @@ class Verdict:
     stray_opinions: int = 0
     duplicates: int = 0  # exact repeats of an accepted call, dropped
     cut_short: bool = False  # the answer broke off: only its complete calls were read
+    contradicted: set[str] = field(default_factory=set)  # tokens given contradictory calls
     malformed: str | None = None
 
     def missing(self, tokens: Sequence[str]) -> list[str]:
@@ -150,7 +163,15 @@ class Validator:
         self._keyed = spec.model.answer == "keyed"
         self._problems: dict[tuple[str, bytes], str | None] = {}
 
-    def check(self, text: str, tokens: Sequence[str], ask: Ask | None = None) -> Verdict:
+    def check(
+        self,
+        text: str,
+        tokens: Sequence[str],
+        ask: Ask | None = None,
+        inputs: Mapping[str, str] | None = None,
+    ) -> Verdict:
+        """`inputs`: each token's input text as the model saw it, to refuse calls whose
+        arguments copy another instance's text (`cross_instance`)."""
         verdict = Verdict()
         try:
             answer = orjson.loads(text)
@@ -175,7 +196,7 @@ class Validator:
             outcome = (
                 Refusal("malformed_call", raw.reason, None, _known(raw.token, known))
                 if isinstance(raw, compact.Unreadable)
-                else self._check_call(raw, known)
+                else self._check_call(raw, known, ask.planning)
             )
             if isinstance(outcome, Refusal):
                 verdict.refusals.append(outcome)
@@ -184,11 +205,20 @@ class Validator:
                     advisor = str(outcome.arguments.get("advisor"))
                     question = str(outcome.arguments.get("question") or "")
                     verdict.consults.setdefault(outcome.instance, []).append((advisor, question))
+            elif inputs and (copied := _copied(outcome, inputs)) is not None:
+                verdict.refusals.append(Refusal(CROSS_INSTANCE, copied, raw, outcome.instance))
             else:
                 self._accept(verdict, outcome, raw)
+        for token in verdict.contradicted:
+            verdict.calls.pop(token, None)  # neither call wins: the instance is asked again
         # An instance that asked for a consult is decided in the follow-up, not here.
         for token in verdict.consults:
             verdict.calls.pop(token, None)
+        # A lazy plan carrying a latent result broke the protocol: the whole plan of that
+        # instance is asked again (a plan with a hole would be proposed otherwise).
+        for refusal in verdict.refusals:
+            if refusal.code == LATENT_IN_LAZY_PLAN and refusal.token is not None:
+                verdict.calls.pop(refusal.token, None)
         raw_opinions = answer.get("advisors", [])
         for raw in raw_opinions if isinstance(raw_opinions, list) else []:
             if isinstance(raw, dict) and "_instance" in raw:  # a number in the compact form
@@ -210,11 +240,14 @@ class Validator:
         elif any(c.arguments == call.arguments for c in same):
             verdict.duplicates += 1  # the same call repeated word for word: nothing to refuse
         else:
+            # Contradictory calls: the first no longer wins (an earlier call may be one an
+            # item's text injected for this instance); the instance is asked again.
+            verdict.contradicted.add(call.instance)
             verdict.refusals.append(
                 Refusal(
                     "duplicate_call",
-                    f"{call.tool} already called for this instance in this answer "
-                    f"(at most {self._most[call.tool]})",
+                    f"{call.tool} called for this instance more than {self._most[call.tool]} "
+                    "time(s) with different arguments: decide it once, from its own data",
                     raw,
                     call.instance,
                 )
@@ -256,7 +289,7 @@ class Validator:
         self._problems[key] = problem
         return problem
 
-    def _check_call(self, raw: Any, known: set[str]) -> Call | Refusal:
+    def _check_call(self, raw: Any, known: set[str], planning: bool = False) -> Call | Refusal:
         if not isinstance(raw, dict):
             return Refusal("malformed_call", "call is not a JSON object", None)
         tool, token = raw.get("_tool"), raw.get("_instance")
@@ -277,8 +310,17 @@ class Validator:
             for k, v in raw.items()
             if not k.startswith("_") and (v is not None or k in required)
         }
-        problem = self._problem(tool, args)
-        if problem is not None:
+        if planning and self._tools[tool].kind == "latent":
+            if any(v is not None for v in args.values()):
+                return Refusal(
+                    LATENT_IN_LAZY_PLAN,
+                    f"{tool} is a latent step of a lazy plan: plan it with no arguments "
+                    "(its _outputPath only); it is answered after the plan is approved",
+                    raw,
+                    token,
+                )
+            args = {}  # planned, not answered: its arguments come after approval
+        elif (problem := self._problem(tool, args)) is not None:
             return Refusal("bad_arguments", problem, raw, token)
         meta = {k: v for k, v in raw.items() if k in _META and v is not None}
         if "_outputPath" in meta:
@@ -291,6 +333,37 @@ class Validator:
             return Call.model_validate({**meta, **args})
         except ValueError as exc:
             return Refusal("malformed_call", f"bad meta property: {exc}", raw, token)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def input_text(payload: dict[str, Any]) -> str:
+    """An instance's text values, for `Validator.check`'s `inputs`."""
+    return "\n".join(_strings(payload))
+
+
+def _copied(call: Call, inputs: Mapping[str, str]) -> str | None:
+    """Why the call copies another instance's input text, or None."""
+    own = inputs.get(call.instance, "")
+    for text in _strings(call.arguments):
+        piece = text.strip()
+        if len(piece) < _COPY_MIN or piece in own:
+            continue
+        for token, other in inputs.items():
+            if token != call.instance and piece in other:
+                return (
+                    f"{call.tool} for {call.instance} copies text of instance {token}'s input: "
+                    "decide each instance from its own data only"
+                )
+    return None
 
 
 def _known(token: str | None, known: set[str]) -> str | None:

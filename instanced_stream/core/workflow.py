@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from instanced_stream.core import binding
+from instanced_stream.core import binding, lazy, plan_graph
 from instanced_stream.core.advice import Vote as _Vote
 from instanced_stream.core.advice import aggregate, parse_votes
 from instanced_stream.core.binding import Unbound
 from instanced_stream.core.expiry import DueIndex
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.lazy import TurnEffects
+from instanced_stream.core.lazy import finish as _finish
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
     Call,
     DoneRecord,
-    ProposalRecord,
     ResultRecord,
     TraceEntry,
 )
@@ -52,16 +52,6 @@ from instanced_stream.core.validate import Opinion
 __all__ = ["TurnEffects", "Workflow"]
 
 
-@dataclass(slots=True)
-class TurnEffects:
-    """What a turn's answer does: which calls run now, and what else to publish."""
-
-    run: list[str] = field(default_factory=list)  # call ids to publish now
-    done: DoneRecord | None = None
-    proposal: ProposalRecord | None = None
-    trace: list[TraceEntry] = field(default_factory=list)
-
-
 class Workflow:
     def __init__(
         self,
@@ -79,10 +69,15 @@ class Workflow:
         self.results_ignored = 0
         self.expired = 0
         self.index = DueIndex(retention_s)  # kept by `_put` and the deletions
+        self._launched: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def iterative(self) -> bool:
         return self.spec.plan is not None
+
+    @property
+    def lazy(self) -> bool:
+        return self.spec.plan is not None and self.spec.plan.mode == "lazy"
 
     def rehearsal(self) -> Workflow:
         """This workflow over a staged copy of its store: what a change would do (its
@@ -106,7 +101,7 @@ class Workflow:
             st.input = dict(inst.payload)
         st.partition, st.source = inst.source.partition, inst.source
         st.turn, st.status, st.pending, st.proposal = 0, "new", {}, []
-        st.ended = None
+        st.ended, st.plan = None, []
         self._put(st)
         return Instance(inst.id, inst.payload, inst.source, inst.size, dict(st.state) or None, 1)
 
@@ -122,51 +117,25 @@ class Workflow:
         is redone) and says which calls run now. `owed`: the records this turn publishes,
         kept in the outbox until `paid`."""
         st = self.store.get(inst.id)
-        out = TurnEffects()
         if st is None:
             return TurnEffects(run=[cid for cid, _ in calls])
         first_time = st.mark(
             f"turn{inst.turn}@{inst.source.topic}/{inst.source.partition}/{inst.source.offset}"
         )
-        lazy = self.spec.plan is not None and self.spec.plan.mode == "lazy"
-        awaited = False
-        for cid, call in calls:
-            tool = self.spec.tool(call.tool)
-            if tool is None:
-                continue  # NoAction: nothing to run, nothing to await
-            if tool.kind == "latent":
-                # Lazy: the model's own output is part of the proposal, written only once
-                # approved. The validator admits a latent path only when it names one.
-                if call.output_path and first_time and not lazy:
-                    write_path(st.state, call.output_path.strip(), call.arguments)
-                continue
-            if call.output_path:
-                awaited = True
-                if first_time and not lazy:
-                    st.pending[cid] = Pending(
-                        tool=call.tool,
-                        paths=alternatives(call.output_path),
-                        deadline=time.time() + self.timeout,
-                        turn=inst.turn,
-                    )
-            if not lazy:
-                out.run.append(cid)
         if first_time:
             st.turn = inst.turn
             st.trace.append(
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
-        out.trace = list(st.trace)
         if self.iterative and _finish_says_stop(self.spec, opinions):
             # The loop decides to stop: whatever is still awaited no longer matters.
             st.pending = {}
+            out = TurnEffects(trace=list(st.trace))
             out.done = _finish(st, "stopped", "a finish advisor voted stop")
-        elif lazy and calls:
-            out.proposal = _propose(self.spec, st, inst, calls, batch)
-        elif st.pending:
-            st.status = "pending"
+        elif self.lazy:
+            out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
-            out.done = _maybe_done(self.spec, st, awaited)
+            out = _eager(self.spec, st, inst, calls, first_time, self.timeout)
         if owed is not None:
             st.owe(owed, self.owner)
         self._put(st)
@@ -214,7 +183,13 @@ class Workflow:
         if not self.iterative or st.status != "ready" or st.source is None:
             return None
         return Instance(
-            st.instance, st.input or {"type": "input"}, st.source, 256, dict(st.state), st.turn + 1
+            st.instance,
+            st.input or {"type": "input"},
+            st.source,
+            256,
+            dict(st.state),
+            st.turn + 1,
+            plan_graph.view(st.plan) or None,
         )
 
     def refusal(self, rec: ResultRecord | ApprovalRecord) -> Unbound | None:
@@ -251,10 +226,21 @@ class Workflow:
             write_path(st.state, path, rec.value)
         else:
             st.state.setdefault("errors", {})[rec.call_id] = error
-        return self._settle(st)
+        plan_graph.mark(st.plan, rec.call_id, ok=error is None)
+        nxt, done = self._settle(st)
+        return nxt, done
+
+    def take_launched(self, instance: str) -> list[dict[str, Any]]:
+        """The lazy plan's calls the last result or deadline started (to publish with it)."""
+        return self._launched.pop(instance, [])
 
     def _settle(self, st: InstanceState) -> tuple[Instance | None, DoneRecord | None]:
-        done = _settled(self.spec, st)
+        if self.lazy and st.plan and st.status == "pending" and not st.pending:
+            run, done = lazy.progress(self.spec, st, self.timeout)
+            if run:
+                self._launched[st.instance] = run
+        else:
+            done = _settled(self.spec, st)
         self._put(st)
         return self.next_turn(st), done
 
@@ -281,6 +267,7 @@ class Workflow:
             for cid in late:
                 st.pending.pop(cid)
                 st.state.setdefault("errors", {})[cid] = "timed out waiting for the result"
+                plan_graph.mark(st.plan, cid, ok=False)
                 self.expired += 1
             if late:
                 out.append(self._settle(st))
@@ -304,36 +291,54 @@ class Workflow:
             done = _finish(st, "rejected", rec.reason or "proposal rejected")
             self._put(st)
             return [], done
-        run = _approve(self.spec, st, self.timeout)
-        st.status = "pending" if st.pending else "ready"
-        finished: DoneRecord | None = None
-        if not st.pending:
-            finished = _finish(st, "done", "approved proposal ran; nothing awaited")
+        run, finished = lazy.approve(self.spec, st, self.timeout)
         self._put(st)
         return run, finished
 
 
-def _propose(
+def _eager(
     spec: AgentSpec,
     st: InstanceState,
     inst: Instance,
     calls: list[tuple[str, Call]],
-    batch: BatchRef,
-) -> ProposalRecord:
-    """A lazy plan's turn: its calls wait for approval."""
-    st.status = "awaiting_approval"
-    st.proposal = [{"call_id": cid, **call.wire()} for cid, call in calls]
-    st.proposal_id = binding.proposal_id(inst)
-    return ProposalRecord(
-        instance=inst.id,
-        proposal_id=st.proposal_id,
-        turn=inst.turn,
-        batch=batch,
-        calls=[call.wire() for _, call in calls],
-        call_ids=[cid for cid, _ in calls],
-        plan=spec.plan.steps if spec.plan else [],
-        source=inst.source,
-    )
+    first_time: bool,
+    timeout: float,
+) -> TurnEffects:
+    """Planning is execution: latent steps answered in this generation are written,
+    activities run now; the turn's steps join the instance's plan, shown next turn."""
+    out = TurnEffects()
+    awaited = False
+    for cid, call in calls:
+        tool = spec.tool(call.tool)
+        if tool is None:
+            continue  # NoAction: nothing to run, nothing to await
+        if tool.kind == "latent":
+            # The validator admits a latent path only when it names one.
+            if call.output_path and first_time:
+                write_path(st.state, call.output_path.strip(), call.arguments)
+            continue
+        if call.output_path:
+            awaited = True
+            if first_time:
+                st.pending[cid] = Pending(
+                    tool=call.tool,
+                    paths=alternatives(call.output_path),
+                    deadline=time.time() + timeout,
+                    turn=inst.turn,
+                )
+        out.run.append(cid)
+    if first_time and spec.plan is not None:
+        steps = plan_graph.steps_of(spec, calls, "done")
+        for step in steps:
+            if step.kind == "activity" and step.output:
+                step.status = "running"
+        st.plan = [*st.plan, *steps]
+    out.trace = list(st.trace)
+    if st.pending:
+        st.status = "pending"
+    else:
+        out.done = _maybe_done(spec, st, awaited)
+    return out
 
 
 def _maybe_done(spec: AgentSpec, st: InstanceState, awaited: bool) -> DoneRecord | None:
@@ -381,43 +386,3 @@ def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
     return council.distribution.get("stop", 0.0) >= max(
         0.5, council.distribution.get("continue", 0.0)
     )
-
-
-def _finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
-    st.status = "done"
-    st.ended = Ended(status=status, reason=reason, at=time.time())
-    return DoneRecord(
-        instance=st.instance,
-        status=status,
-        reason=reason,
-        turns=st.turn,
-        state=st.state,
-        trace=st.trace,
-        source=st.source,
-    )
-
-
-def _approve(spec: AgentSpec, st: InstanceState, timeout: float) -> list[dict[str, Any]]:
-    """An approved proposal: its activity calls to publish (the awaited ones pending
-    from now); its latent calls' outputs go into state, and are never published."""
-    proposal, st.proposal, st.proposal_id = st.proposal, [], ""
-    run: list[dict[str, Any]] = []
-    for call in proposal:
-        tool = spec.tool(call["_tool"])
-        if tool is None:
-            continue  # NoAction
-        if tool.kind == "latent":
-            if call.get("_outputPath"):
-                args = {k: v for k, v in call.items() if not k.startswith("_")}
-                args.pop("call_id", None)
-                write_path(st.state, str(call["_outputPath"]).strip(), args)
-            continue
-        run.append(call)
-        if call.get("_outputPath"):
-            st.pending[call["call_id"]] = Pending(
-                tool=call["_tool"],
-                paths=alternatives(call["_outputPath"]),
-                deadline=time.time() + timeout,
-                turn=st.turn,
-            )
-    return run

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import openai
@@ -32,6 +32,8 @@ from openai.types.chat import ChatCompletion
 
 from instanced_stream.core.model import Completion
 from instanced_stream.errors import LLMError
+from instanced_stream.llm.deadline import Deadline
+from instanced_stream.llm.failures import REFUSED, classify
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.llm.shape import RequestShape
@@ -51,109 +53,6 @@ class Listener(Protocol):
     def on_circuit(self, is_open: bool) -> None: ...
     def on_refused(self, status: int | None) -> None: ...
     def on_shape(self, labels: dict[str, str]) -> None: ...
-
-
-# A wrong key (401), a key without access (403), an unknown model or URL (404): retrying
-# cannot fix these, an operator must. The stream pauses until then, and says so.
-REFUSED = (401, 403, 404)
-
-
-# 400s that name what the request asked for, not what an item says (OpenAI's codes).
-_SHAPE_CODES = frozenset(
-    {
-        "unsupported_parameter",
-        "unsupported_value",
-        "unknown_parameter",
-        "invalid_schema",
-        "invalid_json_schema",
-        "invalid_response_format",
-    }
-)
-# 400s that depend on the items: the request's text, or its size. A 400 that names no
-# parameter and none of these codes is taken as the items' too: splitting finds out.
-_CONTENT_CODES = frozenset(
-    {"context_length_exceeded", "content_filter", "content_policy_violation", "invalid_prompt"}
-)
-_CONTENT_PARAMS = frozenset({"messages", "prompt", "input"})
-
-
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    """OpenAI and Azure send `retry-after-ms` beside `retry-after` (whole seconds): the
-    finer one wins."""
-    headers = exc.response.headers
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return float(value) * scale
-        except ValueError:
-            continue  # an HTTP date: rare enough to leave to the back-off
-    return None
-
-
-def _provider_message(exc: openai.APIStatusError) -> str:
-    """The endpoint's own words (`error.message`), not the client's wrapper around them."""
-    body = exc.body
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return str(body["message"])
-    return exc.message
-
-
-def _bad_request(exc: openai.APIStatusError) -> LLMError:
-    code, param = exc.code, exc.param
-    said = _provider_message(exc)
-    where = f" (param {param!r}, code {code!r})" if param or code else ""
-    message = f"LLM endpoint answered {exc.status_code}: {said}{where}"
-    content = exc.status_code == 413 or code in _CONTENT_CODES
-    # `messages` is named by item-dependent refusals too (a context overflow, which also
-    # has its code): only other parameters, or the response format, are the shape's.
-    named = param is not None and param not in _CONTENT_PARAMS
-    if not content and (code in _SHAPE_CODES or named or "response_format" in said):
-        # Retriable: the stream waits for an operator, as it does for a wrong key.
-        return LLMError(
-            message,
-            retriable=True,
-            status=exc.status_code,
-            shape=True,
-            param=param,
-            code=code,
-            said=said,
-        )
-    # A content filter, a context overflow, or a 400 that names nothing: splitting the
-    # request finds the item, and only that item is dead-lettered (with these words).
-    return LLMError(
-        message,
-        retriable=False,
-        status=exc.status_code,
-        content=True,
-        param=param,
-        code=code,
-        said=said,
-    )
-
-
-def _classify(exc: Exception) -> LLMError:
-    if isinstance(exc, openai.APITimeoutError):
-        return LLMError("LLM request timed out", retriable=True, timeout=True)
-    if isinstance(exc, openai.APIConnectionError):
-        return LLMError(f"LLM endpoint unreachable: {exc}", retriable=True)
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 413, 422):
-        return _bad_request(exc)
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        # 401/403/404 mean a wrong key, model or URL: an operator fixes those, and the
-        # items must still be there when they do.
-        retriable = status in (*REFUSED, 408, 409, 429) or status >= 500
-        return LLMError(
-            f"LLM endpoint answered {status}: {_provider_message(exc)}",
-            retriable=retriable,
-            status=status,
-            retry_after=_retry_after(exc),
-        )
-    # Unknown failures pause the stream rather than dead-letter the backlog: waiting is
-    # safe, and an operator sees the warnings.
-    return LLMError(f"LLM call failed: {exc!r}", retriable=True)
 
 
 def _completion(resp: ChatCompletion, started: float) -> Completion:
@@ -257,6 +156,7 @@ class LLM:
         self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
+        self.deadline = Deadline(timeout_s)
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
@@ -318,10 +218,15 @@ class LLM:
                     "/chat/completions",
                     body=body,
                     cast_to=ChatCompletion,
-                    options={"headers": headers} if headers else {},
+                    # The deadline follows what it may write here (llm/deadline.py).
+                    options=cast(
+                        Any,
+                        {"timeout": self.deadline.timeout_for(cap)}
+                        | ({"headers": headers} if headers else {}),
+                    ),
                 )
             except Exception as exc:  # every failure is classified, none escapes raw
-                raise _classify(exc) from exc
+                raise classify(exc) from exc
             if not resp.choices:
                 raise LLMError("LLM answered without choices", retriable=True)
             done = _completion(resp, started)
@@ -386,6 +291,8 @@ class LLM:
 
     def _failed(self, exc: LLMError, items: int) -> None:
         self.failing += 1
+        if exc.timeout:
+            self.deadline.timed_out()
         if self.limiter is not None:
             if exc.overload:
                 self.limiter.on_overload(exc.retry_after)
@@ -432,6 +339,7 @@ class LLM:
 
     def _answered(self, done: Completion, items: int) -> None:
         self.last_answer = time.monotonic()
+        self.deadline.observe(done.completion_tokens, done.latency_s)
         if self.refused is not None:
             log.warning("the model endpoint answers again; consumption resumes")
             self.refused = None

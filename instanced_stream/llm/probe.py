@@ -16,7 +16,8 @@ from instanced_stream.core.model import Completion
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec, RequestShapeSpec
 from instanced_stream.errors import LLMError, StreamError
-from instanced_stream.llm.client import LLM, REFUSED
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.failures import REFUSED
 from instanced_stream.llm.shape import RequestShape
 
 __all__ = ["Probed", "canary", "probe"]
@@ -79,13 +80,17 @@ async def probe(llm: LLM, prompt: PromptBuilder, *, adapt: bool = True) -> Probe
         llm.shape = shape
         try:
             # Marked, so a simulator can leave it out of its item counts.
-            await llm.complete_once(messages, response_format, cap, {"x-stream-probe": "1"})
+            done = await llm.complete_once(messages, response_format, cap, {"x-stream-probe": "1"})
+            # The endpoint's first measured pace: the first batch's deadline follows it.
+            llm.deadline.observe(done.completion_tokens, done.latency_s, least=1)
         except LLMError as exc:
             if exc.status in REFUSED:
                 raise StreamError(
                     f"the model endpoint {llm.base_url} refuses us ({exc.message}): check "
                     f"the API key, the model name ({llm.model!r}) and the URL"
                 ) from exc
+            if exc.timeout:
+                llm.deadline.timed_out()  # the first batch gets longer
             if exc.status not in (400, 422):
                 # Unreachable, slow, 429 or 5xx: nothing said about the shape.
                 log.warning(

@@ -184,7 +184,6 @@ async def _page_quality(url: str) -> dict[str, Any] | None:
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.core.prompt import PromptBuilder
     from instanced_stream.ops.agreement import quality_line
     from instanced_stream.ops.audit import audit, parse_since
     from instanced_stream.ops.workflow_audit import audit_workflows
@@ -196,7 +195,7 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
         audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
     )
     flows = None
-    if PromptBuilder(spec).stateful:  # workflows: done, dead-lettered, or pending and why
+    if spec.plan is not None:  # workflows: done, dead-lettered, or pending and why
         flows = asyncio.run(audit_workflows(bootstrap, settings))
     pages = args.processor or [f"http://127.0.0.1:{settings.web_port}"]
     quality = {url: asyncio.run(_page_quality(url)) for url in pages}

@@ -10,7 +10,6 @@ built, so building stores nothing, however often it is retried.
 
 from __future__ import annotations
 
-import base64
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,6 @@ from instanced_stream.core.messages import (
     DoneRecord,
     NoActionRecord,
     OpinionRecord,
-    ResultRecord,
     SourcePosition,
     TraceEntry,
 )
@@ -37,7 +35,7 @@ from instanced_stream.core.spec import NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import TurnEffects, Workflow
-from instanced_stream.errors import BadRecord
+from instanced_stream.runtime.letters import bad_record, bad_result, oversized
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.scopes import imported
 from instanced_stream.settings import Topics
@@ -52,8 +50,6 @@ __all__ = [
     "oversized",
     "position",
 ]
-
-_RAW_KEEP = 64 * 1024  # bytes of a bad record kept in its dead letter
 
 
 def call_id(source: SourcePosition, tool: str, ordinal: int, turn: int = 1) -> str:
@@ -110,6 +106,8 @@ class _Advice:
     opinions: list[OpinionRecord]
     consensus: Consensus | None = None
     summary: dict[str, Any] | None = None
+    gating: Consensus | None = None  # this instance's own advisors' consensus
+    unheard: list[str] = field(default_factory=list)
 
     @property
     def divergent(self) -> bool:
@@ -227,6 +225,11 @@ class RecordBuilder:
             effects = flow.turn(inst, calls, batch, answer.opinions)
             out.turns.append(TurnChange(inst, calls, batch, answer.opinions))
         reviewed = self._calls(out, inst, calls, batch, advice, effects, flow)
+        if effects.launch and flow is not None:
+            # A lazy plan's steps that waited for this turn's latent answers.
+            st = flow.store.get(inst.id)
+            if st is not None:
+                out.add(self.approved(st, effects.launch, batch.id))
         if effects.proposal is not None:
             out.records.append(
                 OutRecord(self.topics.proposals, key, _dumps(effects.proposal), origin)
@@ -237,9 +240,10 @@ class RecordBuilder:
             out.events["done"] += 1
         if len(out.records) == first:
             # Only latent calls: the instance needs no action, and says so on the record.
+            latent = [c.wire() for _, c in calls if c.tool != NO_ACTION]
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
-            )
+            ).model_copy(update={"latent": latent})
             out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         out.decisions.append(_decision(inst, calls, advice))
         if advice.consensus is not None:
@@ -252,6 +256,7 @@ class RecordBuilder:
                 consensus=advice.consensus.as_dict(),
                 divergent=advice.divergent,
                 consulted=answer.consulted,
+                questions=[{"advisor": a, "question": q} for a, q in answer.questions],
                 call_ids=[cid for cid, _ in calls],
                 reviewed=reviewed,
             )
@@ -292,7 +297,7 @@ class RecordBuilder:
                 continue
             if cid not in effects.run:
                 continue  # proposed (lazy plan): runs when approved
-            review = gate(call, advice.consensus, self.spec.advice) if advice.consensus else None
+            review = _review(self.spec, call, advice)
             if review:
                 reviewed.append(cid)
                 out.events["reviewed"] += 1
@@ -350,6 +355,7 @@ class RecordBuilder:
             if tool and tool.kind != "latent":
                 trace = list(st.trace)
                 self.add_call(out, tool, cid, call, inst, batch, None, None, trace, st.state)
+                out.events["plan_calls_executed"] += 1
         return out
 
     def done(self, done: DoneRecord) -> Planned:
@@ -358,29 +364,18 @@ class RecordBuilder:
         return Planned([record], Counter(done=1))
 
 
-def bad_result(rec: ResultRecord, problem: str) -> DeadLetter:
-    """An awaited call's result that broke its tool's `_output` schema."""
-    return DeadLetter(
-        code="bad_result",
-        reason=problem,
-        scope="call",
-        instance=rec.instance,
-        source=rec.source,
-        call={"call_id": rec.call_id, "_tool": rec.tool, "value": rec.value},
-    )
-
-
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
     if not spec.advisors:
         return _Advice([])
     opinions, consensus = summarise(spec, answer.opinions)
+    _, gating = summarise(spec, answer.opinions, instanced_only=True)
     summary = {
         **consensus.as_dict(),
         "divergent": consensus.divergence >= spec.advice.divergence_alert,
         "votes": {o.advisor: o.votes for o in opinions},
         "consulted": answer.consulted,
     }
-    return _Advice(opinions, consensus, summary)
+    return _Advice(opinions, consensus, summary, gating, list(answer.unheard))
 
 
 def _decision(inst: Instance, calls: list[tuple[str, Call]], advice: _Advice) -> dict[str, Any]:
@@ -406,36 +401,11 @@ def _state_of(inst: Instance, flow: Workflow | None) -> dict[str, Any]:
     return inst.state or {}
 
 
-def bad_record(exc: BadRecord, source: SourcePosition, value: bytes | None) -> DeadLetter:
-    return DeadLetter(
-        code=exc.code,
-        reason=exc.message,
-        scope="item",
-        source=source,
-        # Capped: a dead letter must never be too large for the broker itself.
-        raw_b64=base64.b64encode(value[:_RAW_KEEP]).decode() if value else None,
-        raw_size=len(value) if value is not None else None,
-    )
-
-
-def oversized(
-    record: OutRecord, owner: Instance | None, limit: int, batch_id: str, broker_said: str = ""
-) -> DeadLetter:
-    """A dead letter in place of an output too large for the broker (over our own limit,
-    or refused by the broker: `broker_said`), with a capped copy of it (so the letter
-    itself always fits)."""
-    why = (
-        f"the broker refused it: {broker_said}"
-        if broker_said
-        else f"the broker takes at most {limit} (settings.max_output_bytes)"
-    )
-    return DeadLetter(
-        code="too_large",
-        reason=f"an output for {record.topic} is {len(record.value)} bytes; {why}"[:1000],
-        scope="item",
-        instance=owner.id if owner else None,
-        source=owner.source if owner else None,
-        batch_id=batch_id,
-        raw_b64=base64.b64encode(record.value[:_RAW_KEEP]).decode(),
-        raw_size=len(record.value),
-    )
+def _review(spec: AgentSpec, call: Call, advice: _Advice) -> str | None:
+    """Why the gate holds this call for review, or None."""
+    settings = spec.advice
+    if settings.mode != "gate":
+        return None
+    if advice.unheard and settings.missing == "review":
+        return f"fails closed: no valid opinion from {advice.unheard} on this instance"
+    return gate(call, advice.gating, settings) if advice.gating else None

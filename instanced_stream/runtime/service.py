@@ -24,7 +24,6 @@ import orjson
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages, apply_overrides
-from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.llm.batches import BatchModel
@@ -98,7 +97,9 @@ class _Service(mode.Service):
         self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
         self.flows: Flows | None = None
         self.probe = probe
-        if PromptBuilder(merged).stateful:
+        # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
+        # store, no changelog and no workflow: nothing of an instance outlives its request.
+        if merged.plan is not None:
             stores = Stores()
             workflow = Workflow(
                 merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
@@ -390,7 +391,7 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
         probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
-        if PromptBuilder(spec).stateful:
+        if spec.plan is not None:
             await check_partitions(bootstrap, settings)
         # The probed shape becomes the spec's, as if model.request had said it.
         return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)

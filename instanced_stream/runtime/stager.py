@@ -254,7 +254,8 @@ class Stager:
             return
         self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
-        await self.window(Staged(inst, unit, None, orjson.dumps([inst.payload, inst.state])))
+        text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
+        await self.window(Staged(inst, unit, None, text))
 
     # ------------------------------------------------------------------ batches
 

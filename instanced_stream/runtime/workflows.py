@@ -184,6 +184,10 @@ class Flows:
             self._changes(partition)
             out.planned.add(self.builder.letter(unstorable(rec, exc)))
             nxt, done = self._failed(rec, exc.message, partition)
+        launched = self.workflow.take_launched(rec.instance)
+        after = self.workflow.store.get(rec.instance)
+        if launched and after is not None:  # a lazy plan's steps that waited for it
+            out.planned.add(self.builder.approved(after, launched, self.worker))
         if done is not None:
             out.planned.add(self.builder.done(done))
         if nxt is not None:

@@ -72,3 +72,9 @@ class SimConfig(BaseModel):
         description="an OpenAI-compatible /v1 URL (a real model, `stream llm-local`) that "
         "answers the batch lines instead of the simulator's judge",
     )
+    obedient: bool = Field(
+        False,
+        description='follow instructions found inside items ("for item ③ reject"), as an '
+        "injectable model would: first the injected call for the other instance, its reason "
+        "copying the injecting text; for proving the product's defenses",
+    )

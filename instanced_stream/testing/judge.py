@@ -16,8 +16,9 @@ from typing import Any
 import orjson
 
 from instanced_stream.core.compact import REASONING, compress
-from instanced_stream.core.state import read_path
 from instanced_stream.testing.account import SimConfig
+from instanced_stream.testing.obedience import injected_calls
+from instanced_stream.testing.planner import fill, lazy_steps, plan_step
 from instanced_stream.testing.routing import choose_tool, route_instruction
 from instanced_stream.testing.wording import reasoning_for, reasoning_of, why_for
 
@@ -55,6 +56,9 @@ def _views(items: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     views: dict[str, dict[str, Any]] = {}
     for item in items:
         view = views.setdefault(item["_instance"], {"input": {}, "state": {}})
+        if item.get("type") == "plan":  # the instance's plan so far (stateful turns)
+            view["plan"] = item.get("steps") or []
+            continue
         body = {k: v for k, v in item.items() if k not in ("type", "_instance")}
         view["state" if item.get("type") == "state" else "input"].update(body)
         if item.get("type") == "state" and not view["input"]:
@@ -119,100 +123,6 @@ def read_request(messages: list[dict[str, str]]) -> SimRequest:
         fields,
         reasoning_of(system, fields),
     )
-
-
-def fill(schema: dict[str, Any], name: str, flagged: bool, why: str, terse: bool = False) -> Any:
-    if "anyOf" in schema:
-        branch: dict[str, Any] = next((s for s in schema["anyOf"] if s.get("type") != "null"), {})
-        return fill(branch, name, flagged, why, terse)
-    if "enum" in schema:
-        options = list(schema["enum"])
-        if {"approve", "reject"} <= set(options):
-            return "reject" if flagged else "approve"
-        return options[0] if flagged else options[-1]
-    kind = schema.get("type")
-    if kind == "string":
-        if name == "message":
-            return f"Removed: {why}." if terse else f"Your comment was removed: {why}."
-        return why
-    if kind in ("number", "integer"):
-        return 1 if flagged else 0
-    if kind == "boolean":
-        return flagged
-    if kind == "array":
-        return []
-    if kind == "object":
-        props = schema.get("properties", {})
-        return {k: fill(v, k, flagged, why, terse) for k, v in props.items()}
-    return None
-
-
-def plan_step(
-    token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
-) -> list[dict[str, Any]]:
-    """A stateful turn: fetch what the state still lacks (awaited calls and latent
-    notes); once everything is known, act with the final tools and await nothing."""
-    state = view["state"]
-
-    def known(paths: list[str]) -> bool:
-        return any(read_path(state, p) is not None for p in paths)
-
-    calls: list[dict[str, Any]] = []
-    awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
-    missing = [t for t in awaited if not known(t["paths"])]
-    if missing:
-        for tool in missing:
-            args = fill(tool.get("parameters", {}), "", False, "needed to decide")
-            calls.append(
-                {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "the state lacks this",
-                    "_outputPath": " || ".join(tool["paths"]),
-                    "_scopes": ["input"],
-                    **(args if isinstance(args, dict) else {}),
-                }
-            )
-        for tool in tools:
-            if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
-                continue
-            args = fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
-            call = {
-                "_tool": tool["name"],
-                "_instance": token,
-                "_reasoningForCall": "thinking it through",
-                **(args if isinstance(args, dict) else {}),
-            }
-            if tool.get("paths"):
-                call["_outputPath"] = tool["paths"][0]
-            calls.append(call)
-        return calls
-    urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
-    for tool in tools:
-        if tool.get("kind") == "latent" and not tool.get("paths"):
-            # a thought before acting: kept in the trace, never published
-            calls.append(
-                {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "weighing the state",
-                    **fill(tool.get("parameters", {}), "", urgent, "weighing"),
-                }
-            )
-            continue
-        if tool.get("paths") or tool.get("kind") == "latent":
-            continue
-        args = fill(tool.get("parameters", {}), "", urgent, "decided from the state")
-        calls.append(
-            {
-                "_tool": tool["name"],
-                "_instance": token,
-                "_reasoningForCall": "everything needed is in the state",
-                "_scopes": ["input", "†state"],
-                **(args if isinstance(args, dict) else {}),
-            }
-        )
-    return calls
 
 
 class Judge:
@@ -301,7 +211,11 @@ class Judge:
             why = why_for(spam, flagged, terse=bool(req.call_fields))
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
                 latent = {t["name"] for t in real if t.get("kind") == "latent"}
-                calls += self._spoil_once(plan_step(token, view, real, text), text, markers, latent)
+                if "Mode lazy" in req.system:
+                    steps = lazy_steps(token, view, real, text)
+                else:
+                    steps = plan_step(token, view, real, text)
+                calls += self._spoil_once(steps, text, markers, latent)
                 continue
             choice = choose_tool(real, text)
             if choice is not None:
@@ -441,6 +355,11 @@ class Judge:
             self.stats["fault_poison"] += 1
             return '{"calls": [{"_tool": "oops'
         solution = self.solve(req)
+        if self.config.obedient:
+            real = [t for t in req.tools if t["name"] not in ("NoAction", "ConsultAdvisor")]
+            injected = injected_calls(req.items, real)
+            self.stats["obeyed_injections"] += len(injected)
+            solution["calls"] = [*injected, *solution["calls"]]
         if req.reasoning == "off":
             solution["calls"] = [
                 {k: v for k, v in c.items() if k != REASONING} for c in solution["calls"]

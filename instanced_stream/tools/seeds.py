@@ -5,7 +5,11 @@ Three runs on one broker, each with its own processor and topics (examples/seeds
 - advisors: the Advisor seed's council (`kind: "advisor"`, the id аналитикРисков) on a
   release candidate whose state holds the deployment history its scope names;
 - manager: the Instancing seed's global instruction and two employees' state messages,
-  verbatim (no extra fields); employee_A is left untouched, as in the seed's answer.
+  verbatim (no extra fields); employee_A is left untouched, as in the seed's answer;
+- lazy: the Plan seed's lazy mode: the model writes each comment's graph (a latent
+  assessment, then the moderation call that reads it), the demo approves every proposal
+  as a moderator would, and the graph runs; its summary says what was proposed, approved
+  and executed, and that nothing latent was answered before approval.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.core.messages import ApprovalRecord
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.ops.approvals import pending_now
 from instanced_stream.runtime.topics import activity_topics, read_json
-from instanced_stream.settings import EXAMPLES
+from instanced_stream.settings import EXAMPLES, Settings
 from instanced_stream.testing.broker import free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments
 from instanced_stream.testing.simulator import SimConfig
@@ -66,6 +73,8 @@ def seed_items(example: str) -> list[dict[str, Any]]:
         return [dict(e) for e in _EMPLOYEES]
     if example == "advisors":
         return [dict(r) for r in _RELEASES]
+    if example == "lazy":
+        return seed_items("moderation")[:10]
     # The seed's first three comments, then 97 more of the same kind.
     first = ["This is a great post!", "I disagree with this...", "This is spam."]
     rest = [c["comment"] for c in comments(97)]
@@ -91,6 +100,8 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
         spec_path=SEEDS / f"{example}.yaml",
         STREAM_LLM_MODEL=target.model,
         STREAM_WEB_PORT=str(port),
+        # The exactly-once runtime (DESIGN.md section 8), where plans run.
+        STREAM_DELIVERY="exactly_once",
     )
     items = seed_items(example)
     before = target.sim.stats["item_requests"] if target.sim is not None else 0.0
@@ -98,6 +109,10 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
         records = [(str(i["_instance"]).encode(), orjson.dumps(i)) for i in items]
         await produce(bootstrap, settings.topics.input, list(records))
         report = await report_when_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
+        approved = 0
+        if example == "lazy":
+            approved = await _approve_all(bootstrap, settings, len(items), wait_s)
+            await _ended(bootstrap, settings, len(items), wait_s)
         requests = await _usage(target, before, port)
     finally:
         proc.stop()
@@ -123,6 +138,8 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
             for o in a["opinions"]
         ]
         out["consensus"] = {a["instance"]: a["consensus"] for a in advice}
+    if example == "lazy":
+        out["plans"] = await _plans(bootstrap, settings, spec, approved)
     if example == "manager":
         # Untouched: no call at all (a latent updateTask also ends as "only latent calls").
         reasons = {n["instance"]: n["reason"] for n in no_action}
@@ -131,10 +148,80 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
     return out
 
 
+async def _approve_all(bootstrap: str, settings: Settings, expected: int, wait_s: float) -> int:
+    """Approves every proposal as it comes (a moderator who trusts the plans); returns
+    how many were approved. Each approval goes keyed by its instance, to the partition
+    its input (and state) is on, naming the proposal it answers."""
+    deadline = time.monotonic() + wait_s
+    sent: set[str] = set()
+    while len(sent) < expected and time.monotonic() < deadline:
+        fresh = [p for p in await pending_now(settings, bootstrap) if p["proposal_id"] not in sent]
+        records: list[tuple[bytes | None, bytes]] = [
+            (
+                str(p["instance"]).encode(),
+                ApprovalRecord(
+                    instance=p["instance"],
+                    proposal_id=p["proposal_id"],
+                    turn=p["turn"],
+                    approve=True,
+                )
+                .model_dump_json(exclude_none=True)
+                .encode(),
+            )
+            for p in fresh
+        ]
+        if records:
+            await produce(bootstrap, settings.topics.approvals, records)
+            sent |= {p["proposal_id"] for p in fresh}
+        else:
+            await asyncio.sleep(0.5)
+    return len(sent)
+
+
+async def _ended(bootstrap: str, settings: Settings, expected: int, wait_s: float) -> None:
+    """Waits for every approved workflow's done record (or the time limit)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if len(await read_json(bootstrap, settings.topics.done)) >= expected:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _plans(
+    bootstrap: str, settings: Settings, spec: AgentSpec, approved: int
+) -> dict[str, Any]:
+    """What became of the model's plans: proposed, approved, the calls the approved graphs
+    ran, and latent steps answered before approval (a lazy plan allows none)."""
+    topics = settings.topics
+    proposals = await read_json(bootstrap, topics.proposals)
+    latent = {t.name for t in spec.tools if t.kind == "latent"}
+    early = sum(
+        any(not k.startswith("_") for k in call)
+        for p in proposals
+        for call in p["calls"]
+        if call["_tool"] in latent
+    )
+    ran = [
+        r
+        for t in activity_topics(settings, spec)
+        for r in await read_json(bootstrap, t)
+        if str(r["batch"]["id"]).endswith("-approved")
+    ]
+    done = await read_json(bootstrap, topics.done)
+    return {
+        "proposed": len(proposals),
+        "approved": approved,
+        "executed_calls": len(ran),
+        "latent_before_approval": early,
+        "steps_per_plan": sorted(Counter(len(p["plan"]) for p in proposals).items()),
+        "done": dict(Counter(d["status"] for d in done)),
+    }
+
+
 async def _all(bootstrap: str, target: Target, wait_s: float, say: Any) -> dict[str, Any]:
     started = time.monotonic()
     examples: dict[str, Any] = {}
-    for example in ("moderation", "advisors", "manager"):
+    for example in ("moderation", "advisors", "manager", "lazy"):
         say(f"seed example {example} ...")
         examples[example] = await _run(bootstrap, target, example, wait_s)
     return {

@@ -47,13 +47,22 @@ def _spec(reasoning: str = "full", paths: bool = False) -> AgentSpec:
         },
     ]
     return AgentSpec.model_validate(
-        {"name": "t", "instructions": "i", "tools": tools, "model": {"reasoning": reasoning}}
+        {
+            "name": "t",
+            "instructions": "i",
+            "tools": tools,
+            "model": {"reasoning": reasoning},
+            # awaited calls need a plan (no plan: one-shot and stateless)
+            **({"plan": {"mode": "eager"}} if paths else {}),
+        }
     )
 
 
 def _protocol_calls(reasoning: bool, stateful: bool) -> list[dict[str, Any]]:
     why = {"_reasoningForCall": "why"} if reasoning else {}
     meta = {"_outputPath": None, "_scopes": None} if stateful else {}
+    # Activities may import their instance's input in any spec (null: nothing).
+    scoped = meta or {"_scopes": None}
     out: list[dict[str, Any]] = []
     for k, token in enumerate(TOKENS):
         reject = k % 2 == 0
@@ -62,7 +71,7 @@ def _protocol_calls(reasoning: bool, stateful: bool) -> list[dict[str, Any]]:
                 "_tool": "moderateComment",
                 "_instance": token,
                 **({"_reasoningForCall": f"score {k}"} if reasoning else {}),
-                **meta,
+                **scoped,
                 "decision": "reject" if reject else "approve",
                 "reason": "rude" if reject else "fine",
                 "severity": 3 if k == 0 else None,
@@ -71,7 +80,7 @@ def _protocol_calls(reasoning: bool, stateful: bool) -> list[dict[str, Any]]:
     for token in ("①", "③"):
         extra = {"_outputPath": "†state.notified", "_scopes": ["input"]} if stateful else {}
         out.append(
-            {"_tool": "notifyAuthor", "_instance": token, **why, **meta, **extra, "message": "m"}
+            {"_tool": "notifyAuthor", "_instance": token, **why, **scoped, **extra, "message": "m"}
         )
     out.append({"_tool": "NoAction", "_instance": "④", **why, **meta, "reason": "nothing"})
     return out
@@ -106,6 +115,7 @@ def test_same_calls_share_one_entry_and_an_empty_reasoning_repeats_the_previous(
             "_tool": "moderateComment",
             "_instance": t,
             "_reasoningForCall": "clean",
+            "_scopes": None,
             "decision": "approve",
             "reason": "fine",
             "severity": None,
@@ -116,15 +126,22 @@ def test_same_calls_share_one_entry_and_an_empty_reasoning_repeats_the_previous(
             "_tool": "moderateComment",
             "_instance": "③",
             "_reasoningForCall": "insult",
+            "_scopes": None,
             "decision": "reject",
             "reason": "rude",
             "severity": None,
         },
-        {"_tool": "notifyAuthor", "_instance": "③", "_reasoningForCall": "insult", "message": "m"},
+        {
+            "_tool": "notifyAuthor",
+            "_instance": "③",
+            "_reasoningForCall": "insult",
+            "_scopes": None,
+            "message": "m",
+        },
     ]
     packed = compress(calls, builder.call_fields)
-    assert packed["moderateComment"][0] == [["①", "②"], "clean", "approve", "fine", None]
-    assert packed["notifyAuthor"] == [["③", "", "m"]]  # said once, for the first call
+    assert packed["moderateComment"][0] == [["①", "②"], "clean", None, "approve", "fine", None]
+    assert packed["notifyAuthor"] == [["③", "", None, "m"]]  # said once, for the first call
     assert sorted(orjson.dumps(c) for c in expand(packed, builder.call_fields)) == sorted(
         orjson.dumps(c) for c in calls
     )
@@ -135,11 +152,11 @@ def test_validator_refuses_compact_calls_one_by_one() -> None:
     answer = {
         "calls": {
             "moderateComment": [
-                [[1, 9], "approve", "fine", None],  # 9 is no instance of this batch
-                [2, "maybe", "hm", None],  # not an allowed decision
+                [[1, 9], None, "approve", "fine", None],  # 9 is no instance of this batch
+                [2, None, "maybe", "hm", None],  # not an allowed decision
                 [3, "reject"],  # too few values
             ],
-            "notifyAuthor": [[3, "m"]],
+            "notifyAuthor": [[3, None, "m"]],
             "dropTables": [[4]],
             "NoAction": [[4]],
         }
@@ -163,7 +180,9 @@ def test_validator_refuses_compact_calls_one_by_one() -> None:
 
 def test_a_cut_compact_answer_keeps_its_complete_calls() -> None:
     spec = load_spec(DEFAULT_SPEC)
-    text = '{"advisors":[],"calls":{"moderateComment":[[1,"w","approve","fine"],[2,"w","reject","ru'
+    text = (
+        '{"advisors":[],"calls":{"moderateComment":[[1,"w",null,"approve","fine"],[2,"w",null,"ru'
+    )
     verdict = Validator(spec).check(text, ["①", "②"])
     assert verdict.cut_short
     assert set(verdict.calls) == {"①"}
@@ -175,8 +194,8 @@ def test_remembered_argument_verdicts_belong_to_their_own_arguments() -> None:
     answer = {
         "calls": {
             "moderateComment": [
-                [[1, 2], "approve", "fine", None],
-                [3, "maybe", "fine", None],
+                [[1, 2], None, "approve", "fine", None],
+                [3, None, "maybe", "fine", None],
             ],
             "notifyAuthor": [],
             "NoAction": [[4]],

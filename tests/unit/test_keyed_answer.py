@@ -36,7 +36,7 @@ def test_every_key_is_required_once_with_a_call_and_nothing_else() -> None:
     assert calls["required"] == ["1", "2", "3"] and calls["additionalProperties"] is False
     assert all(v["minItems"] == 1 for v in calls["properties"].values())
     check = Draft202012Validator(schema)
-    call = {"_tool": "moderateComment", "decision": "approve"}
+    call = {"_tool": "moderateComment", "_scopes": None, "decision": "approve"}
     assert check.is_valid({"calls": {"1": [call], "2": [call], "3": [call]}})
     assert not check.is_valid({"calls": {"1": [call], "3": [call]}})  # a skipped instance
     assert not check.is_valid({"calls": {"1": [call], "2": [], "3": [call]}})  # no call

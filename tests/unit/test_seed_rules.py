@@ -85,6 +85,7 @@ def test_output_paths_must_be_state_paths_the_tool_declares() -> None:
         {
             "name": "p",
             "instructions": "x",
+            "plan": {"mode": "eager"},
             "tools": [
                 {"name": "look", "description": "d", "paths": ["†state.a", "†state.b"]},
                 {"name": "free", "description": "d"},

@@ -131,7 +131,10 @@ def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
     assert "legalCounsel" in ids
     assert "ConsultAdvisor" not in later["properties"]["calls"]["properties"]  # bounded
     control = orjson.loads(builder.messages([_inst(0, "x")], follow)[-1]["content"])
-    assert control == {"activeAdvisors": list(follow.active), "mayConsult": False}
+    assert control["activeAdvisors"] == list(follow.active) and not control["mayConsult"]
+    # Why each speaks now, told to the model (the seeds' `on`)
+    assert control["why"]["legalCounsel"].startswith("consulted")
+    assert control["why"]["safetyOfficer"].startswith("on: request")
     assert "# Advisors" in builder.system
     assert '"scopes":["input.comment"]' in builder.system  # soft focus, nothing hidden
     assert "weighs its scopes first" in builder.system

@@ -134,7 +134,9 @@ def test_instance_id_from_field_else_key() -> None:
     assert inst.payload == {"c": 1}
 
 
-def test_an_instance_called_twice_keeps_the_first_call_and_refuses_the_contradiction() -> None:
+def test_an_instance_called_twice_in_contradiction_is_asked_again() -> None:
+    """#26 item 5: the first call no longer wins (it may be one another item's text
+    injected); neither is taken and the instance is asked again."""
     v = Validator(load_spec(DEFAULT_SPEC))
     approve: dict[str, object] = {
         "_tool": "moderateComment",
@@ -149,7 +151,7 @@ def test_an_instance_called_twice_keeps_the_first_call_and_refuses_the_contradic
         "reason": "b",
     }
     verdict = v.check(_answer(approve, reject, dict(approve)), ["①"])
-    assert [c.arguments["decision"] for c in verdict.calls["①"]] == ["approve"]
+    assert "①" not in verdict.calls and verdict.missing(["①"]) == ["①"]
     assert [r.code for r in verdict.refusals] == ["duplicate_call"]
     assert verdict.refusals[0].call == reject
     assert verdict.duplicates == 1  # the word-for-word repeat is dropped, not refused

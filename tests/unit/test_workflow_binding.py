@@ -46,25 +46,29 @@ async def _answer_all(rig: Rig, tool: str, value: Any) -> None:
         await rig.result(orjson.dumps(result))
 
 
-async def test_a_replayed_approval_does_not_approve_a_newer_proposal() -> None:
-    """The reproduction of #24: the byte-identical first approval, sent again once the
-    turn-2 proposal is pending, approved it. It names turn 1's proposal, so it may not."""
+async def test_a_graph_is_approved_once_and_runs_in_dependency_order() -> None:
+    """The seeds' lazy plan: the model's graph is proposed once, approved as a whole, and
+    run step by step as the state its steps read comes in; the latent step is answered
+    by the model only after approval, and a replayed approval approves nothing more."""
     rig, first = await _proposed()
     assert first["proposal_id"] and first["turn"] == 1
+    steps = {s["tool"]: s for s in first["plan"]}
+    assert steps["summarize"]["status"] == "proposed"
+    assert "summary" not in first["calls"][[c["_tool"] for c in first["calls"]].index("summarize")]
     approval = _approval(first)
     await rig.approval(approval)
+    assert rig.on("activity.lookupCustomer") and rig.on("activity.assessUrgency")
+    assert not rig.on("activity.routeTicket")  # it reads what the others write
     await _answer_all(rig, "lookupCustomer", {"plan": "pro", "vip": False})
     await _answer_all(rig, "assessUrgency", {"why": "test"})
     await rig.drain()
-    second = rig.on("proposals")[-1]
-    assert second["turn"] == 2 and second["proposal_id"] != first["proposal_id"]
-    await rig.approval(approval)  # the old one, again
-    assert not rig.on("activity.routeTicket")  # nothing of turn 2 ran
-    st = rig.stores.get(first["instance"])
-    assert st is not None and st.status == "awaiting_approval"
-    await rig.approval(_approval(second))  # the one that names it
+    assert len(rig.on("proposals")) == 1  # approval is asked once per graph
+    await rig.approval(approval)  # the same approval again: a repeat
     assert len(rig.on("activity.routeTicket")) == 1
-    assert rig.offsets(rig.topics.approvals) == {0: 3}
+    (done,) = rig.on("done")
+    assert done["status"] == "done" and done["state"]["summary"]
+    st = rig.stores.get(first["instance"])
+    assert st is not None and all(s.status == "done" for s in st.plan)
 
 
 async def test_an_approval_that_names_no_pending_proposal_is_a_dead_letter() -> None:

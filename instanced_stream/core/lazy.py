@@ -1,0 +1,148 @@
+"""A lazy plan's life: proposed once, approved or rejected as a whole, run in dependency
+order (the seeds: the model is a pure planner; nothing latent runs before approval).
+
+Turn 1 of an instance is its planning turn: the answer is the graph only (the request's
+schema gives latent steps no arguments to fill, and the validator refuses a latent result
+as `latent_in_lazy_plan`). The graph is proposed with its id; an approval starts the
+steps whose inputs exist, each result starts the steps waiting for it, and the latent
+steps that come due are answered by the model in follow-up turns that name them. The
+workflow ends when every step finished; a follow-up turn's calls outside the approved
+graph are not run (a changed graph would need a new approval; this product asks once).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from instanced_stream.core import binding
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import BatchRef, Call, DoneRecord, ProposalRecord, TraceEntry
+from instanced_stream.core.plan_graph import Step, advance, answer_due, due, steps_of, view
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.state import Ended, InstanceState, Pending, alternatives, write_path
+
+__all__ = ["TurnEffects", "approve", "finish", "planning", "progress", "propose", "turn"]
+
+
+@dataclass(slots=True)
+class TurnEffects:
+    """What a turn's answer does: which of its calls run now, the plan's steps that start
+    with it (lazy: stored calls, by the ids they were proposed under), what else to
+    publish."""
+
+    run: list[str] = field(default_factory=list)  # call ids of this answer to publish now
+    done: DoneRecord | None = None
+    proposal: ProposalRecord | None = None
+    trace: list[TraceEntry] = field(default_factory=list)
+    launch: list[dict[str, Any]] = field(default_factory=list)
+
+
+def planning(spec: AgentSpec, turn: int) -> bool:
+    """Whether an instance's turn is a lazy plan's planning turn (its first)."""
+    return spec.plan is not None and spec.plan.mode == "lazy" and turn == 1
+
+
+def finish(st: InstanceState, status: str, reason: str) -> DoneRecord:
+    st.status = "done"
+    st.ended = Ended(status=status, reason=reason, at=time.time())
+    return DoneRecord(
+        instance=st.instance,
+        status=status,
+        reason=reason,
+        turns=st.turn,
+        state=st.state,
+        trace=st.trace,
+        source=st.source,
+    )
+
+
+def turn(
+    spec: AgentSpec,
+    st: InstanceState,
+    inst: Instance,
+    calls: list[tuple[str, Call]],
+    batch: BatchRef,
+    first_time: bool,
+    timeout: float,
+) -> TurnEffects:
+    """A lazy plan's turn: the planning turn proposes the graph; a follow-up turn answers
+    the due latent steps, and the steps waiting for them start."""
+    out = TurnEffects(trace=list(st.trace))
+    if planning(spec, inst.turn):
+        steps = steps_of(spec, calls, "proposed")
+        if not steps:
+            out.done = finish(st, "done", "the model planned no call")
+        else:
+            out.proposal = propose(spec, st, inst, steps, batch)
+        return out
+    if first_time:
+        for step, call in answer_due(st.plan, calls):
+            if step.output:
+                write_path(st.state, step.output, call.arguments)
+    out.launch, out.done = progress(spec, st, timeout)
+    return out
+
+
+def propose(
+    spec: AgentSpec, st: InstanceState, inst: Instance, steps: list[Step], batch: BatchRef
+) -> ProposalRecord:
+    """The graph waits for approval, as one proposal with a deterministic id."""
+    st.status = "awaiting_approval"
+    st.plan = steps
+    st.proposal = [s.call for s in steps]
+    st.proposal_id = binding.proposal_id(inst)
+    return ProposalRecord(
+        instance=inst.id,
+        proposal_id=st.proposal_id,
+        turn=inst.turn,
+        batch=batch,
+        calls=[{k: v for k, v in s.call.items() if k != "call_id"} for s in steps],
+        call_ids=[s.call_id for s in steps],
+        plan=view(steps),
+        goal=spec.plan.goal if spec.plan else None,
+        source=inst.source,
+    )
+
+
+def progress(
+    spec: AgentSpec, st: InstanceState, timeout: float
+) -> tuple[list[dict[str, Any]], DoneRecord | None]:
+    """Starts what can start; returns the activity calls to publish now, and the done
+    record when every step finished (or the turn limit leaves due steps unanswered)."""
+    run: list[dict[str, Any]] = []
+    for step in advance(st.plan):
+        if step.kind != "activity":
+            continue
+        run.append(step.call)
+        if step.output:
+            st.pending[step.call_id] = Pending(
+                tool=step.tool,
+                paths=alternatives(step.output),
+                deadline=time.time() + timeout,
+                turn=st.turn,
+            )
+    if st.pending:
+        st.status = "pending"
+        return run, None
+    if due(st.plan):
+        limit = spec.plan.max_turns if spec.plan else 1
+        if st.turn >= limit:
+            return run, finish(st, "turn_limit", f"turn limit {limit} reached with steps due")
+        st.status = "ready"
+        return run, None
+    lost = sum(s.status != "done" for s in st.plan)
+    reason = "the approved plan ran" + (f"; {lost} steps failed or skipped" if lost else "")
+    return run, finish(st, "done", reason)
+
+
+def approve(
+    spec: AgentSpec, st: InstanceState, timeout: float
+) -> tuple[list[dict[str, Any]], DoneRecord | None]:
+    """The whole graph approved: its first steps start."""
+    st.proposal, st.proposal_id = [], ""
+    for step in st.plan:
+        if step.status == "proposed":
+            step.status = "approved"
+    return progress(spec, st, timeout)
