@@ -69,9 +69,8 @@ its workflow is then done."""
 # Every spec's activities may import their own instance's input (a stateless spec's
 # `context` would otherwise always be empty).
 SCOPES = """# Scopes
-"_scopes" lists what the activity may read of its own instance: "input" (the whole
-input message) or "input.field"; null when it needs nothing. It never sees other
-instances."""
+"_scopes" is ["input"] when the activity needs its own instance's input message, else
+null. It never sees other instances."""
 
 # A spec without a plan: one-shot and stateless (the seeds), yet a latent tool may
 # still name where its output goes.

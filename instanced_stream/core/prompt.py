@@ -62,13 +62,20 @@ NO_ACTION_TOOL = Tool(
 )
 
 # Call meta properties; nullable because strict output wants every property. Every
-# spec's calls may import their instance's input (`_scopes`); stateful ones also write.
+# spec's activity calls may import their instance's input (`_scopes`); stateful ones
+# also read and write state paths. A stateless `_scopes` is closed (["input"] or null):
+# as a free string list a small model under grammar ran on inside it to the output cap.
 _SCOPES_META: dict[str, Any] = {
-    "_scopes": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+    "_scopes": {
+        "anyOf": [
+            {"type": "array", "items": {"type": "string", "enum": ["input"]}, "maxItems": 1},
+            {"type": "null"},
+        ]
+    },
 }
 _STATE_META: dict[str, Any] = {
     "_outputPath": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    **_SCOPES_META,
+    "_scopes": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
 }
 
 
@@ -291,7 +298,7 @@ class PromptBuilder:
                 if name == compact.INSTANCE
                 else {"type": "string"}
                 if name == compact.REASONING
-                else _STATE_META.get(name) or props[name]
+                else self._meta(tool).get(name) or props[name]
                 for name in fields
             ]
             most = len(tokens) * tool.max_calls_per_instance if bounded else None

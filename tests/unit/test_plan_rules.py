@@ -140,10 +140,17 @@ def test_a_stateless_spec_s_activity_imports_its_own_input_through_scopes() -> N
     builder = PromptBuilder(spec)
     assert "_scopes" in builder.call_fields["moderateComment"]
     assert "_scopes" not in builder.call_fields["NoAction"]  # not an activity
-    assert '"_scopes" lists what the activity may read of its own instance' in builder.system
+    assert '"_scopes" is ["input"] when the activity needs its own instance' in builder.system
+    # Closed in both answer forms: a free string list let a small model under grammar
+    # run on inside it to the output cap.
+    closed = {"type": "array", "items": {"type": "string", "enum": ["input"]}, "maxItems": 1}
+    for form in ("compact", "protocol"):
+        model = spec.model.model_copy(update={"answer": form})
+        formed = PromptBuilder(spec.model_copy(update={"model": model}))
+        assert orjson.dumps(closed) in orjson.dumps(formed.response_format(2))
     fields = builder.call_fields["moderateComment"]
     row: list[Any] = [None] * len(fields)
-    row[0], row[fields.index("_scopes")] = 1, ["input.comment"]
+    row[0], row[fields.index("_scopes")] = 1, ["input"]
     for name in fields[1:]:
         if name == "decision":
             row[fields.index(name)] = "approve"
@@ -152,7 +159,7 @@ def test_a_stateless_spec_s_activity_imports_its_own_input_through_scopes() -> N
     answer = {"advisors": [], "calls": {"moderateComment": [row], "notifyAuthor": []}}
     verdict = Validator(spec).check(orjson.dumps(answer).decode(), ["①", "②"])
     (call,) = verdict.calls["①"]
-    assert call.scopes == ["input.comment"]
+    assert call.scopes == ["input"]
     mine, other = _inst(0, comment="mine"), _inst(1, comment="theirs")
     context = imported(spec, mine, call.scopes, {})
     assert context and context[0]["comment"] == "mine" and "theirs" not in str(context)
