@@ -320,10 +320,14 @@ def _unheard(
     ask: Ask,
     why: dict[str, str],
 ) -> dict[str, list[str]]:
-    """Active instanced advisors without a valid opinion on an answered instance. The
-    first time, the instance is asked again (like a skipped one: its calls are not
-    taken); the second time its calls are taken, and the advisors named as unheard
-    (the gate then fails closed)."""
+    """Active instanced advisors without a valid opinion on an answered instance. Where
+    the advice gates, the first time the instance is asked again (like a skipped one:
+    its calls are not taken); the second time its calls are taken, and the advisors
+    named as unheard (the gate then fails closed). Where it only records, the calls
+    are taken at once and the silence recorded: a re-ask would buy a record with a
+    request, and on a small model the re-asks of long council answers ran on and
+    multiplied (the seeds' advisors example went from 95 s to over 400 s)."""
+    gates = spec.advice.mode == "gate"
     instanced = [
         a.id for a in (spec.advisor(i) for i in ask.active) if a is not None and a.is_instanced
     ]
@@ -338,7 +342,7 @@ def _unheard(
         silent = [a for a in instanced if a not in heard]
         if not silent:
             continue
-        if not notes.reasked_advice:
+        if gates and not notes.reasked_advice:
             notes.reasked_advice = True
             verdict.calls.pop(token)
             why[token] = f"advisors {silent} gave no valid opinion on this instance"

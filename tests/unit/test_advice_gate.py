@@ -87,6 +87,14 @@ async def test_still_missing_after_the_re_ask_the_answer_names_it_unheard() -> N
     assert answer.unheard == ["judge"] and len(llm.asked) == 2
 
 
+async def test_where_advice_only_records_a_silent_advisor_is_recorded_not_re_asked() -> None:
+    llm = _Canned({"advisors": [CROWD], "calls": [CALL]})
+    spec = _spec("record")
+    outcome = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve([_inst()])
+    (answer,) = outcome.answers
+    assert answer.unheard == ["judge"] and len(llm.asked) == 1
+
+
 def test_a_request_wide_opinion_never_gates_one_item() -> None:
     spec = _spec()
     crowd = Opinion("crowd", None, {}, '{"reject": 100}')
