@@ -95,6 +95,28 @@ async def test_where_advice_only_records_a_silent_advisor_is_recorded_not_re_ask
     assert answer.unheard == ["judge"] and len(llm.asked) == 1
 
 
+async def test_a_request_wide_advisor_is_not_asked_again_on_a_re_ask() -> None:
+    """Its one opinion is about the request: once recorded, re-asks go without it."""
+    llm = _Canned(
+        {"advisors": [CROWD, JUDGE], "calls": [CALL]},
+        {"advisors": [JUDGE], "calls": [CALL]},
+    )
+    spec = _spec("record")
+    two = [_inst(), Instance("b", {"text": "y"}, _inst().source, 10)]
+    outcome = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(two)
+    assert len(llm.asked) == 2 and len(outcome.answers) == 2
+    first, again = (
+        next(
+            orjson.loads(m["content"])
+            for m in asked
+            if m["content"].startswith('{"activeAdvisors"')
+        )
+        for asked in llm.asked
+    )
+    assert first["activeAdvisors"] == ["judge", "crowd"] and again["activeAdvisors"] == ["judge"]
+    assert all(any(o.advisor == "crowd" for o in a.opinions) for a in outcome.answers)
+
+
 def test_a_request_wide_opinion_never_gates_one_item() -> None:
     spec = _spec()
     crowd = Opinion("crowd", None, {}, '{"reject": 100}')
