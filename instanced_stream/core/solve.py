@@ -127,7 +127,7 @@ class Solver:
                 pending, feedback = await self._ask(
                     pending, out, attempt, ask, rounds, feedback, since
                 )
-                ask = self._heard_once(ask, pending, out)
+                ask = _heard_once(self.prompt.spec, ask, pending, out)
             except LLMError as exc:
                 out.requests += 1
                 failed_at = time.monotonic()
@@ -158,27 +158,6 @@ class Solver:
             return
         for instance in pending:
             out.unanswered.append(Unanswered(instance, code, reason, attempt))
-
-    def _heard_once(self, ask: Ask, pending: list[Instance], out: Outcome) -> Ask:
-        """A non-instanced advisor speaks once about a request (in a stream, its window):
-        once its opinion is recorded for the instances still open, their re-asks and
-        splits go without it. Asking it again cost every re-ask a whole opinion, and on
-        a small model that opinion was where answers ran on to the output cap."""
-        heard = {
-            a
-            for a in ask.active
-            if (advisor := self.prompt.spec.advisor(a)) is not None
-            and not advisor.is_instanced
-            and all(
-                (o := out.notes[id(i)].opinions.get(a)) is not None and o.error is None
-                for i in pending
-                if id(i) in out.notes
-            )
-            and all(id(i) in out.notes for i in pending)
-        }
-        if not heard or not pending:
-            return ask
-        return replace(ask, active=tuple(a for a in ask.active if a not in heard))
 
     async def _ask(
         self,
@@ -332,6 +311,28 @@ class Solver:
                 ask.planning,
             )
             await self._solve(group, out, attempt + 1, follow, rounds + 1)
+
+
+def _heard_once(spec: AgentSpec, ask: Ask, pending: list[Instance], out: Outcome) -> Ask:
+    """A non-instanced advisor speaks once about a request (in a stream, its window):
+    once its opinion is recorded for the instances still open, their re-asks and
+    splits go without it. Asking it again cost every re-ask a whole opinion, and on
+    a small model that opinion was where answers ran on to the output cap."""
+    heard = {
+        a
+        for a in ask.active
+        if (advisor := spec.advisor(a)) is not None
+        and not advisor.is_instanced
+        and all(
+            (o := out.notes[id(i)].opinions.get(a)) is not None and o.error is None
+            for i in pending
+            if id(i) in out.notes
+        )
+        and all(id(i) in out.notes for i in pending)
+    }
+    if not heard or not pending:
+        return ask
+    return replace(ask, active=tuple(a for a in ask.active if a not in heard))
 
 
 def _unheard(
