@@ -105,7 +105,9 @@ class _FirstSeatFlipped(FakeLLM):
 
 
 async def test_permutations_measure_how_often_the_order_changes_a_decision() -> None:
-    spec = load_spec(EXAMPLES / "seed_moderation" / "agent.yaml")
+    seed = load_spec(EXAMPLES / "seed_moderation" / "agent.yaml")
+    # The fake flips calls in the protocol form's array of calls.
+    spec = seed.model_copy(update={"model": seed.model.model_copy(update={"answer": "protocol"})})
     items = [EvalItem(f"i{k}", {"comment": f"note {k}"}, None) for k in range(12)]
     sim = Simulator(SimConfig(classifier=False))
     steady = await evaluate(spec, FakeLLM(sim), items, [4], permutations=2)
