@@ -7,6 +7,7 @@ read_committed consumer would see is read from the producer."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,13 @@ class Rig:
         """The committed offsets of `topic` (the input's unless named), per partition."""
         topic = topic or self.topics.input
         return {tp.partition: o for tp, o in self.producer.committed.items() if tp.topic == topic}
+
+
+async def until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any:
+    """Polls until probe returns something truthy (or the time is up: returns it anyway)."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        got = await probe()
+        if got or asyncio.get_running_loop().time() > deadline:
+            return got
+        await asyncio.sleep(0.5)

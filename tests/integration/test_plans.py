@@ -18,21 +18,13 @@ from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import tickets
 from instanced_stream.tools.seeds import seed_items
 from tests.conftest import Deployment, workflow_states
+from tests.flows import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 TICKETS = EXAMPLES / "tickets"
 EXACTLY_ONCE = {"STREAM_DELIVERY": "exactly_once"}
-
-
-async def _until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while True:
-        got = await probe()
-        if got or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.5)
 
 
 async def test_a_spec_without_a_plan_leaves_the_state_changelog_empty(deploy: Deploy) -> None:
@@ -61,7 +53,7 @@ async def test_a_lazy_graph_is_proposed_once_then_runs_in_dependency_order(
         got = await dep.records(dep.settings.topics.proposals)
         return got if len(got) >= 2 else []
 
-    proposals = await _until(both_proposed, 60)
+    proposals = await until(both_proposed, 60)
     assert len(proposals) == 2
     for p in proposals:
         latent = [c for c in p["calls"] if c["_tool"] == "summarize"]
@@ -85,7 +77,7 @@ async def test_a_lazy_graph_is_proposed_once_then_runs_in_dependency_order(
             got = await dep.records(dep.settings.topics.done)
             return got if len(got) >= 2 else []
 
-        finished = await _until(all_done, 90)
+        finished = await until(all_done, 90)
     finally:
         stop.set()
         await worker

@@ -21,6 +21,7 @@ from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
 from instanced_stream.testing.samples import tickets
 from instanced_stream.tools.seeds import seed_items
 from tests.conftest import Deployment, demo_json, workflow_states
+from tests.flows import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -38,16 +39,6 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
 def _load(base: Path) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(base.read_text().replace("\n    on: ", "\n    'on': "))
     return data
-
-
-async def _until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any:
-    """Polls until probe returns something truthy (or the time is up: returns it anyway)."""
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while True:
-        got = await probe()
-        if got or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.5)
 
 
 def _sent_since(dep: Deployment, mark: int) -> list[list[dict[str, Any]]]:
@@ -119,7 +110,7 @@ async def test_on_modes_across_three_turns_and_results_checked_against_output(
             done = {d["instance"]: d for d in await dep.records(dep.settings.topics.done)}
             return done if len(done) == 2 else {}
 
-        done = await _until(both_done, 120)
+        done = await until(both_done, 120)
     finally:
         stop.set()
         await worker
@@ -200,7 +191,7 @@ async def test_lazy_plan_runs_nothing_latent_before_approval_and_never_publishes
         latent = [c for c in p["calls"] if c["_tool"] in ("summarize", "think")]
         assert all(set(c) <= {"_tool", "_instance", "_outputPath", "_scopes",
                               "_reasoningForCall"} for c in latent)  # fmt: skip
-    states = await _until(lambda: workflow_states(dep))
+    states = await until(lambda: workflow_states(dep))
     assert all("summary" not in s["state"] for s in states.values())
     done = await dep.cli("approve", "--batch", proposals[0]["batch"]["id"], STREAM_SPEC=str(path))
     assert done.returncode == 0, done.stderr
@@ -211,14 +202,14 @@ async def test_lazy_plan_runs_nothing_latent_before_approval_and_never_publishes
         ok = all(got[i]["pending"] for i in approved)
         return got if ok else {}
 
-    states = await _until(started)
+    states = await until(started)
     for inst in approved:
         st = states[inst]
         # No result came back (no worker here): what reads those results waits.
         assert "summary" not in st["state"]
         pending = {p["tool"] for p in st["pending"].values()}
         assert pending <= {"lookupCustomer", "assessUrgency"} and pending
-    looked_up = await _until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
+    looked_up = await until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
     assert {r["instance"] for r in looked_up} <= approved
 
 
@@ -230,7 +221,7 @@ async def test_instance_input_overrides_the_global_input(deploy: Deploy, tmp_pat
     items[0]["language"] = "fr"
     await dep.produce_items(items)
     assert (await dep.settle(2)).unaccounted == 0
-    looked = await _until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
+    looked = await until(lambda: dep.records(dep.activity_topic("lookupCustomer")))
     seen = {r["instance"]: r["context"] for r in looked}
     [own] = seen[items[0]["_instance"]]
     assert own["language"] == "fr" and own["region"] == "eu"  # targeted wins, global fills
