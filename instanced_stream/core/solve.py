@@ -324,11 +324,11 @@ def _heard_once(spec: AgentSpec, ask: Ask, pending: list[Instance], out: Outcome
         if (advisor := spec.advisor(a)) is not None
         and not advisor.is_instanced
         and all(
-            (o := out.notes[id(i)].opinions.get(a)) is not None and o.error is None
+            (notes := out.notes.get(id(i))) is not None
+            and (o := notes.opinions.get(a)) is not None
+            and o.error is None
             for i in pending
-            if id(i) in out.notes
         )
-        and all(id(i) in out.notes for i in pending)
     }
     if not heard or not pending:
         return ask
