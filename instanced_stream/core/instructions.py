@@ -56,15 +56,17 @@ REASONING = {
 
 STATEFUL = """# State
 Each instance may have a "state" message: what earlier turns learned. When a call's
-result must be kept, give it "_outputPath": a state path like "†state.customer", or
-alternatives like "†state.urgent || †state.routine" to let the activity choose; the next
-turn shows the updated state. A latent tool's "_outputPath" stores your own arguments:
-name one path, you choose the branch as you write it. Where a tool shows "_output", that
-is the schema of the result the activity writes there.
-"_scopes" lists what the activity may read ("input", "input.field", "†state" or
-"†state.key"; nothing else): a call that reads what an earlier call writes names that
-path in its "_scopes". When an instance needs nothing more, make no awaited call for it:
-its workflow is then done."""
+result must be kept, give it "_outputPath": one of its tool's "paths", or alternatives
+like "†state.urgent || †state.routine" to let the activity choose; the next turn shows
+the updated state. A tool without "paths" writes a path like "†state.customer"; an
+activity with neither "paths" nor "_output" keeps nothing: its "_outputPath" is null.
+A latent tool's "_outputPath" stores your own arguments: name one path, you choose the
+branch as you write it. Where a tool shows "_output", that is the schema of the result
+the activity writes there.
+"_scopes" lists what the activity may read ("input", "†state" or a tool's declared
+path; nothing else): a call that reads what an earlier call writes names that path in
+its "_scopes". When an instance needs nothing more, make no awaited call for it: its
+workflow is then done."""
 
 # Every spec's activities may import their own instance's input (a stateless spec's
 # `context` would otherwise always be empty).
@@ -78,7 +80,7 @@ ONE_SHOT = """# Output paths
 This request is one-shot: nothing is kept for a later turn. A latent tool's
 "_outputPath" (a state path like "†state.task") names where your own arguments go in
 this instance's outcome. "_scopes" lists what an activity may read of its own
-instance ("input" or "input.field"); null when it needs nothing."""
+instance ("input"); null when it needs nothing."""
 
 
 def plan_text(plan: Plan) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from instanced_stream.core.call_meta import STATE
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import NO_ACTION, AgentSpec
 
@@ -39,8 +40,6 @@ StepStatus = Literal["proposed", "approved", "due", "running", "done", "failed",
 
 # A step in one of these states will not change any more.
 FINISHED = frozenset({"done", "failed", "skipped"})
-
-_STATE = "†state"
 
 
 class Step(BaseModel):
@@ -82,7 +81,7 @@ def steps_of(spec: AgentSpec, calls: list[tuple[str, Call]], status: StepStatus)
         if tool.kind == "latent" and not call.output_path:
             continue  # a thought: ephemeral (the seeds), never stored, nothing reads it
         wire = {"call_id": cid, **call.wire()}
-        inputs = [s.strip() for s in call.scopes or [] if s.strip().startswith(_STATE)]
+        inputs = [s.strip() for s in call.scopes or [] if s.strip().startswith(STATE)]
         out.append(
             Step(
                 call_id=cid,

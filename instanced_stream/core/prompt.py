@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from instanced_stream.core import compact, instructions, keyed
+from instanced_stream.core import call_meta, compact, instructions, keyed
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import CONSULT, NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.strict_form import MAX_ENUM_VALUES, enum_values, strict_form
@@ -60,23 +60,6 @@ NO_ACTION_TOOL = Tool(
         "additionalProperties": False,
     },
 )
-
-# Call meta properties; nullable because strict output wants every property. Every
-# spec's activity calls may import their instance's input (`_scopes`); stateful ones
-# also read and write state paths. A stateless `_scopes` is closed (["input"] or null):
-# as a free string list a small model under grammar ran on inside it to the output cap.
-_SCOPES_META: dict[str, Any] = {
-    "_scopes": {
-        "anyOf": [
-            {"type": "array", "items": {"type": "string", "enum": ["input"]}, "maxItems": 1},
-            {"type": "null"},
-        ]
-    },
-}
-_STATE_META: dict[str, Any] = {
-    "_outputPath": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    "_scopes": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +144,10 @@ class PromptBuilder:
             )
             for t in self.tools
         }
+        readable = call_meta.readable(spec)
+        self._state_meta = {
+            t.name: call_meta.state_meta(t, readable, _activity(spec, t)) for t in self.tools
+        }
         self.first_ask = self.ask_for(1)
         tools_json = _tools_json(self.tools, self.call_fields if self.compact else None)
         if self.compact:
@@ -194,10 +181,11 @@ class PromptBuilder:
         self.system = "\n\n".join(sections)
         self._schema = lru_cache(maxsize=64)(self._build_schema)
 
-    def _meta(self, tool: Tool) -> dict[str, Any]:
+    def _meta(self, tool: Tool, ask: Ask) -> dict[str, Any]:
         if self.stateful:
-            return _STATE_META
-        return _SCOPES_META if _activity(self.spec, tool) else {}
+            meta = self._state_meta[tool.name]
+            return call_meta.planned(tool, meta) if ask.planning else meta
+        return call_meta.SCOPES if _activity(self.spec, tool) else {}
 
     def ask_for(self, turn: int) -> Ask:
         """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
@@ -298,7 +286,7 @@ class PromptBuilder:
                 if name == compact.INSTANCE
                 else {"type": "string"}
                 if name == compact.REASONING
-                else self._meta(tool).get(name) or props[name]
+                else self._meta(tool, ask).get(name) or props[name]
                 for name in fields
             ]
             most = len(tokens) * tool.max_calls_per_instance if bounded else None
@@ -335,14 +323,14 @@ class PromptBuilder:
                         "_tool",
                         "_instance",
                         *reasoning,
-                        *self._meta(tool),
+                        *self._meta(tool, ask),
                         *required,
                     ],
                     "properties": {
                         "_tool": {"type": "string", "enum": [tool.name]},
                         "_instance": _instance_schema(tokens, False, loose),
                         **reasoning,
-                        **self._meta(tool),
+                        **self._meta(tool, ask),
                         **props,
                     },
                 }

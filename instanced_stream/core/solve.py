@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from instanced_stream.core.advice import parse_votes
@@ -194,6 +195,7 @@ class Solver:
         out.cached_tokens += done.cached_tokens
         out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
+        log.debug("answer to %d (%s): %.4000s", len(pending), done.finish_reason, done.text)
         by_token = dict(zip(tokens, pending, strict=True))
         inputs = {t: input_text(i.payload) for t, i in by_token.items()}
         verdict = self.validator.check(done.text, tokens, ask, inputs)
@@ -232,11 +234,14 @@ class Solver:
         if done.finish_reason == "length":
             default = f"answer truncated at the output limit; {default}"
         if left:
+            # Codes only: a refusal's reason may quote the answer, which may quote an item.
+            codes = Counter(why[t].split(":", 1)[0] if t in why else "unanswered" for t in left)
             log.info(
-                "ask %d left %d of %d instances unanswered: %s",
+                "ask %d left %d of %d instances unanswered (%s): %s",
                 attempt,
                 len(left),
                 len(tokens),
+                ", ".join(f"{c} {n}" for c, n in codes.most_common()),
                 default,
             )
         return [by_token[t] for t in left], {id(by_token[t]): why.get(t, default) for t in left}

@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from instanced_stream.core import compact, keyed
+from instanced_stream.core.call_meta import STATE
 from instanced_stream.core.messages import Call
 from instanced_stream.core.prompt import Ask, PromptBuilder, meta_tools
 from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
@@ -45,7 +46,6 @@ CROSS_INSTANCE = "cross_instance"
 _COPY_MIN = 16  # characters: shorter strings ("approve", a name) coincide innocently
 
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
-_STATE = "†state"
 
 
 def _path_ok(path: str, root: str) -> bool:
@@ -61,16 +61,23 @@ def output_path_problem(tool: Tool, output_path: str) -> str | None:
     †state path among the tool's declared paths (any †state.key path when it declares
     none: †state itself only when declared, since a result merged into the whole state
     must be an object, and only a declared path is that promise); a latent call must
-    name one: the model writes the output, so it chooses."""
+    name one: the model writes the output, so it chooses. An activity that declares
+    neither paths nor `_output` is fire-and-forget (the spec's own definition): it keeps
+    nothing."""
+    if tool.kind == "activity" and not tool.paths and not tool.output:
+        return (
+            f"_outputPath {output_path!r}: {tool.name} declares neither paths nor _output, "
+            "so it is fire-and-forget and nothing of it is kept: leave _outputPath null"
+        )
     paths = [p.strip() for p in output_path.split("||")]
-    if not all(paths) or not all(_path_ok(p, _STATE) for p in paths):
-        return f"_outputPath {output_path!r}: each alternative must be {_STATE} or {_STATE}.key"
+    if not all(paths) or not all(_path_ok(p, STATE) for p in paths):
+        return f"_outputPath {output_path!r}: each alternative must be {STATE} or {STATE}.key"
     if tool.paths and not set(paths) <= set(tool.paths):
         return f"_outputPath {output_path!r}: {tool.name} writes only to {tool.paths}"
-    if _STATE in paths and _STATE not in tool.paths and tool.kind == "activity":
+    if STATE in paths and STATE not in tool.paths and tool.kind == "activity":
         return (
-            f"_outputPath {output_path!r}: {tool.name} declares no {_STATE} path, so its "
-            f"result may not replace the whole state; write it to {_STATE}.<key>"
+            f"_outputPath {output_path!r}: {tool.name} declares no {STATE} path, so its "
+            f"result may not replace the whole state; write it to {STATE}.<key>"
         )
     if tool.kind == "latent" and len(paths) > 1:
         return (
@@ -85,9 +92,9 @@ def scopes_problem(scopes: Any) -> str | None:
     †state or †state.<path>."""
     if not isinstance(scopes, list) or not all(isinstance(x, str) for x in scopes):
         return "_scopes must be a list of strings"
-    unknown = [x for x in scopes if not (_path_ok(x, "input") or _path_ok(x, _STATE))]
+    unknown = [x for x in scopes if not (_path_ok(x, "input") or _path_ok(x, STATE))]
     if unknown:
-        return f"_scopes {unknown}: a scope is input, input.<field>, {_STATE} or {_STATE}.<path>"
+        return f"_scopes {unknown}: a scope is input, input.<field>, {STATE} or {STATE}.<path>"
     return None
 
 

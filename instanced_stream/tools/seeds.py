@@ -111,8 +111,7 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
         report = await report_when_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
         approved = 0
         if example == "lazy":
-            approved = await _approve_all(bootstrap, settings, len(items), wait_s)
-            await _ended(bootstrap, settings, len(items), wait_s)
+            approved = await _approve_until_ended(bootstrap, settings, len(items), wait_s)
         requests = await _usage(target, before, port)
     finally:
         proc.stop()
@@ -148,13 +147,17 @@ async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> d
     return out
 
 
-async def _approve_all(bootstrap: str, settings: Settings, expected: int, wait_s: float) -> int:
-    """Approves every proposal as it comes (a moderator who trusts the plans); returns
-    how many were approved. Each approval goes keyed by its instance, to the partition
-    its input (and state) is on, naming the proposal it answers."""
+async def _approve_until_ended(
+    bootstrap: str, settings: Settings, expected: int, wait_s: float
+) -> int:
+    """Approves every proposal as it comes (a moderator who trusts the plans) until every
+    workflow has its done record (or the time limit); returns how many were approved.
+    Not every instance is proposed: the model may plan no call for one, which ends it.
+    Each approval goes keyed by its instance, to the partition its input (and state) is
+    on, naming the proposal it answers."""
     deadline = time.monotonic() + wait_s
     sent: set[str] = set()
-    while len(sent) < expected and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         fresh = [p for p in await pending_now(settings, bootstrap) if p["proposal_id"] not in sent]
         records: list[tuple[bytes | None, bytes]] = [
             (
@@ -173,18 +176,12 @@ async def _approve_all(bootstrap: str, settings: Settings, expected: int, wait_s
         if records:
             await produce(bootstrap, settings.topics.approvals, records)
             sent |= {p["proposal_id"] for p in fresh}
-        else:
-            await asyncio.sleep(0.5)
-    return len(sent)
-
-
-async def _ended(bootstrap: str, settings: Settings, expected: int, wait_s: float) -> None:
-    """Waits for every approved workflow's done record (or the time limit)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if len(await read_json(bootstrap, settings.topics.done)) >= expected:
-            return
+            continue
+        done = {d["instance"] for d in await read_json(bootstrap, settings.topics.done)}
+        if len(done) >= expected:
+            break
         await asyncio.sleep(0.5)
+    return len(sent)
 
 
 async def _plans(

@@ -66,9 +66,28 @@ def test_what_lazy_means_is_told_and_the_planning_schema_has_no_latent_result(
     assert planning.planning and not builder.ask_for(2).planning
     schema = orjson.dumps(builder.response_format(2, planning)).decode()
     later = orjson.dumps(builder.response_format(2, builder.ask_for(2))).decode()
-    # summarize's and think's one argument: null on the planning turn, a string later
+    # summarize's and think's one argument: null on the planning turn, a string later;
+    # summarize's _outputPath loses its null: a planned latent step says where it writes
     null = '{"type":"null"}'
-    assert schema.count(null) == later.count(null) + 2
+    assert schema.count(null) == later.count(null) + 2 - 1
+    summary = '{"type":"string","enum":["†state.summary"]}'
+    assert (
+        f'{{"anyOf":[{summary},{null}]}}' in later
+        and f'{{"anyOf":[{summary},{null}]}}' not in schema
+    )
+
+
+@pytest.mark.parametrize("answer", [*FORMS, "keyed"])
+def test_output_paths_and_scopes_are_closed_to_what_the_spec_declares(answer: str) -> None:
+    """As free strings a small model wrote prose into them; the schema offers only what
+    the validator accepts: a tool's declared paths (an activity's alternatives too), and
+    scopes naming the input, the whole state or a declared path."""
+    schema = orjson.dumps(PromptBuilder(_tickets(answer, "eager")).response_format(2)).decode()
+    urgency = '"enum":["†state.urgent","†state.routine","†state.urgent || †state.routine"]'
+    assert urgency in schema
+    readable = ["input", "†state", "†state.customer", "†state.routine", "†state.summary"]
+    assert orjson.dumps({"enum": [*readable, "†state.urgent"]}).decode()[1:-1] in schema
+    assert '{"type":"string"}' in schema  # think: latent, no paths: any †state key
 
 
 @pytest.mark.parametrize("answer", FORMS)

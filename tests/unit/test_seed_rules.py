@@ -88,14 +88,16 @@ def test_output_paths_must_be_state_paths_the_tool_declares() -> None:
             "plan": {"mode": "eager"},
             "tools": [
                 {"name": "look", "description": "d", "paths": ["†state.a", "†state.b"]},
-                {"name": "free", "description": "d"},
+                {"name": "free", "description": "d", "output": {"type": "object"}},
                 {"name": "note", "description": "d", "kind": "latent"},
+                {"name": "fire", "description": "d"},
             ],
         }
     )
-    look, free, note = spec.tools
+    look, free, note, fire = spec.tools
     assert output_path_problem(look, "†state.a || †state.b") is None
     assert output_path_problem(free, "†state.anything.deep") is None
+    assert output_path_problem(note, "†state.anything") is None
     for tool, path in [
         (look, "state.a"),
         (look, "†state.c"),
@@ -103,6 +105,7 @@ def test_output_paths_must_be_state_paths_the_tool_declares() -> None:
         (free, "†state..x"),
         (free, "†state.a ||"),
         (note, "†state.x || †state.y"),  # latent: the model chooses as it writes
+        (fire, "†state.x"),  # neither paths nor _output: fire-and-forget
     ]:
         assert output_path_problem(tool, path), (tool.name, path)
 
