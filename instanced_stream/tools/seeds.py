@@ -34,7 +34,7 @@ from instanced_stream.testing.simulator import SimConfig
 from instanced_stream.tools.demo import launch_processor, produce, report_when_accounted
 from instanced_stream.tools.target import Target, llm_target, processor_usage
 
-__all__ = ["run_seeds", "seed_items"]
+__all__ = ["run_example", "run_seeds", "seed_items"]
 
 SEEDS = EXAMPLES / "seeds"
 
@@ -90,7 +90,11 @@ async def _usage(target: Target, before: float, port: int) -> int:
     return int((await processor_usage([port])).get("requests", 0))
 
 
-async def _run(bootstrap: str, target: Target, example: str, wait_s: float) -> dict[str, Any]:
+async def run_example(
+    bootstrap: str, target: Target, example: str, wait_s: float
+) -> dict[str, Any]:
+    """One seed example on its own processor and topics: its items in, every item
+    accounted for (lazy: every proposal approved and every workflow ended), its summary."""
     port = free_port()
     settings, spec, proc = await launch_processor(
         bootstrap,
@@ -152,7 +156,8 @@ async def _approve_until_ended(
 ) -> int:
     """Approves every proposal as it comes (a moderator who trusts the plans) until every
     workflow has its done record (or the time limit); returns how many were approved.
-    Not every instance is proposed: the model may plan no call for one, which ends it.
+    Not every instance is proposed: the model may plan no call for one, which ends it,
+    or its turn may end in a dead letter.
     Each approval goes keyed by its instance, to the partition its input (and state) is
     on, naming the proposal it answers."""
     deadline = time.monotonic() + wait_s
@@ -177,11 +182,18 @@ async def _approve_until_ended(
             await produce(bootstrap, settings.topics.approvals, records)
             sent |= {p["proposal_id"] for p in fresh}
             continue
-        done = {d["instance"] for d in await read_json(bootstrap, settings.topics.done)}
-        if len(done) >= expected:
+        if len(await _ended(bootstrap, settings)) >= expected:
             break
         await asyncio.sleep(0.5)
     return len(sent)
+
+
+async def _ended(bootstrap: str, settings: Settings) -> set[str]:
+    """The instances whose workflow ended: a done record, or a dead letter that ends the
+    item (a turn nobody could answer publishes no done record)."""
+    done = {d["instance"] for d in await read_json(bootstrap, settings.topics.done)}
+    letters = await read_json(bootstrap, settings.topics.dead_letter)
+    return done | {d["instance"] for d in letters if d.get("scope") == "item"}
 
 
 async def _plans(
@@ -212,6 +224,7 @@ async def _plans(
         "latent_before_approval": early,
         "steps_per_plan": sorted(Counter(len(p["plan"]) for p in proposals).items()),
         "done": dict(Counter(d["status"] for d in done)),
+        "ended": len(await _ended(bootstrap, settings)),
     }
 
 
@@ -220,7 +233,7 @@ async def _all(bootstrap: str, target: Target, wait_s: float, say: Any) -> dict[
     examples: dict[str, Any] = {}
     for example in ("moderation", "advisors", "manager", "lazy"):
         say(f"seed example {example} ...")
-        examples[example] = await _run(bootstrap, target, example, wait_s)
+        examples[example] = await run_example(bootstrap, target, example, wait_s)
     return {
         "examples": examples,
         "unaccounted": sum(e["unaccounted"] for e in examples.values()),

@@ -31,6 +31,8 @@ from instanced_stream.runtime.topics import activity_topics, read_json
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream.testing.samples import comments
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
+from instanced_stream.tools.seeds import run_example
+from instanced_stream.tools.target import Target
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]
 
@@ -260,3 +262,22 @@ async def test_the_advisors_example_runs_on_the_real_model(
     advice = await read_json(bootstrap, settings.topics.advice)
     answered = report.inputs - report.item_dead_letters
     assert answered == 0 or advice  # answered items carry their council's record
+
+
+async def test_the_lazy_plan_example_runs_on_the_real_model(
+    bootstrap: str, local_model: tuple[str, str]
+) -> None:
+    """The seeds' lazy example (examples/seeds/lazy.yaml) as `stream demo --example seeds`
+    runs it: whatever this model plans, nothing latent is answered before approval, each
+    proposal is approved once, every workflow ends and every item is accounted for. With
+    `_outputPath` and `_scopes` as free strings the model wrote comment text into them:
+    every call was refused and re-asked until the output caps (docs/plans.md)."""
+    url, model = local_model
+    out = await run_example(bootstrap, Target("local", url, model), "lazy", 400.0)
+    assert out["unaccounted"] == 0, out
+    plans = out["plans"]
+    assert plans["latent_before_approval"] == 0, plans
+    assert plans["approved"] == plans["proposed"], plans
+    assert plans["ended"] == out["items"], out  # a done record or an item's dead letter
+    # The closed schema leaves the model no way to name a path or scope the spec lacks.
+    assert not {"bad_output_path", "bad_scopes"} & set(out["dead_letter_codes"]), out

@@ -307,5 +307,5 @@ def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
     plans = lazy["plans"]
     assert plans["proposed"] == plans["approved"] == lazy["items"]
     assert plans["executed_calls"] >= lazy["items"] and plans["latent_before_approval"] == 0
-    assert plans["done"] == {"done": lazy["items"]}
+    assert plans["done"] == {"done": lazy["items"]} and plans["ended"] == lazy["items"]
     assert result["unaccounted"] == 0
