@@ -129,7 +129,6 @@ async def deploy(
             f"t{secrets.token_hex(4)}.",
             "stream-test-",
             spec_path,
-            STREAM_COMMIT_INTERVAL="0.5",
             STREAM_WEB_HOST="127.0.0.1",
             STREAM_WEB_PORT=str(port),
             STREAM_SESSION_TIMEOUT_S="6",

@@ -29,7 +29,7 @@ from instanced_stream.runtime import clients
 from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.topics import record_limits
 from instanced_stream.runtime.tracing import traceparent_of
-from instanced_stream.runtime.unit import Refusals, Replace, Slot, Unit
+from instanced_stream.runtime.unit import LINGER_S, Refusals, Replace, Slot, Unit
 
 __all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
 
@@ -132,8 +132,10 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_rebalance: Callable[[], None] = lambda: None,
         probe: Probe = NO_PROBE,
         request_timeout_ms: int = 30_000,
+        commit_interval_s: float = LINGER_S,
     ) -> None:
         self.probe = probe
+        self.commit_interval_s = commit_interval_s
         self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -225,24 +227,17 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.units[unit.partition] = unit
 
     async def _unit(self, partition: int) -> Unit:
-        if not self.transactional:
-            return Unit(
-                partition,
-                self._shared,
-                group_id=self.group_id,
-                transactional=False,
-                commit_offsets=self._commit,
-                refusals=self._refusals(None),
-                probe=self.probe,
-            )
-        producer = await self._producer(partition)
+        # At least once: one shared producer, and the consumer commits the offsets.
+        shared = not self.transactional
         return Unit(
             partition,
-            producer,
+            self._shared if shared else await self._producer(partition),
             group_id=self.group_id,
-            transactional=True,
-            refusals=self._refusals(partition),
+            transactional=self.transactional,
+            commit_offsets=self._commit if shared else None,
+            refusals=self._refusals(None if shared else partition),
             probe=self.probe,
+            linger_s=self.commit_interval_s,
         )
 
     async def _producer(self, partition: int, max_batch: int | None = None) -> Any:

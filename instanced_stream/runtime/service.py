@@ -144,6 +144,7 @@ class _Service(mode.Service):
             replace=self.stager.replacement,
             probe=probe,
             request_timeout_ms=settings.publish_timeout_ms,
+            commit_interval_s=settings.commit_interval,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure

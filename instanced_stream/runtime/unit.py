@@ -38,14 +38,15 @@ from instanced_stream.runtime.probe import NO_PROBE, Probe
 from instanced_stream.runtime.publish import OutRecord
 from instanced_stream.runtime.tracing import Headers
 
-__all__ = ["Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
+__all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
 
 log = logging.getLogger("stream.unit")
 
-# Work finished within this long after the first is committed in the same transaction:
-# a transaction costs four round trips, so under load many batches share one, and a
-# lone item still waits no more than this for its outcome to become visible.
-_LINGER_S = 0.05
+# Work finished within this long after the first is committed in the same transaction
+# (STREAM_COMMIT_INTERVAL): a transaction costs four round trips, so under load many
+# batches share one, and a lone item still waits no more than this for its outcome to
+# become visible.
+LINGER_S = 0.05
 
 CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 # A record the broker refuses for itself, the replacement to write instead (its item's
@@ -118,8 +119,9 @@ class Unit:
         commit_offsets: CommitOffsets | None = None,
         refusals: Refusals | None = None,
         probe: Probe = NO_PROBE,
+        linger_s: float = LINGER_S,
     ) -> None:
-        self.partition = partition
+        self.partition, self.linger_s = partition, linger_s
         self.probe = probe  # the fault campaign's points: mid_commit, after_commit
         self.refusals = refusals
         self.producer = producer
@@ -202,7 +204,7 @@ class Unit:
         try:
             while self.alive:
                 await self._wake.wait()
-                await asyncio.sleep(_LINGER_S)
+                await asyncio.sleep(self.linger_s)
                 await self.commit()
         except asyncio.CancelledError:
             raise

@@ -311,7 +311,6 @@ async def _on_own_broker(broker: LocalKafka, sim: Simulator, url: str, **env: st
         f"b{secrets.token_hex(3)}.",
         "stream-chaos-",
         None,
-        STREAM_COMMIT_INTERVAL="0.5",
         STREAM_WEB_HOST="127.0.0.1",
         STREAM_WEB_PORT=str(_free_port()),
         STREAM_SESSION_TIMEOUT_S="6",

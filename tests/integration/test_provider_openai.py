@@ -166,7 +166,6 @@ async def test_a_forced_shape_the_endpoint_refuses_pauses_and_dead_letters_nothi
         STREAM_LLM_MODEL=MODEL,
         STREAM_WEB_HOST="127.0.0.1",
         STREAM_WEB_PORT=str(port),
-        STREAM_COMMIT_INTERVAL="0.5",
     )
     web = f"http://127.0.0.1:{port}"
     try:

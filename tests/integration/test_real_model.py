@@ -142,7 +142,6 @@ async def real_deploy(
             "stream-real-",
             spec_path,
             STREAM_LLM_MODEL=model,
-            STREAM_COMMIT_INTERVAL="0.5",
             STREAM_WEB_PORT="0",
         )
         procs.append(proc)

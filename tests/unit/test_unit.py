@@ -4,6 +4,8 @@ tests/integration/test_exactly_once.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
@@ -134,3 +136,21 @@ async def test_an_empty_value_goes_out_as_a_tombstone() -> None:
     unit.finish(unit.track(IN, 0), [OutRecord("changelog", b"gone", b"", None, 3)])
     await unit.commit()
     assert producer.sent() == [None]  # null: compaction removes the key
+
+
+@pytest.mark.parametrize(("interval", "transactions"), [(0.01, 2), (0.3, 1)])
+async def test_work_finished_within_the_commit_interval_shares_one_transaction(
+    interval: float, transactions: int
+) -> None:
+    """STREAM_COMMIT_INTERVAL: how long a unit waits, once work finished, before it
+    commits; what finishes meanwhile goes in the same transaction."""
+    producer = FakeProducer()
+    unit = Unit(3, producer, group_id="g", transactional=True, linger_s=interval)
+    unit.start()
+    unit.finish(unit.track(IN, 0), [_rec(b"a")])
+    await asyncio.sleep(0.1)
+    unit.finish(unit.track(IN, 1), [_rec(b"b")])
+    await asyncio.sleep(interval + 0.2)
+    assert [c[0] for c in producer.calls].count("commit") == transactions
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 2}
+    await unit.close(commit=True)
