@@ -55,12 +55,6 @@ class SimConfig(BaseModel):
         "llama.cpp does",
     )
     requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
-    rate_window_s: float = Field(
-        60.0,
-        gt=0,
-        description="the window the per-minute limits count over: shorter in tests, so a "
-        "budget runs out and resets in seconds (the reset headers say when either way)",
-    )
     model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")
     # The Batch API (instanced_stream.testing.batches).
     batch_delay_s: float = Field(1.0, ge=0, description="a batch's time to completion")

@@ -1,7 +1,6 @@
 """An account's per-minute budget, as the simulator keeps it: the requests and tokens of
-the last minute (`rate_window_s`, 60 s unless a test shortens it), whether one more
-fits, and OpenAI's `x-ratelimit-*` headers saying what is left (the limit, the remaining
-count, and when the window is whole again).
+the last 60 s, whether one more fits, and OpenAI's `x-ratelimit-*` headers saying what is
+left (the limit, the remaining count, and when the window is whole again).
 
 OpenAI documents `x-ratelimit-reset-*` as the time until the limit "resets to its initial
 state": here, when the newest request (or token spend) of the window leaves it, not the
@@ -20,13 +19,13 @@ __all__ = ["Quota"]
 
 class Quota:
     def __init__(self) -> None:
-        self.spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last window
-        self.sent: deque[float] = deque()  # when each request of the last window came
+        self.spent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last 60 s
+        self.sent: deque[float] = deque()  # when each request of the last 60 s came
 
-    def _trim(self, now: float, window: float) -> None:
-        while self.spent and self.spent[0][0] <= now - window:
+    def _trim(self, now: float) -> None:
+        while self.spent and self.spent[0][0] <= now - 60:
             self.spent.popleft()
-        while self.sent and self.sent[0] <= now - window:
+        while self.sent and self.sent[0] <= now - 60:
             self.sent.popleft()
 
     def request(self, cfg: SimConfig) -> float | None:
@@ -34,9 +33,9 @@ class Quota:
         if not cfg.requests_per_minute:
             return None
         now = time.monotonic()
-        self._trim(now, cfg.rate_window_s)
+        self._trim(now)
         if len(self.sent) >= cfg.requests_per_minute:
-            return max(self.sent[0] + cfg.rate_window_s - now, 0.05)
+            return max(self.sent[0] + 60 - now, 0.05)
         self.sent.append(now)
         return None
 
@@ -46,16 +45,16 @@ class Quota:
         if not cfg.tokens_per_minute:
             return None
         now = time.monotonic()
-        self._trim(now, cfg.rate_window_s)
+        self._trim(now)
         used = sum(n for _, n in self.spent)
         if used + tokens <= cfg.tokens_per_minute:
             self.spent.append((now, tokens))
             return None
-        freed, wait = 0, cfg.rate_window_s
+        freed, wait = 0, 60.0
         for at, n in self.spent:
             freed += n
             if used - freed + tokens <= cfg.tokens_per_minute:
-                wait = at + cfg.rate_window_s - now
+                wait = at + 60 - now
                 break
         return max(wait, 0.05)
 
@@ -64,10 +63,10 @@ class Quota:
         if cfg.provider == "generic":
             return {}
         now = time.monotonic()
-        self._trim(now, cfg.rate_window_s)
+        self._trim(now)
         headers: dict[str, str] = {}
         if cfg.requests_per_minute:
-            reset = (self.sent[-1] + cfg.rate_window_s - now) if self.sent else 0.0
+            reset = (self.sent[-1] + 60 - now) if self.sent else 0.0
             headers |= {
                 "x-ratelimit-limit-requests": str(cfg.requests_per_minute),
                 "x-ratelimit-remaining-requests": str(
@@ -77,7 +76,7 @@ class Quota:
             }
         if cfg.tokens_per_minute:
             used = sum(n for _, n in self.spent)
-            reset = (self.spent[-1][0] + cfg.rate_window_s - now) if self.spent else 0.0
+            reset = (self.spent[-1][0] + 60 - now) if self.spent else 0.0
             headers |= {
                 "x-ratelimit-limit-tokens": str(cfg.tokens_per_minute),
                 "x-ratelimit-remaining-tokens": str(max(0, cfg.tokens_per_minute - used)),
