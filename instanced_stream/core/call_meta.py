@@ -12,23 +12,29 @@ from typing import Any
 
 from instanced_stream.core.spec import AgentSpec, Tool
 
-__all__ = ["SCOPES", "STATE", "planned", "readable", "state_meta"]
+__all__ = ["SCOPES", "STATE", "fire_and_forget", "planned", "readable", "state_meta"]
 
 # The root of every state path (`†state.customer`), as the seeds write it.
 STATE = "†state"
 
 _NULL: dict[str, Any] = {"type": "null"}
 
+
+def _scopes(names: list[str]) -> dict[str, Any]:
+    """A `_scopes` list naming only `names` (each at most once, as a bound), or null."""
+    listed = {"type": "array", "items": {"type": "string", "enum": names}}
+    return {"anyOf": [listed | {"maxItems": len(names)}, _NULL]}
+
+
 # Every spec's activities may import their own instance's input; in a stateless spec
 # that is all a scope can name.
-SCOPES: dict[str, Any] = {
-    "_scopes": {
-        "anyOf": [
-            {"type": "array", "items": {"type": "string", "enum": ["input"]}, "maxItems": 1},
-            _NULL,
-        ]
-    },
-}
+SCOPES: dict[str, Any] = {"_scopes": _scopes(["input"])}
+
+
+def fire_and_forget(tool: Tool) -> bool:
+    """An activity that declares neither paths nor `_output` (the spec's definition):
+    nothing of it is kept, so its calls name no `_outputPath`. NoAction is one too."""
+    return tool.kind == "activity" and not tool.paths and not tool.output
 
 
 def readable(spec: AgentSpec) -> list[str]:
@@ -47,14 +53,11 @@ def state_meta(tool: Tool, scopes: list[str], activity: bool) -> dict[str, Any]:
         if activity and len(tool.paths) > 1:
             choices.append(" || ".join(tool.paths))
         output: dict[str, Any] = {"anyOf": [{"type": "string", "enum": choices}, _NULL]}
-    elif tool.kind == "latent" or tool.output:
-        output = {"anyOf": [{"type": "string"}, _NULL]}
-    else:
+    elif fire_and_forget(tool):
         output = _NULL
-    read: dict[str, Any] = _NULL
-    if activity or tool.kind == "latent":
-        listed = {"type": "array", "items": {"type": "string", "enum": scopes}}
-        read = {"anyOf": [listed | {"maxItems": len(scopes)}, _NULL]}
+    else:
+        output = {"anyOf": [{"type": "string"}, _NULL]}
+    read = _scopes(scopes) if activity or tool.kind == "latent" else _NULL
     return {"_outputPath": output, "_scopes": read}
 
 

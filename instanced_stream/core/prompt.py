@@ -144,9 +144,12 @@ class PromptBuilder:
             )
             for t in self.tools
         }
-        readable = call_meta.readable(spec)
+        # A stateful spec's `_outputPath` and `_scopes` per tool (a stateless one has none).
+        readable = call_meta.readable(spec) if self.stateful else []
         self._state_meta = {
-            t.name: call_meta.state_meta(t, readable, _activity(spec, t)) for t in self.tools
+            t.name: call_meta.state_meta(t, readable, _activity(spec, t))
+            for t in self.tools
+            if self.stateful
         }
         self.first_ask = self.ask_for(1)
         tools_json = _tools_json(self.tools, self.call_fields if self.compact else None)

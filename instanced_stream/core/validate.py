@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from instanced_stream.core import compact, keyed
-from instanced_stream.core.call_meta import STATE
+from instanced_stream.core.call_meta import STATE, fire_and_forget
 from instanced_stream.core.messages import Call
 from instanced_stream.core.prompt import Ask, PromptBuilder, meta_tools
 from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
@@ -64,7 +64,7 @@ def output_path_problem(tool: Tool, output_path: str) -> str | None:
     name one: the model writes the output, so it chooses. An activity that declares
     neither paths nor `_output` is fire-and-forget (the spec's own definition): it keeps
     nothing."""
-    if tool.kind == "activity" and not tool.paths and not tool.output:
+    if fire_and_forget(tool):
         return (
             f"_outputPath {output_path!r}: {tool.name} declares neither paths nor _output, "
             "so it is fire-and-forget and nothing of it is kept: leave _outputPath null"

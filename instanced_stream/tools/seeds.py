@@ -142,7 +142,7 @@ async def run_example(
         ]
         out["consensus"] = {a["instance"]: a["consensus"] for a in advice}
     if example == "lazy":
-        out["plans"] = await _plans(bootstrap, settings, spec, approved)
+        out["plans"] = await _plans(bootstrap, settings, spec, approved, letters)
     if example == "manager":
         # Untouched: no call at all (a latent updateTask also ends as "only latent calls").
         reasons = {n["instance"]: n["reason"] for n in no_action}
@@ -155,7 +155,7 @@ async def _approve_until_ended(
     bootstrap: str, settings: Settings, expected: int, wait_s: float
 ) -> int:
     """Approves every proposal as it comes (a moderator who trusts the plans) until every
-    workflow has its done record (or the time limit); returns how many were approved.
+    workflow has ended (or the time limit); returns how many were approved.
     Not every instance is proposed: the model may plan no call for one, which ends it,
     or its turn may end in a dead letter.
     Each approval goes keyed by its instance, to the partition its input (and state) is
@@ -182,25 +182,32 @@ async def _approve_until_ended(
             await produce(bootstrap, settings.topics.approvals, records)
             sent |= {p["proposal_id"] for p in fresh}
             continue
-        if len(await _ended(bootstrap, settings)) >= expected:
+        done = await read_json(bootstrap, settings.topics.done)
+        letters = await read_json(bootstrap, settings.topics.dead_letter)
+        if len(_ended(done, letters)) >= expected:
             break
         await asyncio.sleep(0.5)
     return len(sent)
 
 
-async def _ended(bootstrap: str, settings: Settings) -> set[str]:
+def _ended(done: list[dict[str, Any]], letters: list[dict[str, Any]]) -> set[str]:
     """The instances whose workflow ended: a done record, or a dead letter that ends the
     item (a turn nobody could answer publishes no done record)."""
-    done = {d["instance"] for d in await read_json(bootstrap, settings.topics.done)}
-    letters = await read_json(bootstrap, settings.topics.dead_letter)
-    return done | {d["instance"] for d in letters if d.get("scope") == "item"}
+    return {d["instance"] for d in done} | {
+        d["instance"] for d in letters if d.get("scope") == "item"
+    }
 
 
 async def _plans(
-    bootstrap: str, settings: Settings, spec: AgentSpec, approved: int
+    bootstrap: str,
+    settings: Settings,
+    spec: AgentSpec,
+    approved: int,
+    letters: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """What became of the model's plans: proposed, approved, the calls the approved graphs
-    ran, and latent steps answered before approval (a lazy plan allows none)."""
+    ran, latent steps answered before approval (a lazy plan allows none), and how many
+    workflows ended (`letters`: the example's dead letters, already read)."""
     topics = settings.topics
     proposals = await read_json(bootstrap, topics.proposals)
     latent = {t.name for t in spec.tools if t.kind == "latent"}
@@ -224,7 +231,7 @@ async def _plans(
         "latent_before_approval": early,
         "steps_per_plan": sorted(Counter(len(p["plan"]) for p in proposals).items()),
         "done": dict(Counter(d["status"] for d in done)),
-        "ended": len(await _ended(bootstrap, settings)),
+        "ended": len(_ended(done, letters)),
     }
 
 
