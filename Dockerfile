@@ -6,7 +6,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md LICENSE ./
-COPY instanced_stream ./instanced_stream
+COPY stream ./stream
 # shipped inside the wheel as instanced_stream.examples (the default spec, the demo's examples)
 COPY examples ./examples
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

@@ -1,7 +1,9 @@
-"""Packaging beyond what pyproject.toml can say: the examples live at the top of the
-repository (people run `stream check --spec examples/...` from a checkout) and ship
-inside the wheel as `instanced_stream.examples`, so a non-editable install finds the default spec
-and the demo's examples without a source tree."""
+"""Packaging beyond what pyproject.toml can say. The source root is `stream/` (the src
+layout: `stream/instanced_stream/`, so tests and tools import the installed package, never
+the working tree). The examples live at the top of the repository (people run `stream check
+--spec examples/...` from a checkout) and ship inside the wheel as
+`instanced_stream.examples`, so a non-editable install finds the default spec and the demo's
+examples without a source tree."""
 
 from setuptools import find_packages, setup
 
@@ -15,13 +17,13 @@ BROKER_POM = "instanced_stream.testing.kafka"
 
 setup(
     packages=[
-        *find_packages(include=["instanced_stream", "instanced_stream.*"]),
+        *find_packages(where="stream", include=["instanced_stream", "instanced_stream.*"]),
         BROKER_POM,
         *EXAMPLES,
     ],
-    package_dir={"instanced_stream.examples": "examples"},
+    package_dir={"": "stream", "instanced_stream.examples": "examples"},
     package_data={
-        "instanced_stream": ["py.typed", "ops/live.html"],
+        "instanced_stream": ["py.typed", "observe/live.html"],
         BROKER_POM: ["pom.xml"],
         **{name: ["*.yaml", "*.jsonl"] for name in EXAMPLES},
     },

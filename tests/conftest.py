@@ -17,14 +17,13 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.ops.audit import AuditReport
-from instanced_stream.runtime.security import options_for
-from instanced_stream.runtime.topics import read_json, read_topic, state_changelog
+from instanced_stream.kafka.security import options_for
+from instanced_stream.kafka.topics import read_json, read_topic, state_changelog
 from instanced_stream.settings import Settings
 from instanced_stream.testing.broker import kafka_bootstrap
-from instanced_stream.testing.simulator import Faults, Simulator, running_simulator
+from instanced_stream.testing.sim.server import Faults, Simulator, running_simulator
+from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
 
 

@@ -8,13 +8,12 @@ from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
-from instanced_stream.testing.judge import read_request
-from instanced_stream.testing.simulator import SimRequest, Simulator
+from instanced_stream.testing.sim.judge import read_request
+from instanced_stream.testing.sim.server import SimRequest, Simulator
 
 
 def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:
@@ -85,7 +84,7 @@ class FakePublisher:
         return None
 
     async def publish(self, records: list[Any], sent: Any = None) -> None:
-        from instanced_stream.runtime.publish import PublishError
+        from instanced_stream.kafka.publish import PublishError
 
         if sent is not None:
             sent.handed()

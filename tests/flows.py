@@ -12,21 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.intake import source_of
-from instanced_stream.runtime.probe import NO_PROBE
-from instanced_stream.runtime.records import RecordBuilder
+from instanced_stream.faultpoints import NO_PROBE
+from instanced_stream.kafka.topics import state_changelog
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.engine.stager import Stager
+from instanced_stream.runtime.engine.store import Stores
+from instanced_stream.runtime.engine.unit import Refusals, Slot, Unit
+from instanced_stream.runtime.engine.workflows import Flows
 from instanced_stream.runtime.service import limiter_for
-from instanced_stream.runtime.stager import Stager
-from instanced_stream.runtime.store import Stores
-from instanced_stream.runtime.topics import state_changelog
-from instanced_stream.runtime.unit import Refusals, Slot, Unit
-from instanced_stream.runtime.workflows import Flows
+from instanced_stream.runtime.steps.intake import source_of
+from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
+
 from tests.fakes import FakeLLM, FakeProducer, Sent
 
 __all__ = ["TICKETS", "Rig", "lazy", "tickets_spec"]

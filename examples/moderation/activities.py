@@ -10,7 +10,6 @@ from collections import Counter
 from typing import Any
 
 import orjson
-
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import Tool

@@ -1,6 +1,6 @@
 """instanced-stream-activities: the activity worker alone, as its own import package.
 
-Its modules are the product's own source (../../instanced_stream), copied when the source
+Its modules are the product's own source (../../stream/instanced_stream), copied when the source
 distribution is made into `src/instanced_stream_worker`, with every `instanced_stream`
 module name in them renamed. So this distribution never owns a file that instanced-stream
 owns, and both can be installed side by side; the copy is taken from the modules the
@@ -20,12 +20,10 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).resolve().parent
 PRODUCT = "instanced_stream"
 PACKAGE = "instanced_stream_worker"
-SOURCE = HERE.parent.parent / PRODUCT
+SOURCE = HERE.parent.parent / "stream" / PRODUCT
 OUT = HERE / "src"
 # What a worker runs: the SDK and the `stream` command that starts it.
-ENTRIES = tuple(
-    f"{PRODUCT}.{m}" for m in ("activities.worker", "activities.cli", "ops.cli", "ops.logs")
-)
+ENTRIES = tuple(f"{PRODUCT}.{m}" for m in ("activities.worker", "cli.activities", "observe.logs"))
 
 
 def _file(module: str) -> Path | None:
@@ -50,7 +48,7 @@ def _imports(module: str) -> set[str]:
             found |= {a.name for a in node.names if a.name.startswith(PRODUCT)}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PRODUCT):
             found.add(node.module)
-            # `from instanced_stream.runtime import clients` imports a module too
+            # `from instanced_stream.kafka import clients` imports a module too
             found |= {
                 f"{node.module}.{a.name}" for a in node.names if _file(f"{node.module}.{a.name}")
             }

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-
 from instanced_stream.settings import DEFAULT_SPEC
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

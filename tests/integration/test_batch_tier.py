@@ -17,12 +17,12 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.ops.audit import AuditReport
-from instanced_stream.runtime.topics import batch_changelog
+from instanced_stream.kafka.topics import batch_changelog
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream.testing.samples import tickets
+from instanced_stream.tools.audit import AuditReport
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -180,10 +180,11 @@ async def test_batch_lines_are_answered_by_a_real_model(tmp_path: Path) -> None:
     from instanced_stream.core.solve import Solver
     from instanced_stream.core.spec import BatchTier, load_spec
     from instanced_stream.core.validate import Validator
-    from instanced_stream.llm.batches import BatchModel
+    from instanced_stream.llm.batch_api import BatchModel
     from instanced_stream.llm.client import LLM
     from instanced_stream.llm.local import running_local_llm
-    from instanced_stream.testing.simulator import SimConfig, running_simulator
+    from instanced_stream.testing.sim.server import SimConfig, running_simulator
+
     from tests.integration.test_real_model import _instances, _settled, _spec_file
 
     spec = load_spec(_spec_file(tmp_path, 4))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from instanced_stream.tools.bench import run_bench
 from instanced_stream.tools.report import Endpoint
 

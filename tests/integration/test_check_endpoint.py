@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from instanced_stream.ops import cli
-from instanced_stream.testing.simulator import Simulator
+from instanced_stream.cli import main as cli
+from instanced_stream.testing.sim.server import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -15,12 +15,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
-
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
-from instanced_stream.ops.console import produce, render_topics, resolve_topic, tail, topics
-from instanced_stream.runtime.topics import ensure_product_topics, product_topics, read_topic
+from instanced_stream.kafka.topics import ensure_product_topics, product_topics, read_topic
 from instanced_stream.settings import Settings
+from instanced_stream.tools.console import produce, render_topics, resolve_topic, tail, topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,4 +1,4 @@
-"""Exactly once on the units (DESIGN.md section 8), against a real broker: processors
+"""Exactly once on the units (docs/architecture.md, exactly once), against a real broker: processors
 that are real OS processes, SIGKILLed and rebalanced, and an independent read_committed
 check over every outcome topic (`stream audit`): every input one outcome, no call_id
 twice, nothing missing."""
@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.ops.audit import AuditReport
-from instanced_stream.runtime.security import options_for
+from instanced_stream.kafka.security import options_for
 from instanced_stream.testing.samples import tickets
+from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess
+
 from tests.conftest import Deployment, committed_offsets, demo_json, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]

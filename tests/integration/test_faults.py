@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-
-from instanced_stream.runtime.topics import read_topic
+from instanced_stream.kafka.topics import read_topic
 from instanced_stream.tools.demo import ProcessorProcess, wait_accounted
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-
 from instanced_stream.testing.samples import tickets
+
 from tests.conftest import Deployment, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

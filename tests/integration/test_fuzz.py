@@ -25,10 +25,10 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
 from instanced_stream.core.messages import ITEM_CODES
 from instanced_stream.core.prompt import token_for
-from instanced_stream.runtime.topics import read_json
+from instanced_stream.kafka.topics import read_json
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

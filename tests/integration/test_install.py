@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import orjson
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the Dockerfile's build stage copies: the wheel must need nothing else.
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "instanced_stream", "examples")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "stream", "examples")
 
 
 def _run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -174,6 +175,13 @@ def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
     assert ignored.stdout.strip(), "the generated copy must be ignored by git"
     (thin,) = out.glob("*.whl")
     assert len(list(out.glob("*.tar.gz"))) == 1
+    # the worker, its command and what they import: no processor, tool, test support or
+    # the product's CLI
+    shipped = [n for n in zipfile.ZipFile(thin).namelist() if n.endswith(".py")]
+    assert "instanced_stream_worker/activities/worker.py" in shipped, shipped
+    heavy = ("runtime/", "tools/", "testing/", "cli/main.py", "cli/commands.py")
+    pulled = [n for n in shipped if n.removeprefix("instanced_stream_worker/").startswith(heavy)]
+    assert not pulled, pulled
 
     worker_venv = tmp_path / "worker"
     worker_venv.mkdir()
@@ -236,7 +244,7 @@ def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
     both = _run(
         venv / "bin" / "python",
         "-c",
-        "import instanced_stream.ops.cli, instanced_stream_worker.activities.worker",
+        "import instanced_stream.cli.main, instanced_stream_worker.activities.worker",
         cwd=worker_venv,
     )
     assert both.returncode == 0, both.stderr
@@ -244,7 +252,7 @@ def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
     delegated = _run(
         venv / "bin" / "python",
         "-c",
-        "from instanced_stream_worker.activities.cli import main; main(['process', '--help'])",
+        "from instanced_stream_worker.cli.activities import main; main(['process', '--help'])",
         cwd=worker_venv,
     )
     assert delegated.returncode == 0 and "usage: stream process" in delegated.stdout

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
 from instanced_stream.activities.worker import Activities
-from instanced_stream.runtime.security import options_for
+from instanced_stream.kafka.security import options_for
 from instanced_stream.settings import DEFAULT_SPEC
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

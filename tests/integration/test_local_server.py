@@ -11,10 +11,9 @@ from typing import Any
 
 import openai
 import pytest
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.prompt import token_for
 from instanced_stream.llm.local import running_local_llm
+from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(120)]
 
@@ -118,7 +117,7 @@ async def test_the_start_up_probe_keeps_the_full_shape_llama_cpp_takes(
     from instanced_stream.core.prompt import PromptBuilder
     from instanced_stream.core.spec import load_spec
     from instanced_stream.llm.client import LLM
-    from instanced_stream.llm.probe import probe
+    from instanced_stream.llm.preflight import probe
     from instanced_stream.llm.shape import RequestShape
     from instanced_stream.settings import DEFAULT_SPEC
 

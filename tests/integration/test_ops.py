@@ -130,6 +130,7 @@ async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None
 
 async def test_activity_worker_serves_its_metrics(deploy: Deploy) -> None:
     from instanced_stream.activities.worker import load_activities
+
     from tests.conftest import _free_port
 
     dep = await deploy()

@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.account import SimConfig
-from instanced_stream.testing.simulator import running_simulator
+from instanced_stream.testing.sim.account import SimConfig
+from instanced_stream.testing.sim.server import running_simulator
+
 from tests.fakes import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -10,11 +10,11 @@ import orjson
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.messages import Call
 from instanced_stream.core.prompt import token_for
 from instanced_stream.core.spec import Tool
+
 from tests.conftest import Deployment, demo_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 import yaml
-
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.runtime.topics import read_topic, state_changelog
+from instanced_stream.kafka.topics import read_topic, state_changelog
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import tickets
 from instanced_stream.tools.seeds import seed_items
+
 from tests.conftest import Deployment, workflow_states
 from tests.flows import until
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-
 from instanced_stream.core.messages import ITEM_CODES
-from instanced_stream.runtime.topics import read_json
+from instanced_stream.kafka.topics import read_json
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.account import MODEL_NAME, SimConfig
 from instanced_stream.testing.samples import malformed_records
-from instanced_stream.testing.simulator import Simulator, running_simulator
+from instanced_stream.testing.sim.account import MODEL_NAME, SimConfig
+from instanced_stream.testing.sim.server import Simulator, running_simulator
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
+
 from tests.conftest import _free_port, demo_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

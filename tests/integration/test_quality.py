@@ -11,11 +11,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.account import Faults
-from instanced_stream.testing.judge import read_request
 from instanced_stream.testing.samples import comments
+from instanced_stream.testing.sim.account import Faults
+from instanced_stream.testing.sim.judge import read_request
+
 from tests.conftest import Deployment, demo_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

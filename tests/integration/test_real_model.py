@@ -17,22 +17,21 @@ import orjson
 import pytest
 import pytest_asyncio
 import yaml
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator
+from instanced_stream.kafka.topics import activity_topics, read_json
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.local import running_local_llm
-from instanced_stream.runtime.topics import activity_topics, read_json
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream.testing.samples import comments
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
 from instanced_stream.tools.seeds import run_example
 from instanced_stream.tools.target import Target
+from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]
 

@@ -16,10 +16,10 @@ import orjson
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from instanced_stream.kafka import clients
+from instanced_stream.kafka.topics import read_topic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from instanced_stream.runtime import clients
-from instanced_stream.runtime.topics import read_topic
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

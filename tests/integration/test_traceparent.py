@@ -9,14 +9,14 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.messages import ActivityRecord
 from instanced_stream.core.spec import Tool
-from instanced_stream.runtime.publish import OutRecord
-from instanced_stream.runtime.topics import read_topic
-from instanced_stream.runtime.tracing import traceparent_of
+from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.topics import read_topic
+from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.settings import Settings
+
 from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -17,10 +17,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-
 from instanced_stream.core.spec import load_spec
-from instanced_stream.runtime.topics import ensure_product_topics
+from instanced_stream.kafka.topics import ensure_product_topics
 from instanced_stream.settings import Settings
+
 from tests.conftest import _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

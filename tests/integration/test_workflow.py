@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-
 from instanced_stream.activities.worker import Activities, load_activities
-from instanced_stream.runtime.topics import read_json, read_topic, state_changelog
+from instanced_stream.kafka.topics import read_json, read_topic, state_changelog
 from instanced_stream.testing.samples import tickets
+
 from tests.conftest import Deployment, demo_json, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-
 from instanced_stream.activities.worker import load_activities
 from instanced_stream.testing.samples import tickets
+
 from tests.conftest import Deployment, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

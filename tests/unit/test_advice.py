@@ -5,7 +5,6 @@ import math
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from instanced_stream.core.advice import Vote, aggregate, parse_votes
 
 Council = list[tuple[str, float, dict[str, int]]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import Call, SourcePosition
@@ -16,7 +15,7 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Opinion, Validator
-from instanced_stream.runtime.records import RecordBuilder
+from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 import orjson
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
-from instanced_stream.llm.batches import BatchModel
-from instanced_stream.runtime.ledger import Ledger, Line, partition_of
-from instanced_stream.runtime.stager import Staged
-from instanced_stream.runtime.submissions import Submissions
-from instanced_stream.runtime.unit import Unit
+from instanced_stream.llm.batch_api import BatchModel
+from instanced_stream.runtime.batch.ledger import Ledger, Line, partition_of
+from instanced_stream.runtime.batch.submissions import Submissions
+from instanced_stream.runtime.engine.stager import Staged
+from instanced_stream.runtime.engine.unit import Unit
 
 
 def _inst(partition: int, offset: int) -> Instance:

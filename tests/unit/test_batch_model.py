@@ -12,13 +12,13 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import BatchTier, ModelEndpoint, load_spec
-from instanced_stream.llm.batches import BatchModel
+from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.simulator import MODEL_NAME, SimConfig, Simulator
+from instanced_stream.testing.sim.server import MODEL_NAME, SimConfig, Simulator
+
 from tests.fakes import make_batch
 
 FAST = BatchTier(flush_s=0.05, poll_s=0.05, max_requests=50, max_resubmits=10)

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from instanced_stream import __version__
+from instanced_stream.cli import main as cli
+from instanced_stream.cli import runner
+from instanced_stream.cli.parser import build_parser
 from instanced_stream.errors import StreamError
-from instanced_stream.ops import cli
-from instanced_stream.ops.audit import parse_since
-from instanced_stream.ops.metrics import Metrics
-from instanced_stream.ops.parser import build_parser
-from instanced_stream.ops.web import claim_port
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.web import claim_port
 from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.tools.audit import parse_since
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
 
@@ -180,7 +180,7 @@ def test_flags_build_one_settings_object_and_leave_the_environment_alone(
     args = build_parser().parse_args(
         ["--topic-prefix", "from-flag.", "--bootstrap-servers", "k:9092", "check"]
     )
-    settings = cli._settings(args)
+    settings = runner._settings(args)
     assert settings.topic_prefix == "from-flag."
     assert settings.bootstrap_servers == "k:9092"
     assert settings.spec == DEFAULT_SPEC
@@ -199,7 +199,7 @@ def test_setting_flags_work_before_and_after_the_command() -> None:
 def test_log_level_is_per_command() -> None:
     args = build_parser().parse_args(["audit", "--log-level", "debug"])
     assert args.log_level == "DEBUG"
-    assert cli._settings(args).log_level == "DEBUG"
+    assert runner._settings(args).log_level == "DEBUG"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["audit", "--log-level", "chatty"])
 

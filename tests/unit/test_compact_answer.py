@@ -7,13 +7,12 @@ from typing import Any
 
 import orjson
 import pytest
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.compact import compress, expand
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
+from jsonschema import Draft202012Validator
 
 TOKENS = ["①", "②", "③", "④"]
 

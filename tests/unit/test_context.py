@@ -5,10 +5,9 @@ from types import SimpleNamespace
 import orjson
 import pytest
 from aiokafka import TopicPartition
-
 from instanced_stream.core.overrides import apply_overrides
 from instanced_stream.core.spec import AgentSpec, load_spec
-from instanced_stream.runtime.overrides import OverrideFollower
+from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.settings import DEFAULT_SPEC
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from instanced_stream.core.spec import ModelEndpoint
-from instanced_stream.ops.metrics import Metrics
+from instanced_stream.observe.metrics import Metrics
 from instanced_stream.tools.report import Endpoint, Result, markdown
 
 _PRICES = ModelEndpoint(

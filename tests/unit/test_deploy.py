@@ -28,8 +28,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import promql_parser
 import pytest
 import yaml
-
-from instanced_stream.ops.metrics import Metrics
+from instanced_stream.observe.metrics import Metrics
 from instanced_stream.settings import Settings, Topics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from instanced_stream.ops.parser import build_parser
+from instanced_stream.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]

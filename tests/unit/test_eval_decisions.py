@@ -8,13 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
-
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import load_spec
 from instanced_stream.llm.client import Completion
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
-from instanced_stream.testing.account import SimConfig
-from instanced_stream.testing.simulator import Simulator
+from instanced_stream.testing.sim.account import SimConfig
+from instanced_stream.testing.sim.server import Simulator
 from instanced_stream.tools.eval import (
     EvalItem,
     _right,
@@ -23,6 +22,7 @@ from instanced_stream.tools.eval import (
     load_items,
     markdown,
 )
+
 from tests.fakes import FakeLLM
 
 

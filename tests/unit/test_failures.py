@@ -1,13 +1,13 @@
 """When a failed unit is reopened, and when a partition that keeps failing stops the
-process (runtime/membership.py, `Failures`)."""
+process (runtime/engine/membership.py, `Failures`)."""
 
 from __future__ import annotations
 
 import pytest
 from aiokafka.errors import KafkaTimeoutError
+from instanced_stream.runtime.engine.membership import MAX_FAILURES, Failures, PartitionFailing
+from instanced_stream.runtime.engine.unit import Unit
 
-from instanced_stream.runtime.membership import MAX_FAILURES, Failures, PartitionFailing
-from instanced_stream.runtime.unit import Unit
 from tests.fakes import FakeProducer
 
 

@@ -8,11 +8,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from pydantic import ValidationError
-
 from instanced_stream.settings import Settings
 from instanced_stream.testing import faults
 from instanced_stream.testing.faults import InjectedFault, arm, crash_point, parse
+from pydantic import ValidationError
 
 
 @pytest.fixture(autouse=True)

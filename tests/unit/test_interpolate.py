@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from instanced_stream.core.interpolate import interpolate
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import SpecError

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from instanced_stream.errors import StreamError
-from instanced_stream.runtime.security import TokenFile, client_options
+from instanced_stream.kafka.security import TokenFile, client_options
 from instanced_stream.settings import Settings
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.llm.strict import violations
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.account import Faults, SimConfig
-from instanced_stream.testing.simulator import Simulator
+from instanced_stream.testing.sim.account import Faults, SimConfig
+from instanced_stream.testing.sim.server import Simulator
+from jsonschema import Draft202012Validator
+
 from tests.fakes import FakeLLM, make_batch
 
 

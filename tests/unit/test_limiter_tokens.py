@@ -6,10 +6,9 @@ import asyncio
 import time
 
 import pytest
-
 from instanced_stream.core.tokenizer import Tokenizer, estimate_tokens
 from instanced_stream.llm.limiter import Limiter
-from instanced_stream.runtime.windowing import Windower
+from instanced_stream.runtime.steps.windowing import Windower
 
 
 async def test_limit_grows_one_slot_per_round_trip_while_healthy() -> None:
@@ -99,13 +98,15 @@ async def test_window_closes_when_the_expected_answer_would_outgrow_the_budget()
         closed.append((items, reason))
 
     capacity = 3
+
+    class Size:
+        item_tokens = 1000
+
+        def limit(self) -> tuple[int, str]:
+            return (capacity, "output") if capacity < 10 else (10, "items")
+
     win: Windower[int] = Windower(
-        max_items=10,
-        max_wait_s=60,
-        max_tokens=1000,
-        on_close=on_close,
-        tokens_of=lambda i: 100,
-        capacity=lambda: capacity,
+        size=Size(), max_wait_s=60, on_close=on_close, tokens_of=lambda i: 100
     )
     for i in range(4):
         await win.add(i)
@@ -140,12 +141,34 @@ def test_timeouts_halve_the_window_and_answers_in_time_grow_it_back() -> None:
 
 def test_windows_shrink_to_what_the_endpoint_answered_in_time() -> None:
     from instanced_stream.core.spec import load_spec
-    from instanced_stream.runtime.budget import Budget
+    from instanced_stream.runtime.steps.window_size import WindowSize
     from instanced_stream.settings import DEFAULT_SPEC
 
     spec = load_spec(DEFAULT_SPEC)
     limiter = Limiter(4)
-    budget = Budget(spec, Tokenizer(spec.model.name), "instructions", limiter)
-    assert budget.capacity() == spec.window.max_items == 25
+    size = WindowSize(spec, Tokenizer(spec.model.name), "instructions", limiter)
+    assert size.capacity() == spec.window.max_items == 25
+    assert size.limit() == (25, "items")
     limiter.on_timeout(25)
-    assert budget.capacity() == 12
+    assert size.capacity() == 12
+    assert size.limit() == (12, "output")
+
+
+def test_the_window_size_is_the_smallest_of_its_four_authors() -> None:
+    """Spec, quality controller, limiter and output budget each bound the window; the one
+    object every reader asks answers the smallest, and names which kind it was."""
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.runtime.steps.window_size import WindowSize
+    from instanced_stream.settings import DEFAULT_SPEC
+
+    spec = load_spec(DEFAULT_SPEC)
+    limiter = Limiter(4)
+    size = WindowSize(spec, Tokenizer(spec.model.name), "instructions", limiter)
+    assert size.limit() == (spec.window.max_items, "items")  # the spec's ceiling
+    size.follow_quality(10)
+    assert size.limit() == (10, "items")  # the controller's window
+    limiter.on_timeout(16)
+    assert size.limit() == (8, "output")  # what the endpoint answered in time
+    size.follow_quality(40)  # never past the spec's ceiling
+    limiter.on_success(0.1, 100, items=8, share_of_timeout=0.01)
+    assert size.limit()[0] <= spec.window.max_items

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-
+from instanced_stream.cli.main import main
 from instanced_stream.errors import StreamError
 from instanced_stream.llm.local import BUNDLED, model_path
-from instanced_stream.ops.cli import main
 
 
 def test_the_bundled_model_is_found_without_importing_its_package() -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 
 import orjson
+from instanced_stream.kafka.tracing import traceparent_of
+from instanced_stream.observe.logs import JsonFormatter
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-from instanced_stream.ops.logs import JsonFormatter
-from instanced_stream.runtime.tracing import traceparent_of
 
 
 def _line(message: str) -> dict[str, object]:

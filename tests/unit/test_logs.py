@@ -3,8 +3,7 @@ from __future__ import annotations
 import logging
 
 import orjson
-
-from instanced_stream.ops.logs import JsonFormatter
+from instanced_stream.observe.logs import JsonFormatter
 
 
 def test_json_log_lines_carry_batch_and_instance_ids() -> None:

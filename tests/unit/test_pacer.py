@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from instanced_stream.llm.pacer import Pacer, reset_seconds
 
 

@@ -7,16 +7,15 @@ from typing import Any
 
 import orjson
 import pytest
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import Call, SourcePosition
 from instanced_stream.core.plan_graph import steps_of
 from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import CROSS_INSTANCE, LATENT_IN_LAZY_PLAN, Validator
-from instanced_stream.runtime.scopes import imported
+from instanced_stream.runtime.steps.scopes import imported
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
-from instanced_stream.testing.obedience import injected_calls
+from instanced_stream.testing.sim.obedience import injected_calls
 
 FORMS = ["compact", "protocol"]
 

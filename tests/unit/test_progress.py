@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from instanced_stream.ops.progress import Progress
+from instanced_stream.observe.progress import Progress
 
 
 class _Terminal(io.StringIO):

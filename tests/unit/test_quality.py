@@ -7,7 +7,6 @@ import asyncio
 import random
 
 import pytest
-
 from instanced_stream.core.controller import WindowController
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.quality import Quality, bucket_of, wilson, z_of
@@ -15,12 +14,13 @@ from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import SpecError
-from instanced_stream.ops.metrics import Metrics
-from instanced_stream.runtime.escalation import Escalation
-from instanced_stream.runtime.shadow import Shadow
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.quality.escalation import Escalation
+from instanced_stream.runtime.quality.shadow import Shadow
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.account import Faults, SimConfig
-from instanced_stream.testing.simulator import Simulator
+from instanced_stream.testing.sim.account import Faults, SimConfig
+from instanced_stream.testing.sim.server import Simulator
+
 from tests.fakes import FakeLLM, make_batch
 
 Z = z_of(0.95)

@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 import pytest
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Solver
@@ -18,7 +17,8 @@ from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import LLM
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.provider import Refusal
+from instanced_stream.testing.sim.provider import Refusal
+
 from tests.endpoint import MemoryEndpoint
 from tests.fakes import make_batch
 
@@ -158,7 +158,7 @@ async def test_a_lone_item_waits_out_5xx_while_the_endpoint_answers_nothing() ->
         Refusal(503, "overloaded", "server_error") if next(failures, None) is not None else None
     )
     llm = endpoint.llm()
-    from instanced_stream.llm.probe import canary
+    from instanced_stream.llm.preflight import canary
 
     llm.canary = canary(llm, PromptBuilder(load_spec(DEFAULT_SPEC)))  # it fails too
     out = await _solver(llm).solve(_batch(["only one"]))
@@ -186,7 +186,7 @@ async def test_a_5xx_item_asked_before_its_batch_mates_is_told_apart_by_the_cana
     """The poison item is in the first half at every split, so nothing else was answered
     since its group failed: a harmless request (the canary) answered shows the endpoint
     works, and the item is given up on; without it, it would be waited on for ever."""
-    from instanced_stream.llm.probe import canary
+    from instanced_stream.llm.preflight import canary
 
     endpoint = MemoryEndpoint()
     endpoint.fail = lambda body: (

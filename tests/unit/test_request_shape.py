@@ -7,13 +7,13 @@ from typing import Any
 
 import orjson
 import pytest
-
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import StreamError
-from instanced_stream.llm.probe import probe
+from instanced_stream.llm.preflight import probe
 from instanced_stream.llm.shape import RequestShape
 from instanced_stream.settings import DEFAULT_SPEC
+
 from tests.endpoint import MemoryEndpoint
 
 pytestmark = pytest.mark.timeout(30)
@@ -134,6 +134,7 @@ async def test_an_unproven_shape_is_switched_mid_stream_and_nothing_is_dead_lett
     meet the refusals the probe would have, and switch as it would."""
     from instanced_stream.core.solve import Solver
     from instanced_stream.core.validate import Validator
+
     from tests.fakes import make_batch
 
     endpoint = MemoryEndpoint("openai", model="gpt-5-mini")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import orjson
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
+
 from tests.flows import Rig, tickets_spec
 
 SRC = SourcePosition(topic="items", partition=0, offset=0)

@@ -8,14 +8,13 @@ from typing import Any
 
 import orjson
 import pytest
-
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator, output_path_problem, scopes_problem
-from instanced_stream.runtime.scopes import imported
+from instanced_stream.runtime.steps.scopes import imported
 
 # The Advisor seed (Russian text), verbatim: registration and the model's response.
 SEED_ADVISOR: dict[str, Any] = {

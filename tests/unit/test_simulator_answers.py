@@ -1,15 +1,15 @@
 from __future__ import annotations
 
 import orjson
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.judge import read_request
-from instanced_stream.testing.simulator import Simulator
+from instanced_stream.testing.sim.judge import read_request
+from instanced_stream.testing.sim.server import Simulator
+from jsonschema import Draft202012Validator
+
 from tests.fakes import make_batch
 
 

@@ -8,6 +8,7 @@ from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
+
 from tests.fakes import FakeLLM, make_batch
 
 

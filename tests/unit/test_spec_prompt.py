@@ -4,7 +4,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Ask, PromptBuilder, token_for

@@ -1,5 +1,5 @@
 """Every schema the product sends with `strict: true` is inside OpenAI's documented
-subset for Structured Outputs (the rules: `instanced_stream/llm/strict.py`, written from the
+subset for Structured Outputs (the rules: `stream/instanced_stream/llm/strict.py`, written from the
 provider's documentation, and pinned below by the documentation's own cases)."""
 
 from __future__ import annotations
@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
-
 from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.strict_form import strict_form, without_nulls
 from instanced_stream.llm.factory import initial_shape
 from instanced_stream.llm.strict import violations
+from jsonschema import Draft202012Validator
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/*.yaml"))
 

@@ -27,8 +27,8 @@ FORBIDDEN = {
 _PROBE = """
 import sys
 before = set(sys.modules)
-import instanced_stream.activities.worker, instanced_stream.activities.cli
-import instanced_stream.ops.cli, instanced_stream.ops.logs
+import instanced_stream.activities.worker, instanced_stream.cli.activities
+import instanced_stream.observe.logs
 names = {m.split('.')[0] for m in set(sys.modules) - before}
 print(' '.join(sorted(names - set(sys.stdlib_module_names) - {'instanced_stream'})))
 """

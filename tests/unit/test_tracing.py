@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instanced_stream.runtime.tracing import TraceContext, traceparent_of
+from instanced_stream.kafka.tracing import TraceContext, traceparent_of
 
 GOOD = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
+from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.runtime.engine.unit import Unit, UnitGone
 
-from instanced_stream.runtime.publish import OutRecord
-from instanced_stream.runtime.unit import Unit, UnitGone
 from tests.fakes import FakeProducer
 
 IN, RES = "items", "stream.results"

@@ -6,10 +6,9 @@ from __future__ import annotations
 import gzip
 
 from aiohttp.test_utils import TestClient, TestServer
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.web import WebServer
 from prometheus_client import Counter
-
-from instanced_stream.ops.metrics import Metrics
-from instanced_stream.ops.web import WebServer
 
 
 async def test_metrics_are_served_by_the_librarys_handler() -> None:

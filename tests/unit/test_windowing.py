@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from instanced_stream.runtime.windowing import Windower
+from instanced_stream.runtime.steps.windowing import FixedSize, Windower
 
 
 async def test_window_closes_on_items_tokens_and_wait() -> None:
@@ -14,7 +14,7 @@ async def test_window_closes_on_items_tokens_and_wait() -> None:
         closed.append((items, reason))
 
     w: Windower[int] = Windower(
-        max_items=3, max_wait_s=0.05, max_tokens=100, on_close=on_close, tokens_of=lambda n: n
+        size=FixedSize(3, 100), max_wait_s=0.05, on_close=on_close, tokens_of=lambda n: n
     )
     w.start()
     for n in (1, 2, 3):
@@ -42,9 +42,8 @@ async def test_a_loose_bound_closes_windows_where_exact_counts_would() -> None:
         return n
 
     w: Windower[int] = Windower(
-        max_items=10,
+        size=FixedSize(10, 100),
         max_wait_s=5,
-        max_tokens=100,
         on_close=on_close,
         tokens_of=exact,
         bound_of=lambda n: 2 * n,

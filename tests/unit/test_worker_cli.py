@@ -1,12 +1,11 @@
-"""The worker distribution's `stream` (instanced_stream.activities.cli, shipped renamed as
+"""The worker distribution's `stream` (instanced_stream.cli.activities, shipped renamed as
 instanced_stream_worker): `activities` runs, the processor's commands say in one line that
 they are not installed there."""
 
 from __future__ import annotations
 
 import pytest
-
-from instanced_stream.activities.cli import PRODUCT, WORKER_COMMANDS, main
+from instanced_stream.cli.activities import PRODUCT, WORKER_COMMANDS, main
 
 
 def test_processor_commands_say_they_are_not_installed(

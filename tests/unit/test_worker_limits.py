@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import (
@@ -19,6 +18,7 @@ from instanced_stream.core.messages import (
 )
 from instanced_stream.core.spec import Tool
 from instanced_stream.settings import Settings
+
 from tests.fakes import FakePublisher
 from tests.flows import Rig, tickets_spec
 

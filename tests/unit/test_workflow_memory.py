@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import orjson
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
@@ -15,6 +14,7 @@ from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.testing.samples import tickets
+
 from tests.flows import TICKETS, Rig
 
 

@@ -1,3 +1,0 @@
-from instanced_stream.ops.cli import main
-
-raise SystemExit(main())

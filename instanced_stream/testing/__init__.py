@@ -1,6 +1,0 @@
-"""Test and demo support a user can import too: the OpenAI-compatible LLM simulator
-(`simulator`), the local Apache Kafka launcher (`broker`), sample items (`samples`) and
-the crash-point injector of the fault campaign (`faults`). Modules are imported where
-used."""
-
-__all__ = ["broker", "faults", "samples", "simulator"]

@@ -1,0 +1,35 @@
+"""instanced-stream: batched, multi-instance LLM decisions on a Kafka stream.
+
+Floors, each importing only from those below it (tests/unit/test_layout.py checks it):
+
+- base modules: `errors`, `retry`, `settings`, `faultpoints` (the pipeline's named moments).
+- `core`: the protocols (spec, messages, prompt, validation, solving, advice, workflow,
+  state). Pure: no Kafka, no HTTP.
+- `observe` (metrics, traces, the probes' and live page's server, logs) and `kafka`
+  (clients, security, topics, the producer, trace headers).
+- `llm` (the model endpoint through the openai client, its limiter, a local server) and
+  `activities` (the SDK for workers that run activity calls).
+- `testing`: the LLM simulator (`testing.sim`), the local broker launcher, samples,
+  fault injection.
+- `runtime`: the processor: pipeline steps, quality control, the exactly-once engine, the
+  Batch API tier, and the service that assembles them.
+- `tools`: demo, bench, soak, eval, audit, approvals, console, check, schemas.
+- `cli`: the `stream` command.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+
+def _version() -> str:
+    # The product, or the activity workers' thin distribution (packages/activities).
+    for name in ("instanced-stream", "instanced-stream-activities"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "0+unknown"  # a source tree that was never installed
+
+
+__version__ = _version()
+
+__all__ = ["__version__"]

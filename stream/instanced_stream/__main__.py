@@ -1,0 +1,3 @@
+from instanced_stream.cli.main import main
+
+raise SystemExit(main())

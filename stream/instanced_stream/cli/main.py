@@ -1,0 +1,264 @@
+"""The `stream` command. User mistakes end in one clear line and a non-zero exit code,
+not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from instanced_stream.cli.activities import activities
+from instanced_stream.cli.parser import build_parser
+from instanced_stream.cli.runner import Command, configured, run, secure
+from instanced_stream.errors import StreamError
+
+if TYPE_CHECKING:
+    from instanced_stream.settings import Settings
+
+__all__ = ["main"]
+
+
+def _process(_: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.runtime.service import run_processor
+    from instanced_stream.tools.check import preflight
+
+    spec, bootstrap = configured(settings)
+    preflight(settings, spec)  # what `stream check` refuses, refused here the same way
+    return run_processor(settings, spec, bootstrap)
+
+
+def _broker(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.testing.broker import run_foreground
+
+    return run_foreground(args.port, Path(args.data_dir) if args.data_dir else None)
+
+
+def _llm_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.testing.sim.server import SimConfig, serve_forever
+
+    config = SimConfig(
+        latency_ms=args.latency_ms,
+        per_output_token_ms=args.ms_per_token,
+        jitter=args.jitter,
+        max_concurrency=args.max_concurrency,
+        tokens_per_minute=args.tpm,
+        requests_per_minute=args.rpm,
+        provider=args.provider,
+    )
+    return serve_forever(config, args.host, args.port)
+
+
+def _llm_local(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.llm.local import DEFAULT_CTX, DEFAULT_PARALLEL, run_foreground
+
+    return run_foreground(
+        args.model,
+        args.host,
+        args.port,
+        args.parallel or DEFAULT_PARALLEL,
+        args.ctx or DEFAULT_CTX,
+        args.threads,
+        verbose=args.verbose,
+    )
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.settings import EXAMPLES
+    from instanced_stream.tools.demo import run_demo
+
+    secure(settings)  # a configured broker may need TLS or SASL
+
+    if args.example == "seeds":
+        from instanced_stream.tools.seeds import run_seeds
+
+        return run_seeds(args.json, timeout=args.timeout, llm=args.llm)
+    # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.
+    example = args.example or ("moderation" if args.llm == "simulator" else "seed_moderation")
+    if not (EXAMPLES / example).is_dir():
+        # name what is there, so the message never offers the very name that was missing
+        there = sorted(p.name for p in EXAMPLES.glob("*/") if any(p.glob("*.yaml")))
+        if not there:
+            raise StreamError(f"no examples are installed (looked in {EXAMPLES})")
+        raise StreamError(f"no example named {example!r}; there are: {', '.join(there)}")
+    return run_demo(
+        args.items,
+        args.json,
+        timeout=args.timeout,
+        latency_ms=args.latency_ms,
+        example=example,
+        llm=args.llm,
+        chaos=args.chaos,
+        settings=settings,
+    )
+
+
+def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.cli.commands import bench
+
+    return bench(args, settings)
+
+
+def _eval(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.cli.commands import evaluate
+
+    return evaluate(args, settings)
+
+
+def _schemas(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.asyncapi import render_asyncapi
+    from instanced_stream.tools.schemas import write_schemas
+
+    for path in write_schemas(Path(args.out)):
+        print(path)
+    Path(args.asyncapi).write_bytes(render_asyncapi())
+    print(args.asyncapi)
+    return 0
+
+
+async def _page_quality(url: str) -> dict[str, Any] | None:
+    """A processor page's shadow-sample figures, or None when it does not answer."""
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(url.rstrip("/") + "/api/live") as resp,
+        ):
+            live = await resp.json()
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    quality = live.get("quality") if isinstance(live, dict) else None
+    return quality if isinstance(quality, dict) else None
+
+
+def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.kafka.topics import activity_topics
+    from instanced_stream.observe.agreement import quality_line
+    from instanced_stream.tools.audit import audit, parse_since
+    from instanced_stream.tools.workflow_audit import audit_workflows
+
+    spec, bootstrap = configured(settings)
+    since = parse_since(args.since) if args.since else None
+    report = asyncio.run(
+        audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
+    )
+    flows = None
+    if spec.plan is not None:  # workflows: done, dead-lettered, or pending and why
+        flows = asyncio.run(audit_workflows(bootstrap, settings))
+    pages = args.processor or [f"http://127.0.0.1:{settings.web_port}"]
+    quality = {url: asyncio.run(_page_quality(url)) for url in pages}
+    if args.json:
+        out = report.model_dump() | ({"workflows": flows.model_dump()} if flows else {})
+        out |= {"quality": quality}
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(report.summary())
+        for topic, partition, offset in report.missing[:20]:
+            print(f"missing: {topic}/{partition}/{offset}")
+        if flows is not None:
+            print("workflows:", orjson.dumps(flows.summary()).decode())
+            for p in flows.pending[:20]:
+                print(f"pending: {p.instance} {p.status} for {p.age_s}s: {p.reason}")
+        for url, got in quality.items():
+            print(quality_line(got) if got else f"quality: no processor page answered at {url}")
+    return 0 if not report.missing and not report.unexpected else 1
+
+
+def _advice(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.core.advice import render
+    from instanced_stream.kafka.topics import read_json
+
+    _, bootstrap = configured(settings)
+    records = asyncio.run(read_json(bootstrap, settings.topics.advice))
+    if args.divergent:
+        records = [r for r in records if r.get("divergent") or r.get("reviewed")]
+    records = records[-args.last :]
+    if not records:
+        print("no advice records yet", file=sys.stderr)
+        return 0
+    print(render(records, colour=sys.stdout.isatty()))
+    return 0
+
+
+def _approve(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.approvals import approve, pending_now
+
+    _, bootstrap = configured(settings)
+    if args.list:
+        for p in asyncio.run(pending_now(settings, bootstrap)):
+            shown = {k: p.get(k) for k in ("instance", "proposal_id", "turn", "calls")}
+            print(orjson.dumps(shown).decode())
+        return 0
+    done = approve(settings, bootstrap, args.instance, args.batch, args.reject)
+    print(f"{'rejected' if args.reject is not None else 'approved'}: {', '.join(done)}")
+    return 0
+
+
+def _produce(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.console import produce, resolve_topic
+
+    _, bootstrap = configured(settings)
+    topic = resolve_topic(settings, args.topic) if args.topic else settings.topics.input
+    report = asyncio.run(
+        produce(bootstrap, topic, Path(args.file), key_field=args.key_field, rate=args.rate)
+    )
+    return 1 if report.invalid else 0
+
+
+def _tail(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.console import resolve_topic, tail
+
+    _, bootstrap = configured(settings)
+    topic = resolve_topic(settings, args.topic)
+    with contextlib.suppress(KeyboardInterrupt):
+        shown = asyncio.run(tail(bootstrap, topic, args.follow, args.last, args.json))
+        if not shown and not args.follow:
+            print(f"no records on {topic}", file=sys.stderr)
+    return 0
+
+
+def _topics(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.console import render_topics, topics
+
+    spec, bootstrap = configured(settings)
+    rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
+    print(render_topics(rows))
+    return 0
+
+
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.check import check
+
+    for line in check(settings, endpoint=args.endpoint):
+        print(line)
+    return 0
+
+
+_COMMANDS: dict[str, Command] = {
+    "demo": _demo,
+    "process": _process,
+    "activities": activities,
+    "check": _check,
+    "broker": _broker,
+    "llm-sim": _llm_sim,
+    "llm-local": _llm_local,
+    "bench": _bench,
+    "eval": _eval,
+    "schemas": _schemas,
+    "advice": _advice,
+    "produce": _produce,
+    "tail": _tail,
+    "topics": _topics,
+    "approve": _approve,
+    "audit": _audit,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv), _COMMANDS)

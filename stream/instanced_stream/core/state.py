@@ -1,0 +1,229 @@
+"""Instance state: what one instance has learned across turns, kept in a changelog-backed
+store keyed by the producer's instance id (runtime/engine/store.py: a unit's store, restored from
+its changelog partition).
+
+The changelog record of an instance goes to the partition its input came from, so the
+worker that owns an input partition also owns (and recovers) the state of the instances
+that arrive on it. Writes are idempotent per trigger: a batch redone after a crash finds
+its own trigger recorded and does not apply the same effect twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from instanced_stream.core.messages import SourcePosition, TraceEntry
+from instanced_stream.core.plan_graph import Step
+
+__all__ = [
+    "Ended",
+    "InstanceState",
+    "MemoryStore",
+    "Outgoing",
+    "Pending",
+    "StagedStore",
+    "StateStore",
+    "alternatives",
+    "path_problem",
+    "read_path",
+    "write_path",
+]
+
+Status = Literal["new", "pending", "ready", "awaiting_approval", "done"]
+
+
+class Pending(BaseModel):
+    tool: str
+    paths: list[str] = Field(description="Where the result may go (two or more: a branch)")
+    deadline: float = Field(description="Unix time after which the call counts as failed")
+    turn: int
+
+
+class Outgoing(BaseModel):
+    """A record a state change owes the world, kept with the change until the broker
+    acknowledged it (an outbox): a crash in between republishes it, byte for byte."""
+
+    topic: str
+    value: str
+    partition: int | None = None
+
+
+class Ended(BaseModel):
+    """How a workflow ended: done, stopped, turn_limit, rejected, or dead_lettered."""
+
+    status: str
+    reason: str
+    at: float
+
+
+class InstanceState(BaseModel):
+    instance: str
+    partition: int
+    source: SourcePosition | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    state: dict[str, Any] = Field(default_factory=dict)
+    turn: int = 0
+    status: Status = "new"
+    pending: dict[str, Pending] = Field(default_factory=dict)
+    proposal: list[dict[str, Any]] = Field(default_factory=list)
+    proposal_id: str = Field(
+        default="", description="The pending proposal's id: only an approval naming it counts"
+    )
+    trace: list[TraceEntry] = Field(default_factory=list)
+    plan: list[Step] = Field(
+        default_factory=list, description="The model's plan for this instance (its graph)"
+    )
+    applied: list[str] = Field(
+        default_factory=list, description="Recent triggers already applied (idempotence)"
+    )
+    outbox: list[Outgoing] = Field(
+        default_factory=list, description="Records owed by the last change, until acked"
+    )
+    ended: Ended | None = None
+    owner: str = Field(
+        default="",
+        description="The processor that last changed this state: recovery takes over only "
+        "states another (an earlier or a moved-away) processor left",
+    )
+    outbox_owner: str = Field(
+        default="",
+        description="The processor that wrote the outbox: one that another processor left "
+        "is still owed after this one changed the state for other reasons (a result)",
+    )
+
+    def owe(self, owed: list[Outgoing], owner: str) -> None:
+        """A change by `owner` owes these records until they are acknowledged."""
+        if self.outbox and self.outbox_owner != owner:
+            # Another processor's outbox is still owed (a crash mid-publish): it stays,
+            # with this change's records after it, until recovery has published them all.
+            self.outbox = [*self.outbox, *owed]
+        else:
+            self.outbox, self.outbox_owner = owed, owner
+
+    def left(self, owner: str) -> bool:
+        """Whether a processor other than `owner` left this state owing records (an
+        outbox it wrote and never saw acknowledged) or ready for a turn it never offered."""
+        return bool(self.outbox and self.outbox_owner != owner) or (
+            self.status == "ready" and self.owner != owner
+        )
+
+    def mark(self, trigger: str) -> bool:
+        """Records a trigger; False when it was applied before (a redo)."""
+        if trigger in self.applied:
+            return False
+        self.applied = [*self.applied[-49:], trigger]
+        return True
+
+
+def alternatives(output_path: str) -> list[str]:
+    """`†state.sunny || †state.rainy` -> ['†state.sunny', '†state.rainy']."""
+    return [p.strip() for p in output_path.split("||") if p.strip()]
+
+
+def path_problem(path: str, value: Any) -> str | None:
+    """Why `value` cannot be written at `path`, or None. Checked before `write_path`: a
+    result is data from outside, and refusing it must never be an exception."""
+    if not path.startswith("†state"):
+        return f"output paths must start with †state, got {path!r}"
+    root = not [k for k in path.removeprefix("†state").split(".") if k]
+    if root and not isinstance(value, dict):
+        return f"only an object can be written to †state itself, not {type(value).__name__}"
+    return None
+
+
+def write_path(state: dict[str, Any], path: str, value: Any) -> None:
+    """Writes `value` at a `†state.a.b` path; `†state` alone merges an object in.
+    Raises ValueError where `path_problem` names a problem."""
+    problem = path_problem(path, value)
+    if problem is not None:
+        raise ValueError(problem)
+    keys = [k for k in path.removeprefix("†state").split(".") if k]
+    if not keys:
+        state.update(value)
+        return
+    node = state
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[keys[-1]] = value
+
+
+def read_path(state: dict[str, Any], path: str) -> Any:
+    keys = [k for k in path.removeprefix("†state").split(".") if k]
+    node: Any = state
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+class StateStore(Protocol):
+    def get(self, instance: str) -> InstanceState | None: ...
+
+    def put(self, value: InstanceState) -> None: ...
+
+    def items(self) -> Iterator[InstanceState]: ...
+
+    def delete(self, instance: str, partition: int) -> None: ...
+
+    async def flush(self) -> None:
+        """Returns once every write so far is durable (a no-op where writes are)."""
+
+
+class MemoryStore:
+    """The same contract in a dict, for unit tests."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, InstanceState] = {}
+
+    def get(self, instance: str) -> InstanceState | None:
+        found = self.data.get(instance)
+        return found.model_copy(deep=True) if found else None
+
+    def put(self, value: InstanceState) -> None:
+        self.data[value.instance] = value.model_copy(deep=True)
+
+    def items(self) -> Iterator[InstanceState]:
+        return iter([v.model_copy(deep=True) for v in self.data.values()])
+
+    def delete(self, instance: str, partition: int) -> None:
+        self.data.pop(instance, None)
+
+    async def flush(self) -> None:
+        return None
+
+
+class StagedStore:
+    """Writes held here, over a store that is only read: `Workflow.rehearsal` runs a state
+    change on it to learn its effects without making it."""
+
+    def __init__(self, base: StateStore) -> None:
+        self.base = base
+        self.staged: dict[str, InstanceState] = {}
+
+    def get(self, instance: str) -> InstanceState | None:
+        found = self.staged.get(instance)
+        return found.model_copy(deep=True) if found else self.base.get(instance)
+
+    def put(self, value: InstanceState) -> None:
+        self.staged[value.instance] = value.model_copy(deep=True)
+
+    def items(self) -> Iterator[InstanceState]:
+        seen = set()
+        for value in self.base.items():
+            seen.add(value.instance)
+            yield self.get(value.instance) or value
+        for name in [n for n in self.staged if n not in seen]:
+            yield self.staged[name].model_copy(deep=True)
+
+    def delete(self, instance: str, partition: int) -> None:
+        self.staged.pop(instance, None)
+
+    async def flush(self) -> None:
+        return None

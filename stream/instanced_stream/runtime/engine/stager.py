@@ -1,0 +1,373 @@
+"""The stager: consumed records in, cross-partition windows out, each solved batch staged
+onto the units of its items' partitions (docs/architecture.md, exactly once).
+
+Batches still span every partition this process owns (fewer, fuller LLM requests); what
+binds an item to exactly-once delivery is its slot on its partition's unit. Once a batch
+is solved, each item's records go onto its own slot and the slot is finished; the unit
+commits its finished, contiguous prefix in one transaction. An item whose unit was
+dropped meanwhile (revoked, fenced, failed) stages nothing: its partition's next owner
+redoes it, from the last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.model import Model
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Solver
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.tokenizer import Tokenizer
+from instanced_stream.core.validate import Validator
+from instanced_stream.errors import BadRecord
+from instanced_stream.faultpoints import Probe
+from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.telemetry import batch_span, context_of
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.runtime.engine.tier import ONLINE, Tier
+from instanced_stream.runtime.engine.unit import Slot, Unit
+from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.quality.control import QualityControl
+from instanced_stream.runtime.steps.guard import refused
+from instanced_stream.runtime.steps.intake import parse_item
+from instanced_stream.runtime.steps.records import (
+    Planned,
+    RecordBuilder,
+    bad_record,
+    oversized,
+    position,
+)
+from instanced_stream.runtime.steps.window_size import WindowSize
+from instanced_stream.runtime.steps.windowing import Windower
+from instanced_stream.settings import Settings
+
+__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
+
+log = logging.getLogger("stream.processor")
+
+BATCH_TRIES = 3
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's step that raised
+_T = TypeVar("_T")
+
+
+def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
+    return Solver(
+        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
+    )
+
+
+async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
+    """Runs `step` up to BATCH_TRIES times; its result, or the last error. A bug must cost
+    a retry, never an item: the caller dead-letters with the error."""
+    error: Exception = RuntimeError(f"{what} was not tried")
+    for attempt in range(1, BATCH_TRIES + 1):
+        try:
+            return await step()
+        except Exception as exc:
+            log.exception(
+                "batch %s: %s failed (try %d of %d)",
+                batch_id,
+                what,
+                attempt,
+                BATCH_TRIES,
+                extra={"batch_id": batch_id},
+            )
+            error = exc
+            await asyncio.sleep(_BACKOFF.delay(attempt))
+    return error
+
+
+@dataclass(slots=True, eq=False)
+class Staged:
+    """An instance in a window, with the unit and slot its outcome is staged on."""
+
+    instance: Instance
+    unit: Unit
+    slot: Slot | None  # None: a workflow's next turn (its input was committed before)
+    text: bytes
+    tokens: int | None = None
+    changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+def _where(code: str, source: SourcePosition) -> dict[str, Any]:
+    """A dead letter's fields for its JSON log line: the code and the record's position."""
+    return {
+        "code": code,
+        "topic": source.topic,
+        "partition": source.partition,
+        "offset": source.offset,
+    }
+
+
+def _tokens_of(tokenizer: Tokenizer, item: Staged) -> int:
+    if item.tokens is None:
+        item.tokens = tokenizer.count(item.text.decode("utf-8", "replace"))
+    return item.tokens
+
+
+def _bound_of(tokenizer: Tokenizer, item: Staged) -> int:
+    """A cheap upper bound of the item's tokens, or its count once known."""
+    return tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens
+
+
+class Stager:
+    def __init__(
+        self,
+        settings: Settings,
+        spec: AgentSpec,
+        llm: Model,
+        *,
+        limiter: Limiter,
+        metrics: Metrics,
+        builder: RecordBuilder,
+        probe: Probe,
+        worker: str,
+        flows: Flows | None = None,
+        second: Model | None = None,  # model.escalate's client
+        tier: Tier = ONLINE,
+    ) -> None:
+        self.settings = settings
+        self.tier = tier
+        self.flows = flows
+        self._queued_turns: set[str] = set()  # instances whose next turn is on its way
+        self.llm = llm
+        self.solver = make_solver(llm, spec, settings)
+        self.limiter = limiter
+        self.metrics = metrics
+        self.builder = builder
+        self.probe = probe
+        self.worker = worker
+        self.tokenizer = Tokenizer(spec.model.name)
+        # The one author of the window's size: spec, limiter, output budget, quality.
+        self.size = WindowSize(spec, self.tokenizer, self.solver.prompt.system, limiter)
+        self.windower: Windower[Staged] = Windower(
+            size=self.size,
+            max_wait_s=spec.window.max_wait_ms / 1000,
+            on_close=self.launch,
+            tokens_of=functools.partial(_tokens_of, self.tokenizer),
+            bound_of=functools.partial(_bound_of, self.tokenizer),
+        )
+        # quality.*: the shadow sample (its controller moves the size), second opinions.
+        self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, self.size, second)
+        self.batches = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.draining = False
+
+    def reconfigure(self, spec: AgentSpec) -> None:
+        """A new spec (from the context topic) for the batches, their records and the
+        workflows; batches in flight finish as asked."""
+        solver = make_solver(self.llm, spec, self.settings)
+        self.size.reconfigure(spec, solver.prompt.system)
+        self.solver = solver
+        self.quality.reconfigure(spec)
+        self.builder.spec = spec
+        if self.flows is not None:  # a finish advisor from the context is heard too
+            self.flows.workflow.spec = spec
+
+    def start(self) -> None:
+        self.windower.start()
+
+    async def drain(self, deadline_s: float) -> int:
+        """Stops taking records, launches the open window, gives the batches in flight
+        `deadline_s` to be staged; returns how many did not make it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        with contextlib.suppress(TimeoutError):  # launching the window waits for a slot
+            await asyncio.wait_for(self.windower.flush("drain"), deadline_s)
+        pending = set(self.tasks)
+        if pending:
+            log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, end - loop.time()))
+        return len(pending)
+
+    async def stop(self) -> None:
+        await self.quality.stop()
+        await self.windower.stop()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def offer(
+        self, unit: Unit, source: SourcePosition, key: bytes | None, value: bytes | None, slot: Slot
+    ) -> None:
+        """One consumed input record, tracked on `slot` of its unit. Awaits while every
+        batch slot is busy (the caller pauses fetching meanwhile)."""
+        self.metrics.items_in.inc()
+        try:
+            instance = parse_item(
+                value,
+                key,
+                source,
+                self.settings.max_record_bytes,
+                state_input=self.builder.spec.accept_state_input,  # follows reconfigure
+            )
+            assert value is not None  # parse_item refuses a missing value
+            item = Staged(instance, unit, slot, value)
+            room = self.size.item_tokens
+            tokens = _bound_of(self.tokenizer, item)
+            if tokens > room and (tokens := _tokens_of(self.tokenizer, item)) > room:
+                raise BadRecord(
+                    "too_large",
+                    f"record is about {tokens} tokens; a request has room for {room} "
+                    "(window.max_input_tokens less the instructions, tools and advisors)",
+                )
+        except BadRecord as exc:
+            log.warning(
+                "dead letter %s at %s/%d/%d: %s",
+                exc.code,
+                source.topic,
+                source.partition,
+                source.offset,
+                exc.message,
+                extra=_where(exc.code, source),
+            )
+            letter = self.builder.letter(bad_record(exc, source, value))
+            self.count(letter)
+            unit.finish(slot, letter.records)
+            return
+        if self.flows is not None:
+            admitted, item.changes = self.flows.admit(instance)
+            if admitted is None:  # its turn was committed before: nothing to redo
+                self.metrics.count({"redelivered_skipped": 1})
+                unit.finish(slot, item.changes)
+                return
+            item.instance = admitted
+        await self.tier.offer(item, self)
+
+    async def offer_turn(self, unit: Unit, inst: Instance) -> None:
+        """A workflow's next turn joins the window like any item."""
+        if inst.id in self._queued_turns or not unit.alive:
+            return
+        self._queued_turns.add(inst.id)
+        self.metrics.count({"turns": 1})
+        text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
+        await self.tier.offer(Staged(inst, unit, None, text), self)
+
+    async def add(self, item: Staged) -> None:
+        await self.windower.add(item)
+
+    async def launch(self, items: list[Staged], reason: str) -> None:
+        await self.limiter.acquire()
+        self.batches += 1
+        batch_id = f"{self.worker}-{self.batches}"
+        self.metrics.observe_batch(len(items), reason)
+        self.metrics.batch_started()
+        task = asyncio.create_task(self._run(batch_id, items), name=batch_id)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, batch_id: str, items: list[Staged]) -> None:
+        try:
+            live = [i for i in items if i.unit.alive]
+            if not live:
+                return  # every item's partition moved on: its new owner redoes them
+            with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
+                planned = await self._solved(batch_id, [i.instance for i in live])
+            try:
+                self._stage(batch_id, live, planned)
+            except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
+                log.exception("batch %s: staging failed", batch_id)
+                for item in live:
+                    item.unit.fail(exc)
+        finally:
+            self.limiter.release()
+            self.metrics.batch_ended()
+
+    async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
+        """The batch's records; an unexpected error retries it, then dead-letters its
+        items with the error, so nothing is committed without an outcome."""
+
+        async def solve() -> Planned:
+            outcome = await self.solver.solve(instances)
+            self.probe.at("solved")
+            self.size.learn(outcome, len(instances))
+            await self.quality.after(outcome)
+            self.metrics.observe_tokens(
+                outcome.prompt_tokens,
+                outcome.completion_tokens,
+                outcome.cached_tokens,
+                len({id(a.instance) for a in outcome.answers}),
+            )
+            flow = self.flows.rehearsal() if self.flows is not None else None
+            planned = self.builder.batch(batch_id, outcome, flow)
+            self.probe.at("after_llm")  # the batch's records built, none staged yet
+            return planned
+
+        planned = await retried(batch_id, "solving", solve)
+        if isinstance(planned, Exception):
+            return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
+        return planned
+
+    def _stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
+        """Each item's records onto its own slot; a record too large for the broker is
+        replaced by a dead letter for its item before it is staged."""
+        by_origin = {position(i.instance.source): i for i in items}
+        owned: dict[int, list[OutRecord]] = defaultdict(list)
+        loose: list[OutRecord] = []  # about the batch, not one item (a whole-batch opinion)
+        for rec in planned.records:
+            item = by_origin.get(rec.origin) if rec.origin else None
+            if item is None:
+                loose.append(rec)
+                continue
+            if len(rec.value) + len(rec.key or b"") > self.settings.max_output_bytes:
+                letter = oversized(rec, item.instance, self.settings.max_output_bytes, batch_id)
+                too_large = self.builder.letter(letter)
+                self.count(too_large)
+                owned[id(item)].extend(too_large.records)
+                continue
+            owned[id(item)].append(rec)
+        self.count(planned)
+        turns = {t.instance.id: t for t in planned.turns}
+        lines = self.tier.settled(items)
+        staged = 0
+        for item in items:
+            self._queued_turns.discard(item.instance.id)
+            if not item.unit.alive:
+                continue  # its partition's store is gone too: the new owner redoes it
+            records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
+            turn = turns.get(item.instance.id)
+            if self.flows is not None and turn is not None:
+                change = self.flows.apply(turn)
+                self.count(change.planned)
+                records += change.records
+            if item.slot is None:
+                item.unit.stage(records)
+            else:
+                item.unit.finish(item.slot, records)
+            staged += 1
+        if loose:
+            alive = next((i.unit for i in items if i.unit.alive), None)
+            if alive is not None:
+                alive.stage(loose)
+        if staged < len(items):
+            log.info(
+                "batch %s: %d items of partitions no longer owned here are left to their owner",
+                batch_id,
+                len(items) - staged,
+            )
+
+    def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
+        """A record the broker refused for itself (`said`): its item's dead letter, to
+        write instead (the units' `Refusals.replace`)."""
+        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
+        self.count(letters)
+        return letters.records
+
+    def count(self, planned: Planned) -> None:
+        """Counts what the records mean (metrics, the live page's decisions)."""
+        self.metrics.count(planned.events)
+        self.metrics.decisions.extend(planned.decisions)

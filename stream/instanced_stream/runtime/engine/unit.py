@@ -1,0 +1,402 @@
+"""The unit: one owned input partition p, its producer, what is staged on it, its commits.
+
+Exactly once (docs/architecture.md): the unit's producer is transactional with an id
+stable per partition (`<app id>.<input topic>.<p>`), so starting it fences any earlier
+owner of p: a zombie's later commits fail with `ProducerFenced`. Every record the
+processor consumed at p (input, results, approvals: co-partitioned) is tracked in a slot;
+when its outcome is known, its output records (and state changes) are staged on the slot.
+A commit takes each topic's finished, contiguous prefix of slots and writes, in one
+transaction, their outputs in offset order (so each instance's outputs keep its input
+order) and the offsets after them. A crash, a revocation or a fencing before the commit
+leaves nothing visible to read_committed consumers; the next owner redoes that prefix.
+
+At least once uses the same units with one shared idempotent producer: the prefix's
+records are sent and acknowledged, then its offsets are committed by the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordTooLargeError,
+)
+from aiokafka.structs import TopicPartition
+
+from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.tracing import Headers
+
+__all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
+
+log = logging.getLogger("stream.unit")
+
+# Work finished within this long after the first is committed in the same transaction
+# (STREAM_COMMIT_INTERVAL): a transaction costs four round trips, so under load many
+# batches share one, and a lone item still waits no more than this for its outcome to
+# become visible.
+LINGER_S = 0.05
+
+CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+# A record the broker refuses for itself, the replacement to write instead (its item's
+# dead letter), given the broker's words.
+Replace = Callable[[OutRecord, str], list[OutRecord]]
+# Each topic's record limit as the broker holds it now (`max.message.bytes`).
+Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
+# A fresh producer with the unit's transactional id (the old one is broken after an
+# aborted transaction whose sends failed: its sequence numbers are not reset).
+# Given the largest record batch the topics take, so that a batch of small records is not
+# refused as a whole.
+Renew = Callable[[int], Awaitable[AIOKafkaProducer]]
+
+# What a record batch adds to its one record (headers of the batch and the record).
+_BATCH_OVERHEAD = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Refusals:
+    """How a unit handles records the broker refuses for themselves."""
+
+    replace: Replace
+    limits: Limits
+    renew: Renew | None = None
+
+
+# Errors about one record itself (too large, a bad topic): sending it again cannot help.
+_REFUSALS = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    InvalidTopicError,
+    CorruptRecordException,
+)
+
+
+class _Refused(Exception):
+    def __init__(self, refused: dict[int, BaseException]) -> None:
+        super().__init__(f"{len(refused)} records refused")
+        self.refused = refused
+
+
+class UnitGone(Exception):
+    """The unit was dropped (revoked, fenced or failed): what was staged on it is void."""
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One consumed record at the unit's partition, and what its outcome stages."""
+
+    topic: str
+    offset: int
+    headers: Headers = ()
+    done: bool = False
+    records: list[OutRecord] = field(default_factory=list)
+    at: float = field(default_factory=time.monotonic)  # when it was consumed
+
+
+class Unit:
+    """Owned input partition `partition`. `producer`: transactional (exactly once, owned by
+    the unit and closed with it) or shared (at least once, with `commit_offsets` doing the
+    consumer's commit)."""
+
+    def __init__(
+        self,
+        partition: int,
+        producer: AIOKafkaProducer,
+        *,
+        group_id: str,
+        transactional: bool,
+        commit_offsets: CommitOffsets | None = None,
+        refusals: Refusals | None = None,
+        probe: Probe = NO_PROBE,
+        linger_s: float = LINGER_S,
+    ) -> None:
+        self.partition, self.linger_s = partition, linger_s
+        self.probe = probe  # the fault campaign's points: mid_commit, after_commit
+        self.refusals = refusals
+        self.producer = producer
+        self.group_id = group_id
+        self.transactional = transactional
+        self.commit_offsets = commit_offsets
+        self.alive = True
+        self.failed: BaseException | None = None
+        self.slots: dict[str, deque[Slot]] = {}
+        # Per topic, the consumer's position after the records handed out so far: past
+        # transaction markers and aborted records, which are never handed out.
+        self._seen: dict[str, int] = {}
+        self._committed: dict[str, int] = {}  # the offsets this unit committed last
+        self._free: list[OutRecord] = []  # outputs tied to no consumed record (next turns)
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.commits = 0
+        self.committed_records = 0
+
+    def __repr__(self) -> str:
+        return f"Unit(p={self.partition}, alive={self.alive})"
+
+    # ------------------------------------------------------------------ staging
+
+    def track(self, topic: str, offset: int, headers: Headers = ()) -> Slot:
+        """A consumed record; its offset is committed only once its slot is finished."""
+        self._check()
+        slot = Slot(topic, offset, headers)
+        self.slots.setdefault(topic, deque()).append(slot)
+        return slot
+
+    def seen(self, topic: str, position: int) -> None:
+        """Every record of `topic` before `position` was handed out and tracked here."""
+        if position > self._seen.get(topic, -1):
+            self._seen[topic] = position
+            self._wake.set()
+
+    def finish(self, slot: Slot, records: Iterable[OutRecord] = ()) -> None:
+        """The slot's outcome: these records are written with its offset, atomically."""
+        self._check()
+        slot.records.extend(_traced(records, slot.headers))
+        slot.done = True
+        self._wake.set()
+
+    def stage(self, records: Iterable[OutRecord]) -> None:
+        """Outputs tied to no consumed record here (a workflow's next turn): they go out
+        with the next commit."""
+        self._check()
+        self._free.extend(records)
+        self._wake.set()
+
+    def open_slots(self) -> int:
+        return sum(1 for slots in self.slots.values() for s in slots if not s.done)
+
+    def oldest_open(self, topic: str) -> int | None:
+        """The first offset of `topic` still waiting for its outcome."""
+        for slot in self.slots.get(topic, ()):
+            if not slot.done:
+                return slot.offset
+        return None
+
+    def fail(self, exc: BaseException) -> None:
+        """Voids the unit (a bug while staging on it): its owner replaces it, and the
+        uncommitted prefix is redone from the last commit."""
+        if self.alive:
+            self.failed, self.alive = exc, False
+            log.error("partition %d: staging failed, the unit is dropped: %r", self.partition, exc)
+
+    def _check(self) -> None:
+        if not self.alive:
+            raise UnitGone(f"partition {self.partition} is no longer owned here")
+
+    # ------------------------------------------------------------------ commits
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"unit-{self.partition}")
+
+    async def _run(self) -> None:
+        try:
+            while self.alive:
+                await self._wake.wait()
+                await asyncio.sleep(self.linger_s)
+                await self.commit()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the unit is void; its owner replaces it
+            self.failed = exc
+            self.alive = False
+            log.error("partition %d: commit failed, the unit is dropped: %r", self.partition, exc)
+
+    def _take(self) -> tuple[list[OutRecord], dict[str, int]]:
+        """Pops each topic's finished, contiguous prefix: its records in offset order,
+        and the offset to commit per topic."""
+        records: list[OutRecord] = []
+        offsets: dict[str, int] = {}
+        for topic in self.slots.keys() | self._seen.keys():
+            slots = self.slots.get(topic) or deque()
+            while slots and slots[0].done:
+                slot = slots.popleft()
+                records.extend(slot.records)
+                offsets[topic] = slot.offset + 1
+            seen = self._seen.get(topic)
+            last = offsets.get(topic, self._committed.get(topic, -1))
+            if not slots and seen is not None and seen > last:
+                # Nothing open: the commit goes past the markers and aborted records
+                # after the last record, so a transactional upstream leaves no lag.
+                offsets[topic] = seen
+        for topic, offset in offsets.items():
+            self._committed[topic] = offset
+        records.extend(self._free)
+        self._free = []
+        return records, offsets
+
+    async def commit(self) -> int:
+        """Commits what is finished; returns how many records it wrote. Raises when the
+        unit can no longer commit (fenced, or the transaction failed): the caller drops it,
+        and the prefix is redone by whoever owns the partition next."""
+        async with self._lock:
+            if not self.alive:
+                return 0
+            self._wake.clear()
+            records, offsets = self._take()
+            if not records and not offsets:
+                return 0
+            tps = {TopicPartition(t, self.partition): o for t, o in offsets.items()}
+            try:
+                records = await self._write(records, tps)
+            except ProducerFenced:
+                self.alive = False
+                raise
+            except BaseException:
+                self.alive = False
+                if self.transactional:
+                    await self._abort()
+                raise
+            self.commits += 1
+            self.committed_records += len(records)
+            self.probe.at("after_commit")
+            return len(records)
+
+    async def _write(
+        self, records: list[OutRecord], offsets: dict[TopicPartition, int]
+    ) -> list[OutRecord]:
+        """Writes the records and the offsets; a record the broker refuses for itself is
+        replaced (its item's dead letter) and the whole is written again, so one bad
+        record neither loops the unit nor holds its batch-mates back."""
+        for _ in range(3):
+            try:
+                if self.transactional:
+                    await self._commit_transaction(records, offsets)
+                else:
+                    await self._send(records)
+                    self.probe.at("mid_commit")
+                    if offsets and self.commit_offsets is not None:
+                        await self.commit_offsets(offsets)
+                return records
+            except _Refused as exc:
+                if self.transactional:
+                    await self.producer.abort_transaction()
+                records = await self._replaced(records, exc)
+        raise RuntimeError("records kept being refused after their replacement")
+
+    async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
+        """The records with each one over its topic's limit replaced, and a transactional
+        producer renewed with batches under the limit; raises when nothing can change."""
+        renew = self.refusals.renew if self.refusals and self.transactional else None
+        out, limits = await _without_refused(records, exc, self.refusals, self.partition)
+        if out is records and (renew is None or not limits):
+            raise next(iter(exc.refused.values())) from exc
+        if renew is not None:
+            await self.producer.stop()  # before its successor fences it
+            self.producer = await renew(min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD)
+        return out
+
+    async def _commit_transaction(
+        self, records: list[OutRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        await self.producer.begin_transaction()
+        await self._send(records)
+        if offsets:
+            await self.producer.send_offsets_to_transaction(offsets, self.group_id)
+        self.probe.at("mid_commit")  # every record sent, the transaction still open
+        await self.producer.commit_transaction()
+
+    async def _send(self, records: list[OutRecord]) -> None:
+        # Every send is acknowledged before the commit: the transaction (or the consumer's
+        # offset commit) must not be written ahead of the records it vouches for.
+        # An empty value is a deletion (every output is JSON): sent as null, the tombstone
+        # compaction removes.
+        futures = [
+            await self.producer.send(
+                r.topic, r.value or None, key=r.key, partition=r.partition, headers=list(r.headers)
+            )
+            for r in records
+        ]
+        if not futures:
+            return
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, _REFUSALS)}
+        if refused:
+            raise _Refused(refused)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _abort(self) -> None:
+        try:
+            await self.producer.abort_transaction()
+        except (KafkaError, AssertionError) as exc:  # fenced or broken: nothing to undo
+            log.debug("partition %d: abort not possible: %r", self.partition, exc)
+
+    async def close(self, *, commit: bool) -> None:
+        """Stops the unit. `commit`: what is finished is committed first (a graceful
+        revocation or shutdown); otherwise, and for whatever is unfinished, the next owner
+        redoes it. A transactional producer is closed with its unit."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if commit and self.alive:
+            try:
+                await self.commit()
+            except Exception as exc:
+                log.warning("partition %d: last commit failed: %r", self.partition, exc)
+        self.alive = False
+        self.slots.clear()
+        self._free = []
+        if self.transactional:
+            try:
+                await self.producer.stop()
+            except Exception as exc:  # a fenced producer may refuse to stop cleanly
+                log.debug("partition %d: producer stop: %r", self.partition, exc)
+
+
+def oldest_open_since(unit: Unit) -> float | None:
+    """When the oldest record still waiting for its outcome at `unit` was consumed
+    (monotonic seconds)."""
+    firsts = [next((s.at for s in slots if not s.done), None) for slots in unit.slots.values()]
+    return min((at for at in firsts if at is not None), default=None)
+
+
+def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecord]:
+    """The consumed record's traceparent on every record its outcome writes."""
+    if not headers:
+        return records
+    return [
+        r if r.headers else OutRecord(r.topic, r.key, r.value, r.origin, r.partition, headers)
+        for r in records
+    ]
+
+
+async def _without_refused(
+    records: list[OutRecord], exc: _Refused, refusals: Refusals | None, partition: int
+) -> tuple[list[OutRecord], dict[str, int]]:
+    """`records` with each refused one that is over its topic's current limit replaced by
+    its item's dead letter (the same list when none is), and the limits looked up."""
+    if refusals is None:
+        return records, {}
+    limits = await refusals.limits({records[k].topic for k in exc.refused})
+    out: list[OutRecord] = []
+    replaced = 0
+    for k, rec in enumerate(records):
+        limit = limits.get(rec.topic)
+        size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
+        if k not in exc.refused or limit is None or size <= limit:
+            out.append(rec)
+            continue
+        replaced += 1
+        log.error(
+            "partition %d: the broker refused a record of %d bytes for %s (its limit: %d); "
+            "its item is dead-lettered",
+            partition,
+            size,
+            rec.topic,
+            limit,
+        )
+        out += refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
+    return (out if replaced else records), limits

@@ -1,0 +1,46 @@
+"""Quality control: what happens between a batch's answer and its records. The shadow
+sample measures the batched decisions and moves the window's size (through its one author,
+`WindowSize`); second opinions for doubtful items replace their answers before anything
+is published."""
+
+from __future__ import annotations
+
+from instanced_stream.core.model import Model
+from instanced_stream.core.solve import Outcome
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.quality.escalation import Escalation
+from instanced_stream.runtime.quality.shadow import Shadow
+from instanced_stream.runtime.steps.window_size import WindowSize
+
+__all__ = ["QualityControl"]
+
+
+class QualityControl:
+    def __init__(
+        self,
+        spec: AgentSpec,
+        llm: Model,
+        metrics: Metrics,
+        max_attempts: int,
+        size: WindowSize,
+        second: Model | None = None,
+    ) -> None:
+        self.size = size
+        self.shadow = Shadow(spec, llm, metrics, max_attempts, size.follow_quality)
+        self.escalation = Escalation(spec, llm, metrics, max_attempts, second)
+        size.follow_quality(self.shadow.window)
+
+    def reconfigure(self, spec: AgentSpec) -> None:
+        self.shadow.reconfigure(spec)
+        self.escalation.reconfigure(spec)
+        self.size.follow_quality(self.shadow.window)
+
+    async def after(self, outcome: Outcome) -> None:
+        """A solved batch: sampled (its batched answers, as given), then its doubtful
+        answers replaced by their second opinions."""
+        self.shadow.offer(outcome)
+        await self.escalation.review(outcome)
+
+    async def stop(self) -> None:
+        await self.shadow.stop()

@@ -1,0 +1,425 @@
+"""The processor on units (docs/architecture.md, exactly once): membership, units and the stager,
+assembled once and run until SIGTERM or SIGINT.
+
+The fetch loop hands input records to the intake task through a queue of one fetch at a
+time, and holds the input partitions (consumer pause) while that queue is full, so an
+LLM outage pauses consumption without stalling the group: the consumer keeps polling,
+heartbeats and rebalances go on. Nothing here knows about transactions; the units do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import mode
+import orjson
+
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.overrides import Messages, apply_overrides
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.workflow import Workflow
+from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.kafka.topics import batch_changelog, state_changelog
+from instanced_stream.llm.batch_api import BatchModel
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.factory import build_llm
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
+from instanced_stream.observe.web import WebServer
+from instanced_stream.runtime.batch.ledger import Ledger
+from instanced_stream.runtime.batch.submissions import Submissions
+from instanced_stream.runtime.engine.membership import Fetched, Membership
+from instanced_stream.runtime.engine.overrides import OverrideFollower
+from instanced_stream.runtime.engine.stager import Stager
+from instanced_stream.runtime.engine.store import Stores
+from instanced_stream.runtime.engine.tier import ONLINE
+from instanced_stream.runtime.engine.unit import Unit, oldest_open_since
+from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.steps.intake import source_of
+from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.settings import Settings
+
+__all__ = ["every", "limiter_for", "run_processor"]
+
+log = logging.getLogger("stream.processor")
+
+
+_FETCH_MS = 200
+_FETCH_RECORDS = 2000
+# Fetches queued for the intake before the input is held: a few, so the intake never
+# waits for a fetch's round trip, and a hold (which drops what the client prefetched)
+# happens only when the window really cannot take more (an LLM outage, a slow model).
+_QUEUED_FETCHES = 4
+_HELD_POLL_MS = 20  # while held: results and approvals still flow, heartbeats go on
+
+
+def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
+    """The in-flight limiter the spec asks for, reporting its limit to the metrics."""
+    return Limiter(
+        spec.window.max_in_flight, adaptive=spec.window.adaptive, on_change=metrics.on_limit
+    )
+
+
+class _Service(mode.Service):
+    def __init__(
+        self,
+        settings: Settings,
+        spec: AgentSpec,
+        bootstrap: str,
+        llm_url: str,
+        overrides: tuple[Messages, dict[int, int]],
+        probe: Probe,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        topics = settings.topics
+        self.fetching: asyncio.Future[None] | None = None
+        self.metrics = Metrics(spec.model, spec.window.max_items)
+        self.limiter, self.llm, self.submissions = _tiered(
+            settings, spec, self.metrics, llm_url, self._unit
+        )
+        messages, ends = overrides
+        merged, refused = apply_overrides(spec, messages)
+        for key, reason in refused:
+            log.error("context message %s refused: %s", key, reason)
+        self.metrics.context_refused.set(len(refused))
+        self.worker = secrets.token_hex(3)
+        self.builder = RecordBuilder(merged, topics, self.llm.model)
+        self.bootstrap = bootstrap
+        self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
+        self.flows: Flows | None = None
+        self.probe = probe
+        # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
+        # store, no changelog and no workflow: nothing of an instance outlives its request.
+        if merged.plan is not None:
+            stores = Stores()
+            workflow = Workflow(
+                merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
+            )
+            self.flows = Flows(
+                workflow,
+                stores,
+                self.builder,
+                self.metrics,
+                self.worker,
+                state_changelog(settings),
+                settings.max_output_bytes,
+            )
+        self.stager = Stager(
+            settings,
+            merged,
+            self.llm,
+            limiter=self.limiter,
+            metrics=self.metrics,
+            builder=self.builder,
+            probe=probe,
+            worker=self.worker,
+            flows=self.flows,
+            second=self.escalate_llm,
+            tier=self.submissions or ONLINE,
+        )
+        self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
+        group = settings.topic_prefix + settings.app_id
+        self.membership = Membership(
+            bootstrap,
+            group,
+            [topics.input, topics.results, topics.approvals],
+            transactional=settings.delivery == "exactly_once",
+            transactional_prefix=f"{group}.{topics.input}",
+            session_timeout_s=settings.session_timeout_s,
+            client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
+            group_instance_id=settings.group_instance_id,
+            on_rebalance=self.metrics.rebalances.inc,
+            on_open=self._opened if self.flows or self.submissions else None,
+            on_close=self._closed if self.flows or self.submissions else None,
+            replace=self.stager.replacement,
+            probe=probe,
+            request_timeout_ms=settings.publish_timeout_ms,
+            commit_interval_s=settings.commit_interval,
+        )
+        self.follower = OverrideFollower(
+            bootstrap, topics.context, spec, messages, ends, self._reconfigure
+        )
+        # Ready: joined the group and serving its partitions (what a rollout and a
+        # disruption budget need to know); the model's state is only reported.
+        self.web = WebServer(
+            self.metrics,
+            lambda: self.serving and not self.membership.rebalancing,
+            settings.web_host,
+            settings.web_port,
+            model_ok=lambda: self.metrics.endpoint_ok,
+        )
+        self.serving = False
+        self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
+        self.stopping = asyncio.Event()
+
+    def _unit(self, partition: int) -> Unit | None:
+        return self.membership.units.get(partition)
+
+    async def _opened(self, unit: Unit) -> None:
+        """A stateful unit: its store restored before it takes work; the workflows that
+        wait for a turn resume. The batch tier: the lines its partition submitted."""
+        if self.submissions is not None:
+            lines = await self.submissions.restore(self.bootstrap, unit.partition)
+            log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
+        if self.flows is None:
+            return
+        store = self.flows.store_for(unit.partition)
+        states = await store.restore(self.bootstrap)
+        ready = self.flows.ready(unit.partition)
+        log.info(
+            "partition %d: %d states restored, %d workflows resume their next turn",
+            unit.partition,
+            states,
+            len(ready),
+        )
+        self._ready(unit, ready)
+
+    def _closed(self, unit: Unit) -> None:
+        if self.submissions is not None:
+            self.submissions.drop(unit.partition)
+        if self.flows is not None:
+            self.flows.stores.drop(unit.partition)
+
+    def _ready(self, unit: Unit, ready: list[Instance]) -> None:
+        for inst in ready:
+            self.turns.put_nowait((unit, inst))
+
+    def _reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
+        for key, reason in refused:
+            log.error("context message %s refused: %s", key, reason)
+        self.metrics.context_refused.set(len(refused))
+        self.stager.reconfigure(spec)
+
+    async def on_start(self) -> None:
+        await self.membership.start()
+        self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
+        try:
+            await self.web.start()
+        except OSError as exc:  # a busy port costs the page and probes, never the stream
+            log.warning("web server not started on port %d: %s", self.web.port, exc)
+        await self.follower.start()
+
+    async def on_started(self) -> None:
+        self.serving = True
+        log.info("processor %s started (delivery %s)", self.worker, self.settings.delivery)
+        # Supervised by mode: a task that raises crashes the service, and the worker
+        # exits non-zero (a partition that keeps failing, an intake bug).
+        self.fetching = self.add_future(self._fetch_loop())
+        self.add_future(self._intake())
+        self.add_future(self._next_turns())
+        failed = partial(self.metrics.count, {"timer_errors": 1})
+        self.add_future(every(5.0, self._lag, failed))
+        self.add_future(every(1.0, self._expire, failed))
+        self.add_future(every(30.0, self._report, failed))
+        if self.submissions is not None:
+            self.add_future(
+                every(5.0, functools.partial(self.submissions.sweep, self.stager), failed)
+            )
+
+    async def on_stop(self) -> None:
+        """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
+        `drain_s` to be staged and committed, then every unit commits and leaves."""
+        self.stopping.set()
+        if self.fetching is not None:
+            await asyncio.gather(self.fetching, return_exceptions=True)
+        self.serving = False
+        left = await self.stager.drain(self.settings.drain_s)
+        if left:
+            log.warning("drain: %d batches still in flight; redone by the next owner", left)
+        else:
+            log.info("drain: every batch in flight was delivered")
+        await self.stager.stop()
+        await self.membership.stop()
+        await self.follower.stop()
+        await self.web.stop()
+        await self.llm.close()
+        if self.escalate_llm is not None:
+            await self.escalate_llm.close()
+
+    async def _fetch_loop(self) -> None:
+        while not self.stopping.is_set():
+            await self.membership.heal()
+            held = self.queue.full()
+            self.membership.hold_input(held)
+            fetched = await self.membership.fetch(
+                _HELD_POLL_MS if held else _FETCH_MS, _FETCH_RECORDS
+            )
+            inputs: list[Fetched] = []
+            for got in fetched:
+                if got.record.topic == self.membership.input:
+                    inputs.append(got)
+                else:
+                    self._other(got)
+            if inputs:
+                # The input was held before this fetch whenever the queue was full, and
+                # only this loop fills it: the put does not wait, so the consumer keeps
+                # polling (a member that stops polling is put out of the group).
+                await self.queue.put(inputs)
+
+    async def _intake(self) -> None:
+        while True:
+            chunk = await self.queue.get()
+            for got in chunk:
+                if not got.unit.alive or self.stager.draining:
+                    continue  # its partition's next owner (or this one, reopened) redoes it
+                rec = got.record
+                source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
+                await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
+
+    async def _next_turns(self) -> None:
+        while True:
+            unit, inst = await self.turns.get()
+            if unit.alive and not self.stager.draining:
+                await self.stager.offer_turn(unit, inst)
+
+    def _other(self, got: Fetched) -> None:
+        """A result or an approval: its change staged on its slot. A stateless spec has
+        nothing awaiting them: they are read and committed, never decided."""
+        if self.flows is None:
+            self.metrics.count({"results_ignored": 1})
+            got.unit.finish(got.slot)
+            return
+        result = got.record.topic == self.settings.topics.results
+        ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
+        self._ready(got.unit, ready)
+        # Staged on its unit, not yet committed.
+        self.probe.at("after_result" if result else "after_approval")
+
+    async def _expire(self) -> None:
+        if self.flows is None or self.membership.rebalancing:
+            return
+        for unit, inst in self.flows.expired(self.membership.units):
+            self.turns.put_nowait((unit, inst))
+
+    async def _lag(self) -> None:
+        self.metrics.set_lag(await self.membership.lag())
+        opened = [oldest_open_since(u) for u in self.membership.units.values()]
+        oldest = min((at for at in opened if at is not None), default=None)
+        ages = self.submissions.in_flight() if self.submissions is not None else None
+        self.metrics.set_waiting(ages, None if oldest is None else time.monotonic() - oldest)
+
+    async def _report(self) -> None:
+        log.info(
+            "stats %s open=%d in_flight=%d rebalances=%d",
+            orjson.dumps(self.metrics.counts()).decode(),
+            sum(u.open_slots() for u in self.membership.units.values()),
+            len(self.stager.tasks),
+            self.membership.rebalances,
+        )
+
+
+def _tiered(
+    settings: Settings,
+    spec: AgentSpec,
+    metrics: Metrics,
+    llm_url: str,
+    units: Callable[[int], Unit | None],
+) -> tuple[Limiter, LLM | BatchModel, Submissions | None]:
+    """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
+    if spec.model.tier == "online":
+        limiter = limiter_for(spec, metrics)
+        return (
+            limiter,
+            build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url),
+            None,
+        )
+    # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
+    # room for a batch being submitted and the next one filling.
+    limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)
+    online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+    model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
+    return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
+
+
+def _second(settings: Settings, spec: AgentSpec, metrics: Metrics, llm_url: str) -> LLM | None:
+    """model.escalate's client: its own model name, on its own endpoint or ours."""
+    second = spec.model.escalate
+    if second is None:
+        return None
+    model = spec.model.model_copy(update={"name": second.name, "escalate": None})
+    return build_llm(
+        settings.model_copy(update={"llm_model": None}),
+        spec.model_copy(update={"model": model}),
+        listener=metrics,
+        base_url=second.base_url or llm_url,
+    )
+
+
+async def every(
+    seconds: float, step: Callable[[], Awaitable[Any]], failed: Callable[[], None] = lambda: None
+) -> None:
+    """A timer that survives its step's errors: logged, counted by `failed`, and tried
+    again next time (a timer's exception once stopped the whole worker)."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failed()
+            log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
+
+
+def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
+    """`stream process`: checks the endpoint, creates the topics, reads the context
+    topic, then runs the units until SIGTERM or SIGINT."""
+    from instanced_stream.kafka.topics import check_partitions, ensure_product_topics
+    from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
+    from instanced_stream.observe.web import claim_port
+    from instanced_stream.runtime.engine.overrides import load_overrides
+
+    llm_url = endpoint(settings, spec)
+    resolve_api_key(settings, spec)  # configuration mistakes first, before any network
+    claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
+    probe: Probe = NO_PROBE
+    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
+        from instanced_stream.testing.faults import FaultProbe, arm
+
+        arm(settings.crash_at)
+        probe = FaultProbe()
+
+    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
+        probed = await check_llm(settings, spec)
+        await ensure_product_topics(bootstrap, settings, spec)
+        if spec.plan is not None:
+            await check_partitions(bootstrap, settings)
+        # The probed shape becomes the spec's, as if model.request had said it.
+        return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
+
+    pinned, overrides = asyncio.run(prepare())
+    # asyncio.run closed its loop; mode's worker runs on the current one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
+    # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
+    # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
+    # non-zero exit. Logging stays as the CLI set it up.
+    worker = mode.Worker(
+        service,
+        loglevel=settings.log_level,
+        quiet=True,
+        override_logging=False,
+        redirect_stdouts=False,
+    )
+    if setup_tracing("instanced-stream-processor"):
+        log.info("tracing: spans go over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        shutdown_tracing()
+    return 0

@@ -1,0 +1,192 @@
+"""Conservation check: every input item must end as a published call, an explicit
+NoAction, or an item-level dead letter. Reports missing, duplicated and unexpected records.
+
+Shipped as `stream audit` so users can run the same check against their own topics.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, Field
+
+from instanced_stream.core.messages import ITEM_CODES
+from instanced_stream.errors import StreamError
+from instanced_stream.kafka.topics import read_topic
+from instanced_stream.settings import Topics
+
+__all__ = ["AuditReport", "Since", "audit", "parse_since"]
+
+Position = tuple[str, int, int]
+
+# Where an audit starts: an offset on every input partition, or a time (epoch ms).
+Since = tuple[Literal["offset", "time"], int]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Outcomes carry the processor's clock, inputs the producer's: read outcomes from a little
+# earlier so a skewed clock does not hide them (earlier ones are simply ignored).
+_SKEW_MS = 300_000
+
+
+def parse_since(text: str) -> Since:
+    """`1200` (an offset), `30m`/`2h`/`1d` (that long ago) or an ISO time (UTC if bare)."""
+    text = text.strip()
+    if text.isdigit():
+        return ("offset", int(text))
+    ago = re.fullmatch(r"(\d+)([smhd])", text)
+    if ago:
+        return ("time", int((time.time() - int(ago[1]) * _UNITS[ago[2]]) * 1000))
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise StreamError(
+            f"--since {text!r}: give an offset (1200), a duration (30m, 2h, 1d) or an ISO time"
+        ) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return ("time", int(when.timestamp() * 1000))
+
+
+class AuditReport(BaseModel):
+    inputs: int
+    accounted: int
+    missing: list[Position] = Field(description="Input items with no outcome yet")
+    duplicate_calls: int = Field(description="Activity records whose call_id was seen before")
+    unexpected: int = Field(description="Outcomes whose source is not on the input topic")
+    calls_by_tool: dict[str, int]
+    fire_and_forget: int
+    reviewed: int = Field(description="Calls the advice gate sent to the review topic")
+    proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
+    no_action: int
+    dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
+    item_dead_letters: int = Field(description="Items that ended in a dead letter")
+    outcomes_per_input_max: int = Field(
+        0,
+        description="The most copies of one outcome (a call_id, a no-action, an item's dead "
+        "letter) on the topics, read committed: 1 when every outcome was written once",
+    )
+    duplicate_outcomes: int = Field(0, description="Outcome records beyond the first copy")
+    instances_in_calls: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def unaccounted(self) -> int:
+        return len(self.missing)
+
+    def summary(self) -> str:
+        """One line for people and scripts: `missing=0` is the promise kept."""
+        return (
+            f"inputs={self.inputs} accounted={self.accounted} missing={len(self.missing)} "
+            f"duplicates={self.duplicate_calls} unexpected={self.unexpected} "
+            f"dead_letters={self.item_dead_letters}"
+        )
+
+
+async def audit(
+    bootstrap: str, topics: Topics, activity_topics: list[str], since: Since | None = None
+) -> AuditReport:
+    """Reads the input topic and every outcome topic (activity, review, no-action, dead
+    letters) and reports which input items have no outcome. With `since`, only input
+    records from there on, and outcomes from (a little before) their time."""
+    input_topic = topics.input
+    inputs: set[Position] = set()
+    first: dict[int, int] = {}  # per input partition, the first offset audited
+    oldest: int | None = None
+    start_ms = since[1] if since and since[0] == "time" else None
+    start_offset = since[1] if since and since[0] == "offset" else None
+    async for rec in read_topic(bootstrap, input_topic, start_ms, start_offset):
+        inputs.add((input_topic, rec.partition, rec.offset))
+        first[rec.partition] = min(first.get(rec.partition, rec.offset), rec.offset)
+        oldest = rec.timestamp if oldest is None else min(oldest, rec.timestamp)
+    outcomes_ms = None if since is None else (oldest or int(time.time() * 1000)) - _SKEW_MS
+
+    async def outcomes(topic: str) -> AsyncIterator[Any]:
+        async for raw in read_topic(bootstrap, topic, outcomes_ms):
+            yield orjson.loads(raw.value or b"{}")
+
+    accounted: set[Position] = set()
+    unexpected = 0
+    calls: Counter[str] = Counter()
+    letters: Counter[str] = Counter()
+    seen_ids: set[str] = set()
+    duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
+    instances: list[str] = []
+    lettered: set[tuple[object, object, object]] = set()
+    # Every outcome by what it is, not by its bytes (a redone batch has another batch id):
+    # exactly once means each appears once.
+    copies: Counter[tuple[object, ...]] = Counter()
+
+    def origin(rec: dict[str, Any]) -> tuple[object, object, object]:
+        src = rec.get("source") or {}
+        return (src.get("topic"), src.get("partition"), src.get("offset"))
+
+    def mark(source: dict[str, object] | None) -> None:
+        nonlocal unexpected
+        if not source:
+            return
+        pos = (str(source["topic"]), int(source["partition"]), int(source["offset"]))  # type: ignore[call-overload]
+        if pos[0] != input_topic:
+            return
+        if since is not None and pos[2] < first.get(pos[1], pos[2] + 1):
+            return  # the outcome of an item before the audited range
+        if pos in inputs:
+            accounted.add(pos)
+        else:
+            unexpected += 1
+
+    for topic in [*activity_topics, topics.review]:
+        async for rec in outcomes(topic):
+            copies["call", rec.get("call_id")] += 1
+            if rec.get("call_id") in seen_ids:
+                duplicates += 1
+                continue
+            seen_ids.add(rec.get("call_id"))
+            if topic == topics.review:
+                reviewed += 1
+            else:
+                calls[rec.get("tool", "?")] += 1
+            if "_outputPath" not in rec.get("call", {}):
+                fire_and_forget += 1
+            instances.append(str(rec.get("instance")))
+            mark(rec.get("source"))
+    async for rec in outcomes(topics.no_action):
+        copies["no_action", *origin(rec), rec.get("instance")] += 1
+        no_action += 1
+        mark(rec.get("source"))
+    async for rec in outcomes(topics.proposals):
+        proposals += 1  # a lazy plan's outcome: the proposal waits for a person
+        mark(rec.get("source"))
+    async for rec in outcomes(topics.dead_letter):
+        letters[rec.get("code", "?")] += 1
+        call = rec.get("call") or {}
+        copies["letter", *origin(rec), rec.get("code"), rec.get("scope"), orjson.dumps(call)] += 1
+        if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
+            # Items, not records: a batch redone after a crash repeats its dead letters.
+            src = rec.get("source") or {}
+            where = (src.get("topic"), src.get("partition"), src.get("offset"))
+            if not src or where not in lettered:
+                item_letters += 1
+                lettered.add(where)
+            mark(rec.get("source"))
+    return AuditReport(
+        inputs=len(inputs),
+        accounted=len(accounted),
+        missing=sorted(inputs - accounted),
+        duplicate_calls=duplicates,
+        unexpected=unexpected,
+        calls_by_tool=dict(calls),
+        fire_and_forget=fire_and_forget,
+        reviewed=reviewed,
+        proposals=proposals,
+        no_action=no_action,
+        dead_letters=dict(letters),
+        item_dead_letters=item_letters,
+        instances_in_calls=instances,
+        outcomes_per_input_max=max(copies.values(), default=0),
+        duplicate_outcomes=sum(n - 1 for n in copies.values()),
+    )

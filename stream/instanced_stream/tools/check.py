@@ -1,0 +1,109 @@
+"""`stream check`: lints the agent spec and the settings without starting anything, and
+with `--endpoint` asks the model endpoint whether it knows the model and accepts the key.
+
+Every problem is a StreamError (the CLI prints one line and exits 2); what was checked is
+returned as lines for people, so a CI job or an init container can run it before a rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+
+from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.errors import StreamError
+from instanced_stream.settings import Settings
+
+__all__ = ["check", "check_endpoint", "lint_settings", "preflight"]
+
+
+def lint_settings(settings: Settings) -> list[str]:
+    """Combinations each setting's own validation cannot see."""
+    problems = []
+    if settings.web_port and settings.web_port == settings.worker_web_port:
+        problems.append(
+            f"STREAM_WEB_PORT and STREAM_WORKER_WEB_PORT are both {settings.web_port}: a "
+            "processor and a worker on one host would fight for it"
+        )
+    replicas, isr = settings.replication_factor, settings.min_insync_replicas
+    if replicas is not None and isr is not None and isr > replicas:
+        problems.append(
+            f"STREAM_MIN_INSYNC_REPLICAS={isr} exceeds STREAM_REPLICATION_FACTOR={replicas}: "
+            "every acks=all publish would fail"
+        )
+    if settings.kafka_security_protocol.startswith("SASL") and not settings.kafka_sasl_username:
+        problems.append("a SASL protocol needs STREAM_KAFKA_SASL_USERNAME")
+    return problems
+
+
+def preflight(settings: Settings, spec: AgentSpec) -> None:
+    """Every configuration mistake `stream process` refuses before it touches the network,
+    in one place: `stream check` runs exactly this, so it never passes what a processor
+    would refuse. Raises StreamError (or SpecError) at the first."""
+    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.core.tokenizer import Tokenizer
+    from instanced_stream.kafka.security import client_options
+    from instanced_stream.llm.factory import endpoint, resolve_api_key
+    from instanced_stream.llm.limiter import Limiter
+    from instanced_stream.runtime.steps.window_size import WindowSize
+
+    problems = lint_settings(settings)
+    if problems:
+        raise StreamError("; ".join(problems))
+    endpoint(settings, spec)  # no endpoint at all
+    resolve_api_key(settings, spec)  # a hosted endpoint without a key
+    client_options(settings)  # Kafka certificate and password files
+    # a window too small for the instructions, tools and advisors alone
+    WindowSize(spec, Tokenizer(spec.model.name), PromptBuilder(spec).system, Limiter(1))
+
+
+async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:
+    """Reachable, knows the model, accepts the key and a request of the stream's own
+    shape (probed as `stream process` probes it, or the spec's `model.request`); else a
+    StreamError saying which."""
+    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.llm.factory import build_llm
+    from instanced_stream.llm.preflight import probe
+
+    llm = build_llm(settings, spec)
+    try:
+        # The probe below treats an unreachable endpoint as an outage the stream waits
+        # out; a check run before a rollout must say so instead.
+        try:
+            await llm.client.models.list()
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            raise StreamError(f"the model endpoint {llm.base_url} does not answer: {exc}") from exc
+        except openai.APIStatusError:
+            pass  # some servers have no model list; the probe below still tells
+        probed = await probe(llm, PromptBuilder(spec), adapt=spec.model.request is None)
+    finally:
+        await llm.close()
+    if not probed.answered:
+        raise StreamError(
+            f"the model endpoint {llm.base_url} did not answer the probe request; the "
+            "request shape is unproven"
+        )
+    how = "set by model.request" if spec.model.request is not None else "probed"
+    lines = [f"endpoint {llm.base_url}: answers, knows model {llm.model!r}, accepts the key"]
+    lines += [f"refused: {t}" for t in probed.tried]
+    lines.append(f"request shape ({how}): {probed.shape.label()}")
+    return lines
+
+
+def check(settings: Settings, endpoint: bool = False) -> list[str]:
+    """Lines saying what was checked; raises StreamError at the first problem."""
+    from instanced_stream.llm.factory import endpoint as endpoint_of
+
+    spec = load_spec(settings.spec)
+    lines = [
+        f"spec {settings.spec}: valid ({spec.name}: {len(spec.tools)} tools, "
+        f"{len(spec.advisors)} advisors, {'a plan' if spec.plan else 'no plan'})"
+    ]
+    preflight(settings, spec)
+    lines.append("settings: consistent, as `stream process` needs them")
+    if endpoint:
+        lines += asyncio.run(check_endpoint(settings, spec))
+    else:
+        lines.append(f"endpoint {endpoint_of(settings, spec)}: not contacted (add --endpoint)")
+    return lines
