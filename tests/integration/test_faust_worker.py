@@ -21,6 +21,7 @@ from typing import IO, Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic
@@ -33,6 +34,7 @@ Deploy = Callable[..., Awaitable[Deployment]]
 ROOT = Path(__file__).resolve().parents[2]
 TICKETS = ROOT / "examples" / "tickets" / "agent.yaml"
 WORKER = Path(__file__).with_name("faust_worker.py")
+PROBE = Path(__file__).with_name("faust_probe.py")
 TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
 HANDLED = re.compile(r"\bhandled (\S+)")
 REDELIVERED = 3
@@ -58,7 +60,8 @@ async def _until(what: Callable[[], bool], wait_s: float, why: Callable[[], str]
 
 
 async def _write(bootstrap: str, topic: str, values: list[bytes], *, abort: bool = False) -> None:
-    """Writes `values` to partition 0 of `topic` in one transaction, committed or aborted."""
+    """Writes `values` to partition 0 of `topic` in one transaction, committed or aborted
+    (the topic is created on first use, with the broker's default partitions)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=f"test-writer-{secrets.token_hex(3)}",
@@ -95,6 +98,23 @@ async def _uncommitted_call_ids(bootstrap: str, topic: str) -> list[str]:
         return found
     finally:
         await consumer.stop()
+
+
+async def _commit_lag(bootstrap: str, group: str) -> dict[str, int]:
+    """End offset minus the group's committed offset, per partition it committed."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await reader.start()
+    try:
+        ends = await reader.end_offsets(list(committed))
+    finally:
+        await reader.stop()
+    return {f"{tp.topic}/{tp.partition}": ends[tp] - meta.offset for tp, meta in committed.items()}
 
 
 def _fire_and_forget(record: dict[str, Any], call_id: str) -> bytes:
@@ -170,5 +190,54 @@ async def test_a_faust_app_answers_the_tickets_workflow(deploy: Deploy, tmp_path
     # the agent, which went on past it to the marker
     assert aborted_id in on_log and marker_id in on_log
     assert handled[aborted_id] == 0 and handled[marker_id] == 1
+    # faust committed every call it handled: each partition's committed offset is its end,
+    # or the one before it (a transaction's closing marker, which holds no record)
+    lag = await _commit_lag(dep.bootstrap, f"{dep.settings.topic_prefix}faust-workers")
+    assert f"{lookups}/0" in lag and set(lag.values()) <= {0, 1}, lag
     report = await dep.settle(len(items), 60)
     assert report.unaccounted == 0, report.summary()
+
+
+def _start_probe(args: list[str], tmp: Path, log: IO[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(PROBE), *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp
+    )
+
+
+async def _probe(bootstrap: str, tmp: Path, guarantee: str) -> tuple[list[str], int]:
+    """Runs faust_probe.py on a fresh topic holding a, x (aborted), boom, z, each its own
+    transaction (offsets 0, 2, 4, 6; markers between): the call_ids its agent was handed,
+    and the group's committed offset once it has handled z and committed again."""
+    topic = f"faust-probe-{guarantee}-{secrets.token_hex(3)}"
+    for call_id, abort in (("a", False), ("x", True), ("boom", False), ("z", False)):
+        await _write(bootstrap, topic, [orjson.dumps({"call_id": call_id})], abort=abort)
+    log_path = tmp / f"{topic}.log"
+    with log_path.open("w") as log:
+        proc = _start_probe([bootstrap, topic, topic, str(tmp / topic), guarantee], tmp, log)
+        try:
+            await _until(
+                lambda: "seen z" in log_path.read_text(), 30, lambda: log_path.read_text()[-3000:]
+            )
+            # z handled; its commit is due within the 0.5 s commit interval: give it four
+            await asyncio.sleep(2.0)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    lag = await _commit_lag(bootstrap, topic)
+    seen = re.findall(r"\bseen (\S+)", log_path.read_text())
+    return seen, 8 - lag[f"{topic}/0"]
+
+
+async def test_what_faust_itself_does_with_an_aborted_call(bootstrap: str, tmp_path: Path) -> None:
+    """Why the adapter requires exactly_once and acks by hand (docs/faust.md): with faust's
+    default at_least_once its agent is handed the aborted call, and the call whose handler
+    raised is committed anyway (acked in a `finally`, faust-streaming #189); with
+    exactly_once it reads read_committed, but its committed offset stays before the
+    aborted transaction, so a restart hands every later call over again."""
+    (loose, loose_at), (strict, strict_at) = await asyncio.gather(
+        _probe(bootstrap, tmp_path, "at_least_once"), _probe(bootstrap, tmp_path, "exactly_once")
+    )
+    assert loose == ["a", "x", "boom", "z"]
+    assert loose_at == 7  # past boom (offset 4) and z: everything but the closing marker
+    assert strict == ["a", "boom", "z"]
+    assert strict_at == 1  # right after a: x's aborted transaction holds it there
