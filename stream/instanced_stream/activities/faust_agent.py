@@ -14,13 +14,15 @@ guarantees there, and why each choice below, was measured (docs/faust.md):
   handling raised is committed unhandled (faust-streaming #189);
 - one event at a time: agent `concurrency>1` commits past unfinished events (#606);
 - results through `app.producer` (idempotent, acks=all under exactly_once), awaited
-  before the ack, to partition `source.partition`: not `topic.send`, which under
-  exactly_once picks a transactional producer by the *result's* partition, one faust
-  never started (it raises), and in no case the transaction of the call's offsets.
+  before the ack, to partition `source.partition`. Not `topic.send`: under exactly_once
+  faust puts a send in the transaction named after the *result's* partition number
+  (its TransactionManager), never the one that commits the call's offset, so it would
+  buy no atomicity and tie results to unrelated partitions' commits.
 
 So a call is handled at least once: a redelivery in this process is dropped by `call_id`;
-after a restart the handler runs again and the processor refuses the second result
-(`unexpected_result`). Handlers key their own side effects on `call_id`.
+after a restart (and faust holds its commit before an aborted transaction, so a restart
+can hand over many calls again) the handler runs again and the processor refuses the
+second result (`unexpected_result`). Handlers key their own side effects on `call_id`.
 """
 
 from __future__ import annotations
