@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import faust
-
 from instanced_stream.activities.faust_agent import serve_activities
 from instanced_stream.activities.worker import Activities, load_activities
 from instanced_stream.core.messages import ActivityRecord

@@ -22,10 +22,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.testing.samples import tickets
+
 from tests.conftest import Deployment, stuck_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -97,7 +97,7 @@ async def test_worker_copies_the_traceparent_onto_the_result() -> None:
     tool = Tool(name="decide", description="d")
     out = _Capture()
     trace = (("traceparent", _parent(41)),)
-    await registry._one(
+    await registry.serve_one(
         record.model_dump_json(by_alias=True).encode(),
         tool,
         Settings(),

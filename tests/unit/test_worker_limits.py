@@ -59,7 +59,7 @@ async def test_an_oversized_result_is_dead_lettered_and_the_workflow_told() -> N
     acts, tool = _worker()
     settings = Settings(bootstrap_servers="unused:9092", max_output_bytes=LIMIT)
     pub = FakePublisher()
-    await acts._one(_record(), tool, settings, pub)
+    await acts.serve_one(_record(), tool, settings, pub)
     assert all(len(r.value) <= LIMIT for r in pub.records)
     (letter,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("deadletter")]
     assert letter["code"] == "too_large" and str(LIMIT) in letter["reason"]
@@ -74,7 +74,7 @@ async def test_a_result_the_broker_refuses_does_not_stop_the_worker() -> None:
     settings = Settings(bootstrap_servers="unused:9092")  # our limit passes it
     pub = FakePublisher()
     pub.refuse_next = 1  # ... and the broker refuses it
-    await acts._one(_record(), tool, settings, pub)  # raised PublishError: the worker died
+    await acts.serve_one(_record(), tool, settings, pub)  # raised PublishError: the worker died
     (letter,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("deadletter")]
     assert letter["code"] == "too_large" and "refused" in letter["reason"]
     (result,) = [orjson.loads(r.value) for r in pub.records if r.topic.endswith("results")]

@@ -40,9 +40,9 @@ from faust.types.enums import ProcessingGuarantee
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.errors import SpecError
-from instanced_stream.retry import RetryPolicy
-from instanced_stream.kafka.publish import _REFUSALS, OutRecord, PublishError
+from instanced_stream.kafka.publish import REFUSALS, OutRecord, PublishError
 from instanced_stream.kafka.tracing import traceparent_of
+from instanced_stream.retry import RetryPolicy
 from instanced_stream.settings import Settings
 
 __all__ = ["FaustSink", "serve_activities"]
@@ -85,7 +85,7 @@ class FaustSink:
                 # faust wraps what aiokafka raises while queueing; the acknowledgement's
                 # own error arrives unwrapped
                 cause = exc.__cause__ if isinstance(exc, ProducerSendError) else exc
-                if isinstance(cause, _REFUSALS):
+                if isinstance(cause, REFUSALS):
                     raise PublishError(str(cause), [record]) from exc
                 self.retries += 1
                 log.warning("send to %s failed (try %d): %r", record.topic, attempt, exc)
@@ -130,7 +130,7 @@ def serve_activities(
         async for event in manual.events():
             message = event.message
             trace = traceparent_of(message.headers)
-            await activities._one(message.value, topics[message.topic], settings, sink, trace)
+            await activities.serve_one(message.value, topics[message.topic], settings, sink, trace)
             # acked only now, so a call whose handling was cut short is read again
             await manual.ack(event)
 

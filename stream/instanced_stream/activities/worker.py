@@ -168,7 +168,9 @@ class Activities:
 
         async def one(rec: Any, tool: Tool) -> None:
             async with slots:
-                await self._one(rec.value, tool, settings, publisher, traceparent_of(rec.headers))
+                await self.serve_one(
+                    rec.value, tool, settings, publisher, traceparent_of(rec.headers)
+                )
 
         try:
             if web is not None:
@@ -190,7 +192,7 @@ class Activities:
             if web is not None:
                 await web.stop()
 
-    async def _one(
+    async def serve_one(
         self,
         value: bytes | None,
         tool: Tool,
@@ -198,6 +200,10 @@ class Activities:
         publisher: Sink,
         trace: Headers = (),
     ) -> None:
+        """One activity record, end to end: parsed (a bad one is dead-lettered), skipped
+        when its `call_id` was handled already, handled, and its result or dead letter
+        published on its source partition. Any consumer loop can drive it: `serve`'s
+        aiokafka loop and the faust adapter's agent run the same path."""
         try:
             record = ActivityRecord.model_validate_json(value or b"")
         except ValidationError as exc:

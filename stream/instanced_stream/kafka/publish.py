@@ -28,7 +28,7 @@ from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import TRACES, Headers, TraceContext
 from instanced_stream.retry import RetryPolicy
 
-__all__ = ["OutRecord", "PublishError", "Publisher"]
+__all__ = ["REFUSALS", "OutRecord", "PublishError", "Publisher"]
 
 log = logging.getLogger("stream.publish")
 
@@ -48,7 +48,7 @@ class OutRecord:
 # Errors about one record itself: retrying that record cannot help. Every other error
 # (a broker down longer than the request timeout, a revoked ACL, an unknown topic) is about
 # the cluster, and is retried until it heals: a batch waits, it is never dead-lettered.
-_REFUSALS = (
+REFUSALS = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
     InvalidTopicError,
@@ -142,7 +142,7 @@ class Publisher:
                 self.sent += len(todo)
                 break
             error = outcomes[first]
-            if isinstance(error, _REFUSALS):
+            if isinstance(error, REFUSALS):
                 # That record is set aside; the rest go on, in order.
                 refused.append((todo[first], error))
                 self.sent += first

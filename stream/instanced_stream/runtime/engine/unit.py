@@ -25,17 +25,13 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
-    CorruptRecordException,
-    InvalidTopicError,
     KafkaError,
-    MessageSizeTooLargeError,
     ProducerFenced,
-    RecordTooLargeError,
 )
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.publish import REFUSALS, OutRecord
 from instanced_stream.kafka.tracing import Headers
 
 __all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
@@ -71,15 +67,6 @@ class Refusals:
     replace: Replace
     limits: Limits
     renew: Renew | None = None
-
-
-# Errors about one record itself (too large, a bad topic): sending it again cannot help.
-_REFUSALS = (
-    MessageSizeTooLargeError,
-    RecordTooLargeError,
-    InvalidTopicError,
-    CorruptRecordException,
-)
 
 
 class _Refused(Exception):
@@ -321,7 +308,7 @@ class Unit:
         if not futures:
             return
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, _REFUSALS)}
+        refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, REFUSALS)}
         if refused:
             raise _Refused(refused)
         for outcome in outcomes:
