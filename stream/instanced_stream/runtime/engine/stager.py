@@ -41,7 +41,6 @@ from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows
 from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.guard import refused
 from instanced_stream.runtime.steps.intake import parse_item
 from instanced_stream.runtime.steps.records import (
     Planned,
@@ -50,6 +49,7 @@ from instanced_stream.runtime.steps.records import (
     oversized,
     position,
 )
+from instanced_stream.runtime.steps.size_guard import refused
 from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings

@@ -33,8 +33,8 @@ from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.engine.store import Stores, UnitStore
 from instanced_stream.runtime.engine.unit import Slot, Unit
-from instanced_stream.runtime.steps.guard import fit
 from instanced_stream.runtime.steps.records import Planned, RecordBuilder, TurnChange, bad_result
+from instanced_stream.runtime.steps.size_guard import fit
 
 __all__ = ["Flows", "Staging", "misrouted"]
 
