@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-STREAM = Path(__file__).resolve().parents[2] / "instanced_stream"
+STREAM = Path(__file__).resolve().parents[2] / "stream" / "instanced_stream"
 
 
 def _private_uses(path: Path, root: Path = STREAM) -> list[str]:
@@ -27,7 +27,9 @@ def _private_uses(path: Path, root: Path = STREAM) -> list[str]:
 
 
 def test_no_private_attribute_of_another_object() -> None:
-    found = [use for path in sorted(STREAM.rglob("*.py")) for use in _private_uses(path)]
+    modules = sorted(STREAM.rglob("*.py"))
+    assert len(modules) > 100, f"the package's modules are not under {STREAM}"
+    found = [use for path in modules for use in _private_uses(path)]
     assert not found, found
 
 
