@@ -103,6 +103,7 @@ def _modules() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
+    assert len(found) > 100, f"the package's modules are not under {STREAM}"
     return found
 
 
