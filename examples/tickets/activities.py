@@ -1,7 +1,9 @@
 """Activities of the tickets example: `stream activities examples/tickets/activities.py`.
 
 lookupCustomer and assessUrgency are awaited (their results go into the instance's
-state); assessUrgency picks a branch of its output path; routeTicket is fire-and-forget.
+state); assessUrgency picks a branch of its output path; routeTicket is fire-and-forget,
+and so is pageOnCall, which reads only the urgent branch: the processor publishes it
+once assessUrgency wrote †state.urgent, and never for a routine ticket.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from instanced_stream.core.spec import Tool
 
 activities = Activities()
 routed: Counter[str] = Counter()
+paged: list[str] = []
 log = logging.getLogger("tickets")
 
 _VIP = {"acme", "globex", "initech"}
@@ -52,3 +55,10 @@ async def assess_urgency(call: Call, tool: Tool, context: list[dict[str, Any]]) 
 async def route_ticket(call: Call, tool: Tool, context: list[dict[str, Any]]) -> None:
     routed[call.arguments["queue"]] += 1
     log.info("ticket %s -> %s", call.instance, call.arguments["queue"])
+
+
+@activities.activity("pageOnCall")
+async def page_on_call(call: Call, tool: Tool, context: list[dict[str, Any]]) -> None:
+    # Its context is what its `_scopes` import: the urgent branch, written before it ran.
+    paged.append(call.instance)
+    log.info("ticket %s: on-call paged (%s)", call.instance, context)

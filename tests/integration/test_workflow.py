@@ -80,6 +80,19 @@ async def test_two_turns_branch_latent_and_scopes(deploy: Deploy) -> None:
         expect = "priority" if "urgent" in state or state["customer"]["vip"] else "standard"
         assert rec["call"]["queue"] == expect  # turn 2 decided from turn 1's results
         assert rec["turn"] == 2
+    # #38: the on-call page of turn 1 reads †state.urgent: it waited for assessUrgency and
+    # ran only where that branch was written, with the branch's value in its context.
+    paged = {
+        r["instance"]: r for r in await read_json(dep.bootstrap, dep.activity_topic("pageOnCall"))
+    }
+    urgent = {i for i, d in done.items() if "urgent" in d["state"]}
+    assert urgent and urgent != set(done)  # both branches were taken (the precondition)
+    assert set(paged) == urgent
+    for inst, rec in paged.items():
+        assert rec["turn"] == 1 and rec["call"]["_scopes"] == ["†state.urgent"]
+        (imported,) = rec["context"]
+        assert imported["scope"] == "†state.urgent"
+        assert imported["urgent"] == done[inst]["state"]["urgent"]
     # scopes: an activity sees only its own instance's input and state
     for tool in ("lookupCustomer", "assessUrgency", "routeTicket"):
         for rec in await read_json(dep.bootstrap, dep.activity_topic(tool)):
@@ -303,3 +316,8 @@ def test_demo_runs_the_stateful_example(bootstrap: str) -> None:
     assert result["done"] == 26  # 30 items, 4 malformed on purpose
     assert result["turns"] == 2 * 26
     assert result["awaited_calls"] == 2 * 26 and result["results_answered"] == 2 * 26
+    # #38: the page reads only the urgent branch; counted by the processor in state.
+    flows = result["workflows"]
+    paged = result["calls"].get("pageOnCall", 0)
+    assert flows["skipped_branch"] > 0 and paged > 0
+    assert flows["skipped_branch"] + paged == 26 and flows["ran_on_missing_input"] == 0

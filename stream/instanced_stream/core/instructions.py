@@ -103,7 +103,10 @@ def plan_text(plan: Plan) -> str:
         lines.append(
             "Mode eager: planning is execution. Write the plan and, in the same answer, "
             "carry out every latent step you can (with its arguments); activities run at "
-            "once. The next turn shows the instance's \"plan\" with each step's status."
+            'once, except one whose "_scopes" read what another step of this answer '
+            "awaits: it runs when that result is in, and is skipped when that step writes "
+            'a branch it does not read. The next turn shows the instance\'s "plan" with '
+            "each step's status."
         )
     if plan.goal:
         lines.append(f"Goal: {plan.goal}")

@@ -4,7 +4,8 @@ order (the seeds: the model is a pure planner; nothing latent runs before approv
 Turn 1 of an instance is its planning turn: the answer is the graph only (the request's
 schema gives latent steps no arguments to fill, and the validator refuses a latent result
 as `latent_in_lazy_plan`). The graph is proposed with its id; an approval starts the
-steps whose inputs exist, each result starts the steps waiting for it, and the latent
+steps whose producers are done, each result starts the steps waiting for it (and skips
+those on a branch it did not take: `core/plan_graph.py`), and the latent
 steps that come due are answered by the model in follow-up turns that name them. The
 workflow ends when every step finished; a follow-up turn's calls outside the approved
 graph are not run (a changed graph would need a new approval; this product asks once).
@@ -71,7 +72,7 @@ def turn(
     the due latent steps, and the steps waiting for them start."""
     out = TurnEffects(trace=list(st.trace))
     if planning(spec, inst.turn):
-        steps = steps_of(spec, calls, "proposed")
+        steps = steps_of(spec, calls, "proposed", inst.turn)
         if not steps:
             out.done = finish(st, "done", "the model planned no call")
         else:
@@ -112,7 +113,7 @@ def progress(
     """Starts what can start; returns the activity calls to publish now, and the done
     record when every step finished (or the turn limit leaves due steps unanswered)."""
     run: list[dict[str, Any]] = []
-    for step in advance(st.plan):
+    for step in advance(st.plan, st.state, st.counts):
         if step.kind != "activity":
             continue
         run.append(step.call)
@@ -132,8 +133,10 @@ def progress(
             return run, finish(st, "turn_limit", f"turn limit {limit} reached with steps due")
         st.status = "ready"
         return run, None
-    lost = sum(s.status != "done" for s in st.plan)
+    untaken = sum(s.skipped_for == "branch" for s in st.plan)
+    lost = sum(s.status != "done" for s in st.plan) - untaken
     reason = "the approved plan ran" + (f"; {lost} steps failed or skipped" if lost else "")
+    reason += f"; {untaken} steps on branches not taken" if untaken else ""
     return run, finish(st, "done", reason)
 
 

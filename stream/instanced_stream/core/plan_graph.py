@@ -7,10 +7,18 @@ the `†state` paths its `_scopes` import. A step depends on the earlier steps w
 overlaps one of its inputs (the same path, or one inside the other); only earlier ones,
 so a graph cannot cycle.
 
-Eager (planning is execution): the steps run as they are written; the graph is kept in
-state with each step's status and shown to the next turn. Lazy: the graph is proposed
-once, approved or rejected as a whole, then run in dependency order: an activity when
-its inputs exist, a latent step by the model in a follow-up turn that names it as due.
+Eager (planning is execution): the steps run as they are written, except a step that
+reads what another step of the same answer still awaits: it waits for that result. The
+graph is kept in state with each step's status and shown to the next turn. Lazy: the
+graph is proposed once, approved or rejected as a whole, then run in dependency order:
+an activity when its inputs exist, a latent step by the model in a follow-up turn that
+names it as due.
+
+Branches: a producer whose `_outputPath` is `†state.urgent || †state.routine` writes one
+of them. A step that reads only the branch not taken never runs: it is skipped, and so
+is every step after it that reads its output (`skipped_branch` counts them). A step
+starts only when each input a producer writes exists; one that would not is counted
+(`ran_on_missing_input`, which the rules above keep at 0).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from instanced_stream.core.spec import NO_ACTION, AgentSpec
 
 __all__ = [
     "FINISHED",
+    "RAN_ON_MISSING_INPUT",
+    "SKIPPED_BRANCH",
     "Step",
     "advance",
     "answer_due",
@@ -38,6 +48,10 @@ __all__ = [
 
 StepStatus = Literal["proposed", "approved", "due", "running", "done", "failed", "skipped"]
 
+# Per-instance counters the graph keeps (InstanceState.counts).
+SKIPPED_BRANCH = "skipped_branch"
+RAN_ON_MISSING_INPUT = "ran_on_missing_input"
+
 # A step in one of these states will not change any more.
 FINISHED = frozenset({"done", "failed", "skipped"})
 
@@ -50,6 +64,11 @@ class Step(BaseModel):
     inputs: list[str] = Field(default_factory=list, description="†state paths it imports")
     status: StepStatus = "proposed"
     call: dict[str, Any] = Field(default_factory=dict, description="The call, wire form")
+    turn: int = Field(0, description="The turn that wrote it: a step reads only its own turn's")
+    wrote: str | None = Field(None, description="The path its result went to (a branch: one)")
+    skipped_for: Literal["branch", "failed_input"] | None = Field(
+        None, description="Why it was skipped: its branch was not taken, or an input failed"
+    )
 
 
 def _outputs(step: Step) -> list[str]:
@@ -62,16 +81,69 @@ def _overlap(a: str, b: str) -> bool:
 
 
 def depends_on(graph: list[Step], index: int) -> list[int]:
-    """The earlier steps whose output one of step `index`'s inputs reads."""
+    """The earlier steps of the same turn whose output one of step `index`'s inputs reads
+    (an earlier turn's steps are finished: what they wrote is in the state it was shown)."""
     step = graph[index]
     return [
         k
         for k in range(index)
-        if any(_overlap(i, o) for i in step.inputs for o in _outputs(graph[k]))
+        if graph[k].turn == step.turn
+        and any(_overlap(i, o) for i in step.inputs for o in _outputs(graph[k]))
     ]
 
 
-def steps_of(spec: AgentSpec, calls: list[tuple[str, Call]], status: StepStatus) -> list[Step]:
+def _writers(producers: list[Step], path: str) -> list[Step]:
+    return [p for p in producers if any(_overlap(path, o) for o in _outputs(p))]
+
+
+def _wrote_on(producer: Step, path: str) -> bool:
+    """Whether the finished `producer` wrote what `path` reads: a branch only where it
+    went (one that wrote nothing, being skipped for its own branch, wrote nowhere)."""
+    if producer.skipped_for == "branch":
+        return False
+    return producer.wrote is None or _overlap(producer.wrote, path)
+
+
+def _untaken(producers: list[Step], step: Step) -> bool:
+    """Whether `step` lies on a branch not taken: for one of its producers, nothing of
+    what it reads from that producer was written (by it, or by another producer writing
+    the same place). A step reading both alternatives of a branch reads the one taken."""
+    for producer in producers:
+        reads = [i for i in step.inputs if any(_overlap(i, o) for o in _outputs(producer))]
+        if reads and not any(_wrote_on(w, i) for i in reads for w in _writers(producers, i)):
+            return True
+    return False
+
+
+def _exists(state: dict[str, Any], path: str) -> bool:
+    node: Any = state
+    for key in [k for k in path.removeprefix(STATE).split(".") if k]:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return node is not None
+
+
+def _missing_input(producers: list[Step], step: Step, state: dict[str, Any]) -> bool:
+    """Whether, for one of its producers that ran, nothing `step` reads from it is in
+    `state` (for an input and an output nested in one another, the deeper of the two is read)."""
+    for producer in producers:
+        if producer.skipped_for == "branch":
+            continue  # wrote nothing, by design; what else the step reads is checked
+        written = [
+            o if o.startswith(i) else i
+            for i in step.inputs
+            for o in _outputs(producer)
+            if _overlap(i, o)
+        ]
+        if written and not any(_exists(state, w) for w in written):
+            return True
+    return False
+
+
+def steps_of(
+    spec: AgentSpec, calls: list[tuple[str, Call]], status: StepStatus, turn: int = 0
+) -> list[Step]:
     """An answer's calls for one instance as plan steps (NoAction and thoughts are none)."""
     out = []
     for cid, call in calls:
@@ -91,15 +163,22 @@ def steps_of(spec: AgentSpec, calls: list[tuple[str, Call]], status: StepStatus)
                 inputs=inputs,
                 status=status,
                 call=wire,
+                turn=turn,
             )
         )
     return out
 
 
-def advance(graph: list[Step]) -> list[Step]:
+def advance(
+    graph: list[Step], state: dict[str, Any] | None = None, counts: dict[str, int] | None = None
+) -> list[Step]:
     """Approved steps whose producers are all done start now (activities: running, or done
     at once when fire-and-forget; latent: due for the model's next turn). A step whose
-    producer failed is skipped. Returns the steps that started, in plan order."""
+    producer failed, or that reads only a branch its producer did not write, is skipped
+    (and so are the steps reading it). Returns the steps that started, in plan order.
+    `counts`: where `skipped_branch` and `ran_on_missing_input` are counted; `state`:
+    the instance's state, read to check each starting step's inputs exist."""
+    counts = {} if counts is None else counts
     started: list[Step] = []
     changed = True
     while changed:
@@ -107,10 +186,21 @@ def advance(graph: list[Step]) -> list[Step]:
         for k, step in enumerate(graph):
             if step.status != "approved":
                 continue
-            producers = [graph[p].status for p in depends_on(graph, k)]
-            if any(s in ("failed", "skipped") for s in producers):
+            producers = [graph[p] for p in depends_on(graph, k)]
+            failed = any(
+                p.status == "failed" or (p.status == "skipped" and p.skipped_for != "branch")
+                for p in producers
+            )
+            if not failed and not all(p.status in FINISHED for p in producers):
+                continue  # a producer still runs: wait for it
+            if failed or _untaken(producers, step):
                 step.status, changed = "skipped", True
-            elif all(s == "done" for s in producers):
+                step.skipped_for = "failed_input" if failed else "branch"
+                if not failed:
+                    counts[SKIPPED_BRANCH] = counts.get(SKIPPED_BRANCH, 0) + 1
+            else:
+                if state is not None and _missing_input(producers, step, state):
+                    counts[RAN_ON_MISSING_INPUT] = counts.get(RAN_ON_MISSING_INPUT, 0) + 1
                 if step.kind == "latent":
                     step.status = "due"
                 else:
@@ -120,11 +210,12 @@ def advance(graph: list[Step]) -> list[Step]:
     return started
 
 
-def mark(graph: list[Step], call_id: str, ok: bool) -> None:
-    """An awaited step's result arrived (or failed, or timed out)."""
+def mark(graph: list[Step], call_id: str, ok: bool, wrote: str | None = None) -> None:
+    """An awaited step's result arrived at `wrote` (or failed, or timed out)."""
     for step in graph:
         if step.call_id == call_id and step.status not in FINISHED:
             step.status = "done" if ok else "failed"
+            step.wrote = wrote if ok else None
 
 
 def due(graph: list[Step]) -> list[Step]:
@@ -144,7 +235,7 @@ def answer_due(graph: list[Step], calls: list[tuple[str, Call]]) -> list[tuple[S
         step = next((s for s in open_steps if s.tool == call.tool), None)
         if step is not None:
             open_steps.remove(step)
-            step.status = "done"
+            step.status, step.wrote = "done", step.output
             matched.append((step, call))
     return matched
 

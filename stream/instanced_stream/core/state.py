@@ -83,6 +83,10 @@ class InstanceState(BaseModel):
         default_factory=list, description="Records owed by the last change, until acked"
     )
     ended: Ended | None = None
+    counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="What its plan's run counted: skipped_branch, ran_on_missing_input",
+    )
     owner: str = Field(
         default="",
         description="The processor that last changed this state: recovery takes over only "

@@ -226,7 +226,7 @@ class Workflow:
             write_path(st.state, path, rec.value)
         else:
             st.state.setdefault("errors", {})[rec.call_id] = error
-        plan_graph.mark(st.plan, rec.call_id, ok=error is None)
+        plan_graph.mark(st.plan, rec.call_id, ok=error is None, wrote=path)
         nxt, done = self._settle(st)
         return nxt, done
 
@@ -240,6 +240,11 @@ class Workflow:
             if run:
                 self._launched[st.instance] = run
         else:
+            if not self.lazy and st.status == "pending":
+                # Eager: the steps of this turn that waited for what just came in.
+                run = _start(st, self.timeout)
+                if run:
+                    self._launched[st.instance] = run
             done = _settled(self.spec, st)
         self._put(st)
         return self.next_turn(st), done
@@ -308,7 +313,7 @@ def _eager(
     activities run now; the turn's steps join the instance's plan, shown next turn."""
     out = TurnEffects()
     awaited = False
-    for cid, call in calls:
+    for _, call in calls:
         tool = spec.tool(call.tool)
         if tool is None:
             continue  # NoAction: nothing to run, nothing to await
@@ -317,28 +322,56 @@ def _eager(
             if call.output_path and first_time:
                 write_path(st.state, call.output_path.strip(), call.arguments)
             continue
-        if call.output_path:
-            awaited = True
-            if first_time:
-                st.pending[cid] = Pending(
-                    tool=call.tool,
-                    paths=alternatives(call.output_path),
-                    deadline=time.time() + timeout,
-                    turn=inst.turn,
-                )
-        out.run.append(cid)
-    if first_time and spec.plan is not None:
-        steps = plan_graph.steps_of(spec, calls, "done")
+        awaited = awaited or bool(call.output_path)
+    if spec.plan is None:
+        # One-shot: no call awaits anything (the spec refuses awaited tools without a
+        # plan), so nothing can wait for another call: all run now.
+        out.run = [cid for cid, c in calls if (t := spec.tool(c.tool)) and t.kind != "latent"]
+    elif first_time:
+        # A step reading what another step of this answer awaits waits for it.
+        steps = plan_graph.steps_of(spec, calls, "approved", inst.turn)
         for step in steps:
-            if step.kind == "activity" and step.output:
-                step.status = "running"
+            if step.kind == "latent":  # answered in this very generation
+                step.status, step.wrote = "done", step.output
         st.plan = [*st.plan, *steps]
+        out.run = [step.call_id for step in plan_graph.advance(st.plan, st.state, st.counts)]
+        for step in steps:
+            if step.call_id in out.run and step.output:
+                st.pending[step.call_id] = _pending(step, timeout)
+    else:  # applied before: the calls that started then
+        out.run = [
+            s.call_id
+            for s in st.plan
+            if s.turn == inst.turn and s.kind == "activity" and s.status in ("running", "done")
+        ]
     out.trace = list(st.trace)
     if st.pending:
         st.status = "pending"
     else:
         out.done = _maybe_done(spec, st, awaited)
     return out
+
+
+def _pending(step: plan_graph.Step, timeout: float) -> Pending:
+    assert step.output is not None
+    return Pending(
+        tool=step.tool,
+        paths=alternatives(step.output),
+        deadline=time.time() + timeout,
+        turn=step.turn,
+    )
+
+
+def _start(st: InstanceState, timeout: float) -> list[dict[str, Any]]:
+    """An eager turn's steps whose producers just finished: those that start now (their
+    calls, to publish), awaited by the instance; the others stay waiting or are skipped."""
+    run = []
+    for step in plan_graph.advance(st.plan, st.state, st.counts):
+        if step.kind == "activity":
+            run.append(step.call)
+            if step.output:
+                st.pending[step.call_id] = _pending(step, timeout)
+    return run
 
 
 def _maybe_done(spec: AgentSpec, st: InstanceState, awaited: bool) -> DoneRecord | None:

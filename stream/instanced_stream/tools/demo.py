@@ -416,7 +416,9 @@ def run_demo(
             f"activity handler ran {result['activity_handled']} times\n"
             + (
                 f"workflows done: {result['done']} in {result['turns']} turns, "
-                f"{result['awaited_calls']} awaited calls answered by activities\n"
+                f"{result['awaited_calls']} awaited calls answered by activities; plan steps "
+                f"skipped on a branch not taken: {result['workflows']['skipped_branch']}, "
+                f"run without their input: {result['workflows']['ran_on_missing_input']}\n"
                 if result["done"]
                 else ""
             )

@@ -9,6 +9,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field, ValidationError
 
+from instanced_stream.core.plan_graph import RAN_ON_MISSING_INPUT, SKIPPED_BRANCH
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.topics import read_topic, state_changelog
 from instanced_stream.settings import Settings
@@ -30,6 +31,11 @@ class WorkflowReport(BaseModel):
     forgotten: int = Field(description="Ended longer ago than the state retention")
     pending: list[PendingWorkflow]
     ended_by: dict[str, int]
+    plan_counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the workflows' plans counted as they ran, summed: steps skipped "
+        "on a branch not taken, steps started without an input their producer writes",
+    )
 
     def summary(self) -> dict[str, object]:
         return {
@@ -41,6 +47,9 @@ class WorkflowReport(BaseModel):
             "oldest_pending_s": max((p.age_s for p in self.pending), default=0.0),
             "pending_by_status": dict(Counter(p.status for p in self.pending)),
             "ended_by": self.ended_by,
+            # Counted by the processor in each instance's state (core/plan_graph.py).
+            SKIPPED_BRANCH: self.plan_counts.get(SKIPPED_BRANCH, 0),
+            RAN_ON_MISSING_INPUT: self.plan_counts.get(RAN_ON_MISSING_INPUT, 0),
         }
 
 
@@ -67,6 +76,7 @@ async def audit_workflows(bootstrap: str, settings: Settings) -> WorkflowReport:
     now_ms = time.time() * 1000
     done = dead = forgotten = 0
     ended_by: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
     pending: list[PendingWorkflow] = []
     for key, (value, ts) in latest.items():
         if value is None:
@@ -81,6 +91,7 @@ async def audit_workflows(bootstrap: str, settings: Settings) -> WorkflowReport:
                 )
             )
             continue
+        counts.update(st.counts)
         if st.status == "done":
             how = st.ended.status if st.ended else "done"
             ended_by[how] += 1
@@ -104,4 +115,5 @@ async def audit_workflows(bootstrap: str, settings: Settings) -> WorkflowReport:
         forgotten=forgotten,
         pending=sorted(pending, key=lambda p: -p.age_s),
         ended_by=dict(ended_by),
+        plan_counts=dict(counts),
     )

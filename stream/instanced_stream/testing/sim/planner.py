@@ -1,7 +1,8 @@
 """The simulator's plans: what it calls for a stateful instance, turn by turn.
 
 Eager (`plan_step`): fetch what the state still lacks and write latent notes in the same
-answer; once everything is known, act. Lazy (`lazy_steps`): on the planning turn the
+answer, with the steps that read one branch of a fetch (they wait for it); once
+everything is known, act. Lazy (`lazy_steps`): on the planning turn the
 whole graph, latent steps without arguments, each step reading (`_scopes`) what earlier
 steps write; on a follow-up turn, the steps the plan shows as due, answered.
 """
@@ -54,6 +55,7 @@ def plan_step(
     calls: list[dict[str, Any]] = []
     awaited = [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
     missing = [t for t in awaited if not known(t["paths"])]
+    readers = _branch_readers(tools, awaited)
     if missing:
         for tool in missing:
             args = fill(tool.get("parameters", {}), "", False, "needed to decide")
@@ -80,6 +82,19 @@ def plan_step(
             if tool.get("paths"):
                 call["_outputPath"] = tool["paths"][0]
             calls.append(call)
+        # A step of one branch, in the same answer: it waits for the branch's writer.
+        for name, path in readers.items():
+            if any(path in t["paths"] for t in missing):
+                args = fill(_tool_of(tools, name).get("parameters", {}), "", True, "paging")
+                calls.append(
+                    {
+                        "_tool": name,
+                        "_instance": token,
+                        "_reasoningForCall": f"only if {path} is written",
+                        "_scopes": [path],
+                        **(args if isinstance(args, dict) else {}),
+                    }
+                )
         return calls
     urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
     for tool in tools:
@@ -94,7 +109,7 @@ def plan_step(
                 }
             )
             continue
-        if tool.get("paths") or tool.get("kind") == "latent":
+        if tool.get("paths") or tool.get("kind") == "latent" or tool["name"] in readers:
             continue
         args = fill(tool.get("parameters", {}), "", urgent, "decided from the state")
         calls.append(
@@ -107,6 +122,26 @@ def plan_step(
             }
         )
     return calls
+
+
+def _tool_of(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next((t for t in tools if t["name"] == name), {})
+
+
+def _branch_readers(tools: list[dict[str, Any]], awaited: list[dict[str, Any]]) -> dict[str, str]:
+    """Fire-and-forget activities whose description says they read one alternative of
+    a branching tool's paths (as the tickets' pageOnCall reads †state.urgent): the tool's
+    name to that path. A model reads descriptions; so does the simulator."""
+    branches = [p for t in awaited if len(t["paths"]) > 1 for p in t["paths"]]
+    out = {}
+    for tool in tools:
+        if tool.get("paths") or tool.get("kind") == "latent":
+            continue
+        said = str(tool.get("description", ""))
+        path = next((p for p in branches if f"Reads {p}" in said), None)
+        if path is not None:
+            out[tool["name"]] = path
+    return out
 
 
 def lazy_steps(

@@ -1,0 +1,155 @@
+"""#38 items 1 and 2: a plan runs as its graph says. An eager step that reads what
+another step of the same answer awaits waits for that result; after a branching step,
+only the taken branch's readers run, the others are skipped and counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import (
+    ApprovalRecord,
+    BatchRef,
+    Call,
+    ResultRecord,
+    SourcePosition,
+)
+from instanced_stream.core.plan_graph import (
+    RAN_ON_MISSING_INPUT,
+    SKIPPED_BRANCH,
+    Step,
+    advance,
+)
+from instanced_stream.core.state import MemoryStore
+from instanced_stream.core.workflow import Workflow
+from tests.flows import lazy, tickets_spec
+
+SRC = SourcePosition(topic="items", partition=0, offset=7)
+BATCH = BatchRef(id="b", size=1, token="①", attempt=1)
+
+
+def _call(tool: str, **fields: Any) -> Call:
+    return Call.model_validate({"_tool": tool, "_instance": "t1", **fields})
+
+
+def _answer() -> list[tuple[str, Call]]:
+    """The tickets example's first eager turn with the on-call page reading one branch."""
+    return [
+        ("c-look", _call("lookupCustomer", reason="r", _outputPath="†state.customer",
+                         _scopes=["input"])),
+        ("c-urg", _call("assessUrgency", reason="r",
+                        _outputPath="†state.urgent || †state.routine", _scopes=["input"])),
+        ("c-sum", _call("summarize", summary="s", _outputPath="†state.summary")),
+        ("c-page", _call("pageOnCall", message="m", _scopes=["†state.urgent"])),
+    ]  # fmt: skip
+
+
+def _started() -> tuple[Workflow, Instance, list[str]]:
+    flow = Workflow(tickets_spec(), MemoryStore(), pending_timeout_s=60)
+    inst = flow.admit(Instance("t1", {"subject": "down"}, SRC, 40))
+    assert inst is not None
+    effects = flow.turn(inst, _answer(), BATCH, [])
+    return flow, inst, effects.run
+
+
+def _result(call_id: str, tool: str, path: str, value: Any) -> ResultRecord:
+    return ResultRecord(
+        call_id=call_id, instance="t1", tool=tool, turn=1, path=path, value=value, source=SRC
+    )
+
+
+def test_an_eager_step_waits_for_the_result_it_reads() -> None:
+    flow, _, run = _started()
+    assert run == ["c-look", "c-urg"]  # the page reads what assessUrgency awaits
+    flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
+    assert flow.take_launched("t1") == []  # not what it reads
+    flow.on_result(_result("c-urg", "assessUrgency", "†state.urgent", {"why": "outage"}))
+    (page,) = flow.take_launched("t1")
+    assert page["call_id"] == "c-page" and page["_tool"] == "pageOnCall"
+    st = flow.store.get("t1")
+    assert st is not None and st.status == "ready"
+    assert st.counts.get(RAN_ON_MISSING_INPUT, 0) == 0 and SKIPPED_BRANCH not in st.counts
+
+
+def test_a_step_on_the_branch_not_taken_is_skipped_and_counted() -> None:
+    flow, _, _ = _started()
+    flow.on_result(_result("c-urg", "assessUrgency", "†state.routine", {"why": "no impact"}))
+    flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
+    assert flow.take_launched("t1") == []
+    st = flow.store.get("t1")
+    assert st is not None
+    page = next(s for s in st.plan if s.tool == "pageOnCall")
+    assert page.status == "skipped" and page.skipped_for == "branch"
+    assert st.counts == {SKIPPED_BRANCH: 1}
+    assert st.status == "ready"  # the turn ended: nothing waits for the skipped step
+
+
+def test_a_failed_producer_skips_its_reader_without_calling_it_a_branch() -> None:
+    flow, _, _ = _started()
+    flow.on_result(
+        ResultRecord(call_id="c-urg", instance="t1", tool="assessUrgency", turn=1, error="down")
+    )
+    st = flow.store.get("t1")
+    assert st is not None
+    page = next(s for s in st.plan if s.tool == "pageOnCall")
+    assert page.status == "skipped" and page.skipped_for == "failed_input"
+    assert SKIPPED_BRANCH not in st.counts
+
+
+def _graph(*steps: tuple[str, str | None, list[str]]) -> list[Step]:
+    return [
+        Step(call_id=f"c{k}", tool=tool, kind="activity", output=out, inputs=ins,
+             status="approved")
+        for k, (tool, out, ins) in enumerate(steps)
+    ]  # fmt: skip
+
+
+def test_lazy_readers_follow_the_branch_taken_and_a_whole_state_reader_runs_either_way() -> None:
+    graph = _graph(
+        ("assess", "†state.urgent || †state.routine", []),
+        ("page", None, ["†state.urgent"]),
+        ("escalate", "†state.ticket", ["†state.urgent.why"]),
+        ("close", None, ["†state.ticket"]),  # reads only the skipped step's output
+        ("route", None, ["†state"]),  # reads the branch taken too
+    )
+    counts: dict[str, int] = {}
+    assert [s.tool for s in advance(graph, {}, counts)] == ["assess"]
+    graph[0].status, graph[0].wrote = "done", "†state.routine"
+    started = advance(graph, {"routine": {"why": "x"}}, counts)
+    assert [s.tool for s in started] == ["route"]
+    assert [s.status for s in graph[1:4]] == ["skipped"] * 3
+    assert counts == {SKIPPED_BRANCH: 3}
+
+
+def test_a_reader_started_without_its_input_is_counted() -> None:
+    """The guard: a producer marked done whose output is not in the state."""
+    graph = _graph(("look", "†state.customer", []), ("route", None, ["†state.customer"]))
+    graph[0].status, graph[0].wrote = "done", "†state.customer"
+    counts: dict[str, int] = {}
+    advance(graph, {}, counts)
+    assert counts == {RAN_ON_MISSING_INPUT: 1}
+    graph[1].status = "approved"
+    counts = {}
+    advance(graph, {"customer": {"vip": True}}, counts)
+    assert counts == {}
+
+
+def test_a_lazy_plan_skips_the_untaken_branch_after_approval() -> None:
+    spec = lazy(tickets_spec())
+    flow = Workflow(spec, MemoryStore(), pending_timeout_s=60)
+    inst = flow.admit(Instance("t1", {"subject": "down"}, SRC, 40))
+    assert inst is not None
+    effects = flow.turn(inst, _answer(), BATCH, [])
+    assert effects.proposal is not None and effects.run == []
+    st = flow.store.get("t1")
+    assert st is not None
+    approval = ApprovalRecord(instance="t1", proposal_id=st.proposal_id, turn=1, approve=True)
+    run, _ = flow.on_approval(approval)
+    assert [c["_tool"] for c in run] == ["lookupCustomer", "assessUrgency"]
+    flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
+    flow.on_result(_result("c-urg", "assessUrgency", "†state.routine", {"why": "no"}))
+    assert [c["_tool"] for c in flow.take_launched("t1")] == []
+    st = flow.store.get("t1")
+    assert st is not None
+    assert {s.tool: s.status for s in st.plan}["pageOnCall"] == "skipped"
+    assert st.counts == {SKIPPED_BRANCH: 1}
