@@ -162,3 +162,19 @@ def test_an_instance_input_overrides_the_global_one_in_its_scopes() -> None:
         ("input.region", "eu"),
         ("input.language", "fr"),
     ]
+
+
+def test_the_instancing_seed_s_manager_answer_names_a_shown_id() -> None:
+    """#38 item 7: with `instance_ids: shown`, the seed's literal `"_instance":
+    "employee_B"` is that instance's call; a hidden spec still takes tokens only."""
+    answer = (
+        '{"calls": [{"_tool": "delay", "_instance": "employee_B"},'
+        ' {"_tool": "deploy", "_instance": "employee_C"}]}'
+    )
+    names = {"employee_A": "①", "employee_B": "②"}
+    shown = Validator(_spec(instance_ids="shown")).check(answer, ["①", "②"], names=names)
+    assert [c.tool for c in shown.calls["②"]] == ["delay"] and "①" not in shown.calls
+    # An id that is not in the request is still unknown.
+    assert [r.code for r in shown.refusals] == ["unknown_instance"]
+    hidden = Validator(_spec()).check(answer, ["①", "②"], names=names)
+    assert not hidden.calls and [r.code for r in hidden.refusals] == ["unknown_instance"] * 2

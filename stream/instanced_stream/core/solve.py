@@ -198,7 +198,8 @@ class Solver:
         log.debug("answer to %d (%s): %.4000s", len(pending), done.finish_reason, done.text)
         by_token = dict(zip(tokens, pending, strict=True))
         inputs = {t: input_text(i.payload) for t, i in by_token.items()}
-        verdict = self.validator.check(done.text, tokens, ask, inputs)
+        names = {i.id: t for t, i in by_token.items()}
+        verdict = self.validator.check(done.text, tokens, ask, inputs, names)
         self._note_opinions(out, verdict.opinions, by_token)
         out.stray_opinions += verdict.stray_opinions
         why: dict[str, str] = {}

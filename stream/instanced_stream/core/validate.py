@@ -157,6 +157,16 @@ def _salvage(text: str) -> Any:
     return {**answer, "calls": complete} if complete else None
 
 
+def _named(raw: Any, shown: Mapping[str, str], known: set[str]) -> Any:
+    """`raw` with a shown producer id in `_instance` replaced by its token."""
+    if not shown or not isinstance(raw, dict):
+        return raw
+    name = raw.get("_instance")
+    if isinstance(name, str) and name not in known and name in shown:
+        return {**raw, "_instance": shown[name]}
+    return raw
+
+
 class Validator:
     def __init__(self, spec: AgentSpec) -> None:
         tools = [*spec.tools, *meta_tools(spec)]
@@ -168,6 +178,9 @@ class Validator:
         self._opinion_validators = {a.id: Draft202012Validator(a.schema_) for a in spec.advisors}
         self._call_fields = PromptBuilder(spec).call_fields
         self._keyed = spec.model.answer == "keyed"
+        # `instance_ids: shown`: the model sees each producer id (`_id`) and may name an
+        # instance by it (the Instancing seed's manager answers "employee_B").
+        self._shown = spec.instance_ids == "shown"
         self._problems: dict[tuple[str, bytes], str | None] = {}
 
     def check(
@@ -176,10 +189,14 @@ class Validator:
         tokens: Sequence[str],
         ask: Ask | None = None,
         inputs: Mapping[str, str] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> Verdict:
         """`inputs`: each token's input text as the model saw it, to refuse calls whose
-        arguments copy another instance's text (`cross_instance`)."""
+        arguments copy another instance's text (`cross_instance`). `names`: each producer
+        id to its token; with `instance_ids: shown` a call or opinion naming a shown id
+        means that id's instance."""
         verdict = Verdict()
+        shown = dict(names or {}) if self._shown else {}
         try:
             answer = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
@@ -200,6 +217,7 @@ class Validator:
         known = set(tokens)
         ask = ask or Ask()
         for raw in calls:
+            raw = _named(raw, shown, known)
             outcome = (
                 Refusal("malformed_call", raw.reason, None, _known(raw.token, known))
                 if isinstance(raw, compact.Unreadable)
@@ -230,6 +248,7 @@ class Validator:
         for raw in raw_opinions if isinstance(raw_opinions, list) else []:
             if isinstance(raw, dict) and "_instance" in raw:  # a number in the compact form
                 raw = {**raw, "_instance": compact.token_of(raw["_instance"], tokens)}
+            raw = _named(raw, shown, known)
             opinion = self._check_opinion(raw, known, ask)
             if opinion is None:
                 verdict.stray_opinions += 1
