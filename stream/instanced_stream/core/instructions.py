@@ -136,7 +136,7 @@ active and your question in "questions"."""
 # Only for specs with a finish advisor: the loop reads its votes, so it must know them.
 FINISH = """An advisor with "on": "finish" decides whether an instance's workflow stops:
 its "calls" scores the options "stop" and "continue"; "stop" at 50 or more, and not
-below "continue", ends the workflow now."""
+below "continue", ends the workflow now: the calls of that answer are not run."""
 
 # Only for specs where silence is an answer (spec `silence: no_action`).
 SILENCE = """An instance that needs nothing may also get no call at all: silence is

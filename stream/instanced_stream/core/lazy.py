@@ -24,7 +24,16 @@ from instanced_stream.core.plan_graph import Step, advance, answer_due, due, ste
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import Ended, InstanceState, Pending, alternatives, write_path
 
-__all__ = ["TurnEffects", "approve", "finish", "planning", "progress", "propose", "turn"]
+__all__ = [
+    "TurnEffects",
+    "approve",
+    "finish",
+    "is_step",
+    "planning",
+    "progress",
+    "propose",
+    "turn",
+]
 
 
 @dataclass(slots=True)
@@ -38,6 +47,16 @@ class TurnEffects:
     proposal: ProposalRecord | None = None
     trace: list[TraceEntry] = field(default_factory=list)
     launch: list[dict[str, Any]] = field(default_factory=list)
+    # Call ids of this answer that will never run, with the dead-letter code and reason
+    # that record them (a call is published, a no-action, or a dead letter: never lost).
+    dropped: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def is_step(spec: AgentSpec, call: Call) -> bool:
+    """Whether a call is a step of a plan: an activity, or a latent call with an output
+    (NoAction and thoughts are none; a thought is ephemeral, never recorded)."""
+    tool = spec.tool(call.tool)
+    return tool is not None and (tool.kind != "latent" or bool(call.output_path))
 
 
 def planning(spec: AgentSpec, turn: int) -> bool:
@@ -79,9 +98,18 @@ def turn(
             out.proposal = propose(spec, st, inst, steps, batch)
         return out
     if first_time:
-        for step, call in answer_due(st.plan, calls):
+        matched = answer_due(st.plan, calls)
+        for step, call in matched:
             if step.output:
                 write_path(st.state, step.output, call.arguments)
+        answered = {id(call) for _, call in matched}
+        for cid, call in calls:
+            if id(call) not in answered and is_step(spec, call):
+                out.dropped[cid] = (
+                    "outside_plan",
+                    f"{call.tool} is no due step of the approved plan: not run (a changed "
+                    "plan would need a new approval)",
+                )
     out.launch, out.done = progress(spec, st, timeout)
     return out
 

@@ -101,6 +101,12 @@ class ActivityRecord(_Record):
         None, description="On the review topic: why the advice gate held this call back"
     )
     turn: int = Field(1, description="The instance's turn that made this call")
+    latent: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="A spec without a plan: the latent calls with `_outputPath` the model "
+        "answered for this instance in the same answer; their output is part of the "
+        "instance's outcome, here (and on the no-action record when it made no activity call)",
+    )
     trace: list[TraceEntry] = Field(
         default_factory=list, description="The instance's turns so far (stateful runs)"
     )
@@ -259,6 +265,12 @@ DeadLetterCode = Literal[
     "unexpected_approval",
     # a result or an approval written to another partition than its instance's input's
     "wrong_partition",
+    # a lazy plan's follow-up call that the approved graph does not hold: not run (a
+    # changed graph would need a new approval)
+    "outside_plan",
+    # a call of the answer in which a finish advisor voted stop: the workflow ended and
+    # the call was not run
+    "stopped",
 ]
 
 ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))

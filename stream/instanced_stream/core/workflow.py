@@ -132,6 +132,8 @@ class Workflow:
             st.pending = {}
             out = TurnEffects(trace=list(st.trace))
             out.done = _finish(st, "stopped", "a finish advisor voted stop")
+            why = "a finish advisor voted stop in this answer: the workflow ended, unrun"
+            out.dropped = {cid: ("stopped", why) for cid, c in calls if lazy.is_step(self.spec, c)}
         elif self.lazy:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:

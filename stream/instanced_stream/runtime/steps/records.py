@@ -224,7 +224,9 @@ class RecordBuilder:
         else:
             effects = flow.turn(inst, calls, batch, answer.opinions)
             out.turns.append(TurnChange(inst, calls, batch, answer.opinions))
-        reviewed = self._calls(out, inst, calls, batch, advice, effects, flow)
+        # Without a plan nothing is stored: a latent output goes with the instance's outcome.
+        outputs = [c.wire() for _, c in calls if flow is None and _latent_output(self.spec, c)]
+        reviewed = self._calls(out, inst, calls, batch, advice, effects, flow, outputs)
         if effects.launch and flow is not None:
             # A lazy plan's steps that waited for this turn's latent answers.
             st = flow.store.get(inst.id)
@@ -239,27 +241,16 @@ class RecordBuilder:
             out.records.append(OutRecord(self.topics.done, key, _dumps(effects.done), origin))
             out.events["done"] += 1
         if len(out.records) == first:
-            # Only latent calls: the instance needs no action, and says so on the record.
-            latent = [c.wire() for _, c in calls if c.tool != NO_ACTION]
+            # Only latent calls: the instance needs no action, and says so on the record,
+            # with the outputs they name; a thought (no `_outputPath`) is ephemeral: never
+            # published, not even here.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
-            ).model_copy(update={"latent": latent})
+            ).model_copy(update={"latent": outputs})
             out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         out.decisions.append(_decision(inst, calls, advice))
         if advice.consensus is not None:
-            note = AdviceRecord(
-                instance=inst.id,
-                turn=inst.turn,
-                source=inst.source,
-                batch=batch,
-                opinions=advice.opinions,
-                consensus=advice.consensus.as_dict(),
-                divergent=advice.divergent,
-                consulted=answer.consulted,
-                questions=[{"advisor": a, "question": q} for a, q in answer.questions],
-                call_ids=[cid for cid, _ in calls],
-                reviewed=reviewed,
-            )
+            note = _advice_record(answer, batch, advice, advice.consensus, calls, reviewed)
             out.records.append(OutRecord(self.topics.advice, key, _dumps(note), origin))
             out.events["advisor_opinions"] += len(advice.opinions)
             out.events["divergent"] += int(note.divergent)
@@ -273,11 +264,15 @@ class RecordBuilder:
         advice: _Advice,
         effects: TurnEffects,
         flow: Workflow | None,
+        outputs: list[dict[str, Any]],
     ) -> list[str]:
         """The records of an answer's calls, into `out`; returns the reviewed call ids."""
         key, origin = inst.id.encode(), position(inst.source)
         reviewed: list[str] = []
         for cid, call in calls:
+            if cid in effects.dropped:  # never runs: recorded, with why
+                out.add(self.letter(_unrun(inst, call, batch, *effects.dropped[cid])))
+                continue
             if call.tool == NO_ACTION:
                 rec = NoActionRecord(
                     instance=inst.id,
@@ -303,7 +298,8 @@ class RecordBuilder:
                 out.events["reviewed"] += 1
             state = _state_of(inst, flow) if call.scopes else {}
             shown = advice.summary
-            self.add_call(out, tool, cid, call, inst, batch, shown, review, effects.trace, state)
+            trace = effects.trace
+            self.add_call(out, tool, cid, call, inst, batch, shown, review, trace, state, outputs)
         return reviewed
 
     # ------------------------------------------------------------------ single records
@@ -320,9 +316,11 @@ class RecordBuilder:
         review: str | None,
         trace: list[TraceEntry],
         state: dict[str, Any],
+        latent: list[dict[str, Any]] | None = None,
     ) -> None:
         """One call's activity record (or its review record, when the gate holds it),
-        added to `out` and counted."""
+        added to `out` and counted. `latent`: a planless spec's latent outputs of the
+        same answer, carried on the record."""
         rec = ActivityRecord(
             call_id=cid,
             tool=call.tool,
@@ -336,6 +334,7 @@ class RecordBuilder:
             review=review,
             turn=inst.turn,
             trace=trace,
+            latent=latent or [],
         )
         topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
         out.records.append(OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source)))
@@ -362,6 +361,44 @@ class RecordBuilder:
         origin = position(done.source) if done.source else None
         record = OutRecord(self.topics.done, done.instance.encode(), _dumps(done), origin)
         return Planned([record], Counter(done=1))
+
+
+def _advice_record(
+    answer: Answer,
+    batch: BatchRef,
+    advice: _Advice,
+    consensus: Consensus,
+    calls: list[tuple[str, Call]],
+    reviewed: list[str],
+) -> AdviceRecord:
+    inst = answer.instance
+    return AdviceRecord(
+        instance=inst.id,
+        turn=inst.turn,
+        source=inst.source,
+        batch=batch,
+        opinions=advice.opinions,
+        consensus=consensus.as_dict(),
+        divergent=advice.divergent,
+        consulted=answer.consulted,
+        questions=[{"advisor": a, "question": q} for a, q in answer.questions],
+        call_ids=[cid for cid, _ in calls],
+        reviewed=reviewed,
+    )
+
+
+def _unrun(inst: Instance, call: Call, batch: BatchRef, code: str, why: str) -> DeadLetter:
+    """The dead letter of a call its workflow will never run (TurnEffects.dropped)."""
+    letter = DeadLetter.model_validate(
+        {"code": code, "reason": why, "scope": "call", "instance": inst.id}
+    )
+    update = {"source": inst.source, "call": call.wire(), "batch_id": batch.id}
+    return letter.model_copy(update=update)
+
+
+def _latent_output(spec: AgentSpec, call: Call) -> bool:
+    tool = spec.tool(call.tool)
+    return tool is not None and tool.kind == "latent" and bool(call.output_path)
 
 
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
