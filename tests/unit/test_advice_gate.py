@@ -154,3 +154,52 @@ def test_the_consult_question_is_recorded_in_the_advice_record() -> None:
     (advice,) = [orjson.loads(r.value) for r in planned.records if r.topic == topics.advice]
     assert advice["questions"] == [{"advisor": "judge", "question": "Is this a scam?"}]
     assert advice["consulted"] == ["judge"]
+
+
+def test_the_model_sees_each_advisor_s_weight() -> None:
+    """#38 item 6: the model reconciles the votes (the seed), so it is told the weights."""
+    spec = _spec()
+    heavy = spec.advisors[0].model_copy(update={"weight": 2.5})
+    spec = spec.model_copy(update={"advisors": [heavy, spec.advisors[1]]})
+    system = PromptBuilder(spec).system
+    block = next(p for p in system.split("\n\n") if p.startswith('[{"id":"judge"'))
+    assert [a["weight"] for a in orjson.loads(block)] == [2.5, 1.0]
+    assert "how much its votes count" in system
+    # Static: two builders of the same spec give the same bytes (the cached prefix).
+    assert PromptBuilder(spec).system == system
+
+
+async def test_a_re_ask_shows_the_request_wide_opinion_it_does_not_ask_again() -> None:
+    """#38 item 6: the re-asked instance is decided with the crowd's earlier opinion."""
+    llm = _Canned(
+        {"advisors": [{**CROWD, "calls": '{"reject": 70}'}, JUDGE], "calls": [CALL]},
+        {"advisors": [JUDGE], "calls": [CALL]},
+    )
+    spec = _spec("record")
+    two = [_inst(), Instance("b", {"text": "y"}, _inst().source, 10)]
+    await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(two)
+    first, again = (orjson.loads(asked[2]["content"]) for asked in llm.asked)
+    assert "heard" not in first  # a first ask is byte-identical to before
+    assert again["activeAdvisors"] == ["judge"]
+    assert again["heard"] == [{"id": "crowd", "calls": '{"reject": 70}'}]
+
+
+def test_a_request_wide_advisor_gates_every_item_when_the_spec_says_so() -> None:
+    """#38 item 6: the seed's riskAnalyst is request-wide; with `gates` its opinion holds
+    each instance's call against it."""
+    spec = _spec()
+    crowd = spec.advisors[1].model_copy(update={"gates": True})
+    spec = spec.model_copy(update={"advisors": [spec.advisors[0], crowd]})
+    topics = Settings(bootstrap_servers="unused:9092").topics
+    call = Call.model_validate({**CALL, "_instance": "a"})
+    opinions = [
+        Opinion("crowd", None, {}, '{"approve": 5, "reject": 95}'),
+        Opinion("judge", "①", {}, "{}"),
+    ]
+    answer = Answer(_inst(), [call], "①", 1, 1, opinions)
+    planned = RecordBuilder(spec, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    assert any(r.topic == topics.review for r in planned.records)
+    assert not any(r.topic == topics.activity("approve") for r in planned.records)
+    ungated = _spec()  # the default: recorded, no gate on one item
+    planned = RecordBuilder(ungated, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    assert any(r.topic == topics.activity("approve") for r in planned.records)

@@ -121,7 +121,8 @@ def test_on_modes_per_turn() -> None:
         for i, on in [("opener", "start"), ("monitor", "request"), ("closer", "finish")]
     ] + [{"id": "legal", "role": "legal", "on": None}]
     planned = PromptBuilder(_spec(advisors=advisors, plan={"maxTurns": 3}))
-    assert planned.ask_for(1) == Ask(("opener", "monitor"), True)
+    # #38 item 6: a workflow can end on its first turn: the finish advisor speaks there.
+    assert planned.ask_for(1) == Ask(("opener", "monitor", "closer"), True)
     assert planned.ask_for(2) == Ask(("monitor", "closer"), True)
     assert planned.ask_for(3) == Ask(("monitor", "closer"), True)
     # The loop reads the finish advisor's "stop": the model is told the options.

@@ -113,7 +113,8 @@ def summarise(
     that vote on the calls. `instanced_only`: the consensus of the opinions about this
     instance alone: a non-instanced advisor's one opinion is about the whole request (in
     a stream, an arbitrary window of items), so it is recorded, never a gate on one
-    item's call."""
+    item's call, unless the spec says it gates (`gates`): then it gates every instance
+    of its request."""
     records: list[OpinionRecord] = []
     votes: list[Vote] = []
     for opinion in sorted(opinions, key=lambda o: o.advisor):
@@ -124,7 +125,7 @@ def summarise(
         # A finish advisor scores stop/continue for the loop (the workflow reads it),
         # not the calls: recorded, kept out of the calls' consensus.
         about_calls = advisor is None or advisor.on != "finish"
-        mine = opinion.token is not None or not instanced_only
+        mine = opinion.token is not None or not instanced_only or bool(advisor and advisor.gates)
         if shares is not None and opinion.error is None and about_calls and mine:
             votes.append(Vote(opinion.advisor, weight, shares))
         records.append(

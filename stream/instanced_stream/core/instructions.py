@@ -125,10 +125,12 @@ fields of the advisor's schema, and "calls": a string holding a JSON object of v
 from 0 to 100 for the options it weighs (tool names, or the values a tool's arguments
 choose between), e.g. "{\\"approve\\": 10, \\"reject\\": 90}". An instanced advisor gives one
 opinion per instance, with "_instance"; the others give one opinion for the whole
-request. Each advisor weighs its scopes first, without ignoring the rest. Which advisors
+request. Each advisor weighs its scopes first, without ignoring the rest; its "weight"
+is how much its votes count when you reconcile the council's. Which advisors
 speak is decided by their "on": "start" on an instance's first turn, "request" on every
 turn, "finish" when the workflow decides whether to stop; each request's last message
-names the active ones and why ("activeAdvisors", "why"). Advisors with "on": null speak
+names the active ones and why ("activeAdvisors", "why"); on a re-ask, "heard" holds the
+opinions request-wide advisors already gave: decide in their light. Advisors with "on": null speak
 only when consulted: where an instance is hard to decide, call ConsultAdvisor for it
 (instead of deciding) with your question, and it will be asked again with that advisor
 active and your question in "questions"."""

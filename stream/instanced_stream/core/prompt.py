@@ -172,7 +172,7 @@ class PromptBuilder:
             sections.append(instructions.plan_text(spec.plan))
         if spec.advisors:
             advisors_json = orjson.dumps(
-                [a.model_dump(by_alias=True, exclude={"type", "weight"}) for a in spec.advisors]
+                [a.model_dump(by_alias=True, exclude={"type", "gates"}) for a in spec.advisors]
             ).decode()
             finish = [instructions.FINISH] if any(a.on == "finish" for a in spec.advisors) else []
             sections += ["\n".join([instructions.ADVISORY, *finish]), advisors_json]
@@ -192,12 +192,11 @@ class PromptBuilder:
 
     def ask_for(self, turn: int) -> Ask:
         """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
-        `request` on every turn, `finish` where the loop decides whether to stop (every
-        turn after the first, the last allowed turn, and the one turn of a request
-        without a plan); on-demand advisors only when consulted."""
+        `request` on every turn, `finish` where the loop decides whether to stop: every
+        turn, the first included (a workflow can end on any turn, its first too, and the
+        one turn of a request without a plan); on-demand advisors only when consulted."""
         plan = self.spec.plan
-        deciding = plan is None or turn > 1 or turn >= plan.max_turns
-        speak = {"request": True, "start": turn == 1, "finish": deciding}
+        speak = {"request": True, "start": turn == 1, "finish": True}
         active = tuple(a.id for a in self.spec.advisors if a.on is not None and speak[a.on])
         lazy_first = plan is not None and plan.mode == "lazy" and turn == 1
         return Ask(active, bool(self.spec.on_demand), lazy_first)
@@ -208,10 +207,12 @@ class PromptBuilder:
         ask: Ask | None = None,
         refused: Sequence[tuple[str, str]] = (),
         questions: Sequence[tuple[str, str, str]] = (),
+        heard: Sequence[dict[str, Any]] = (),
     ) -> list[dict[str, str]]:
         """The request; `refused` (token, why) says what was wrong with the last answer
         for these instances. It comes last, so the cached prefix stays the same.
-        `questions` (token, advisor, question): what the model asked consulted advisors."""
+        `questions` (token, advisor, question): what the model asked consulted advisors;
+        `heard`: the opinions request-wide advisors gave before a re-ask."""
         body = _body(instances, self.numbered, self.spec.instance_ids == "shown")
         messages = [
             {"role": "system", "content": self.system},
@@ -224,6 +225,8 @@ class PromptBuilder:
             control = instructions.control(
                 self.spec, ask.active, ask.consult, questions, number if self.compact else {}
             )
+            if heard:
+                control["heard"] = list(heard)
             messages.append({"role": "user", "content": orjson.dumps(control).decode()})
         if refused:
             named = {token_for(k): k + 1 for k in range(len(instances))} if self.numbered else {}

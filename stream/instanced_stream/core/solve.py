@@ -16,6 +16,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from instanced_stream.core.advice import parse_votes
 from instanced_stream.core.messages import Call
@@ -181,8 +182,9 @@ class Solver:
             for t, i in zip(tokens, pending, strict=True)
             for advisor, question in (out.notes[id(i)].questions if id(i) in out.notes else [])
         ]
+        heard = _heard_before(self.prompt.spec, ask, pending, out)
         done = await self.llm.complete(
-            self.prompt.messages(pending, ask, notes, questions),
+            self.prompt.messages(pending, ask, notes, questions, heard),
             self.prompt.response_format(len(pending), ask),
             items=len(pending),
             max_tokens=self.prompt.output_cap(len(pending)),
@@ -339,6 +341,25 @@ def _heard_once(spec: AgentSpec, ask: Ask, pending: list[Instance], out: Outcome
     if not heard or not pending:
         return ask
     return replace(ask, active=tuple(a for a in ask.active if a not in heard))
+
+
+def _heard_before(
+    spec: AgentSpec, ask: Ask, pending: list[Instance], out: Outcome
+) -> list[dict[str, Any]]:
+    """The opinions request-wide advisors gave earlier about the instances asked again,
+    as the model wrote them: not asked again (`_heard_once`), they are still shown, so
+    the re-asked instances are decided with the advice the seeds say comes first."""
+    shown = []
+    for advisor in spec.advisors:
+        if advisor.is_instanced or advisor.id in ask.active:
+            continue
+        for inst in pending:
+            notes = out.notes.get(id(inst))
+            opinion = notes.opinions.get(advisor.id) if notes is not None else None
+            if opinion is not None and opinion.error is None and opinion.token is None:
+                shown.append({"id": advisor.id, **opinion.fields, "calls": opinion.votes_raw})
+                break
+    return shown
 
 
 def _unheard(

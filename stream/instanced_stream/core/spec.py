@@ -122,7 +122,8 @@ class Advisor(_Strict):
     on: Literal["start", "finish", "request"] | None = None
     scopes: list[str] = Field(default_factory=list)
     is_instanced: bool = Field(False, alias="isInstanced")
-    weight: float = Field(1.0, ge=0)
+    weight: float = Field(1.0, ge=0, description="Its votes' weight (shown to the model)")
+    gates: bool = Field(False, description="Request-wide: its opinion gates each instance")
 
     @field_validator("id")
     @classmethod
@@ -321,9 +322,8 @@ class AgentSpec(_Strict):
     )
     instance_ids: Literal["hidden", "shown"] = Field(
         "hidden",
-        description="shown: each instance's message also carries its producer id as `_id`, "
-        "for specs where ids carry meaning (the seeds' employee_B); calls still name the "
-        "token, which stays the only way back to the id",
+        description="shown: each instance's message also carries its producer id as `_id` "
+        "(ids with meaning: the seeds' employee_B); a call names it by token or shown id",
     )
     accept_state_input: bool = Field(
         False,
