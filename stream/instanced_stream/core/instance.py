@@ -21,6 +21,8 @@ class Instance:
     state: dict[str, Any] | None = None  # the instance's state, shown to the model
     turn: int = 1  # 1 for the input itself; a stateful workflow's later turns count on
     plan: list[dict[str, Any]] | None = None  # the plan's steps so far, shown to the model
+    # A lazy plan's rejected versions with their reasons: this turn plans again.
+    rejected: list[dict[str, Any]] | None = None
 
     @property
     def key(self) -> str:

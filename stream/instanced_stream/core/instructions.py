@@ -99,6 +99,12 @@ def plan_text(plan: Plan) -> str:
             'the steps whose status is "due": answer exactly those latent steps then, '
             "with their arguments."
         )
+        if plan.max_revisions:
+            lines.append(
+                "A person may reject a plan with a reason: a later turn then shows the "
+                'instance\'s "rejected" versions with their reasons; write a complete new '
+                "plan that answers them, planned as on the first turn."
+            )
     else:
         lines.append(
             "Mode eager: planning is execution. Write the plan and, in the same answer, "

@@ -8,7 +8,9 @@ steps whose producers are done, each result starts the steps waiting for it (and
 those on a branch it did not take: `core/plan_graph.py`), and the latent
 steps that come due are answered by the model in follow-up turns that name them. The
 workflow ends when every step finished; a follow-up turn's calls outside the approved
-graph are not run (a changed graph would need a new approval; this product asks once).
+graph are not run, each a dead letter `outside_plan` (a changed graph would need a new
+approval). A rejected proposal ends the workflow, or, while `plan.maxRevisions` allows,
+the model plans again on its next turn with the rejected versions and their reasons.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "planning",
     "progress",
     "propose",
+    "reject",
     "turn",
 ]
 
@@ -90,7 +93,7 @@ def turn(
     """A lazy plan's turn: the planning turn proposes the graph; a follow-up turn answers
     the due latent steps, and the steps waiting for them start."""
     out = TurnEffects(trace=list(st.trace))
-    if planning(spec, inst.turn):
+    if planning(spec, inst.turn) or st.revising:
         steps = steps_of(spec, calls, "proposed", inst.turn)
         if not steps:
             out.done = finish(st, "done", "the model planned no call")
@@ -118,7 +121,7 @@ def propose(
     spec: AgentSpec, st: InstanceState, inst: Instance, steps: list[Step], batch: BatchRef
 ) -> ProposalRecord:
     """The graph waits for approval, as one proposal with a deterministic id."""
-    st.status = "awaiting_approval"
+    st.status, st.revising = "awaiting_approval", False
     st.plan = steps
     st.proposal = [s.call for s in steps]
     st.proposal_id = binding.proposal_id(inst)
@@ -132,7 +135,27 @@ def propose(
         plan=view(steps),
         goal=spec.plan.goal if spec.plan else None,
         source=inst.source,
+        history=list(st.revisions),
     )
+
+
+def reject(spec: AgentSpec, st: InstanceState, reason: str) -> DoneRecord | None:
+    """A person rejected the proposal: the model plans again with the reason, while
+    `plan.maxRevisions` allows; else the workflow ends rejected. Each version stays in
+    the history the next proposal carries."""
+    limit = spec.plan.max_revisions if spec.plan else 0
+    version = {
+        "proposal_id": st.proposal_id,
+        "turn": st.turn,
+        "steps": view(st.plan),
+        "reason": reason,
+    }
+    st.revisions = [*st.revisions, version]
+    st.proposal, st.proposal_id = [], ""
+    if len(st.revisions) > limit or st.turn >= (spec.plan.max_turns if spec.plan else 1):
+        return finish(st, "rejected", reason)
+    st.plan, st.status, st.revising = [], "ready", True
+    return None
 
 
 def progress(

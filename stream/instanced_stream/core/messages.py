@@ -161,6 +161,11 @@ class ProposalRecord(_Record):
     )
     goal: str | None = Field(None, description="The spec plan's goal")
     source: SourcePosition | None = None
+    history: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The rejected versions before this one (plan.maxRevisions): each "
+        "proposal_id, turn, steps and the reason it was rejected",
+    )
 
 
 class ApprovalRecord(_Record):

@@ -190,7 +190,7 @@ class PromptBuilder:
             return call_meta.planned(tool, meta) if ask.planning else meta
         return call_meta.SCOPES if _activity(self.spec, tool) else {}
 
-    def ask_for(self, turn: int) -> Ask:
+    def ask_for(self, turn: int, replanning: bool = False) -> Ask:
         """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
         `request` on every turn, `finish` where the loop decides whether to stop: every
         turn, the first included (a workflow can end on any turn, its first too, and the
@@ -198,7 +198,7 @@ class PromptBuilder:
         plan = self.spec.plan
         speak = {"request": True, "start": turn == 1, "finish": True}
         active = tuple(a.id for a in self.spec.advisors if a.on is not None and speak[a.on])
-        lazy_first = plan is not None and plan.mode == "lazy" and turn == 1
+        lazy_first = plan is not None and plan.mode == "lazy" and (turn == 1 or replanning)
         return Ask(active, bool(self.spec.on_demand), lazy_first)
 
     def messages(
@@ -409,6 +409,8 @@ def _body(instances: Sequence[Instance], numbered: bool, shown: bool) -> list[di
             body.append({"type": "state", "_instance": token, **kept})
         if inst.plan:
             body.append({"type": "plan", "_instance": token, "steps": inst.plan})
+        if inst.rejected:
+            body.append({"type": "rejected", "_instance": token, "versions": inst.rejected})
     return body
 
 

@@ -102,7 +102,8 @@ class Solver:
         outcome = Outcome()
         groups: dict[Ask, list[Instance]] = {}
         for inst in instances:
-            groups.setdefault(self.prompt.ask_for(inst.turn), []).append(inst)
+            ask = self.prompt.ask_for(inst.turn, bool(inst.rejected))
+            groups.setdefault(ask, []).append(inst)
         for chosen, group in groups.items():
             ask = Ask(chosen.active, chosen.consult and self.max_consults > 0, chosen.planning)
             await self._solve(group, outcome, 1, ask, 0)

@@ -58,8 +58,7 @@ NO_ACTION = "NoAction"
 CONSULT = "ConsultAdvisor"
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
-# Advisor ids are the user's names for personas; the seeds' Russian text registers
-# `аналитикРисков`, so any script's letters are allowed (not digits first, no spaces).
+# Advisor ids are personas' names: the seeds' `аналитикРисков`, any script's letters.
 _ADVISOR_ID = re.compile(r"[^\W\d_][\w]{0,63}")
 
 
@@ -173,10 +172,9 @@ class Plan(_Strict):
     constraints: list[str] = Field(
         default_factory=list, description="Rules every plan must keep, told to the model"
     )
-    steps: list[str] = Field(
-        default_factory=list, description="Optional hints of the steps a plan usually has"
-    )
+    steps: list[str] = Field(default_factory=list, description="Hints of a plan's usual steps")
     max_turns: int = Field(5, ge=1, alias="maxTurns")
+    max_revisions: int = Field(0, ge=0, alias="maxRevisions", description="Lazy: re-plans")
 
 
 class ContextMessage(BaseModel):

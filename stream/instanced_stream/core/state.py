@@ -83,6 +83,11 @@ class InstanceState(BaseModel):
         default_factory=list, description="Records owed by the last change, until acked"
     )
     ended: Ended | None = None
+    revisions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="A lazy plan's rejected proposals: each version's steps and the reason",
+    )
+    revising: bool = Field(False, description="Rejected: its next turn plans again")
     counts: dict[str, int] = Field(
         default_factory=dict,
         description="What its plan's run counted: skipped_branch, ran_on_missing_input",

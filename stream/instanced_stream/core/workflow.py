@@ -191,7 +191,8 @@ class Workflow:
             256,
             dict(st.state),
             st.turn + 1,
-            plan_graph.view(st.plan) or None,
+            None if st.revising else plan_graph.view(st.plan) or None,
+            st.revisions if st.revising else None,
         )
 
     def refusal(self, rec: ResultRecord | ApprovalRecord) -> Unbound | None:
@@ -295,7 +296,7 @@ class Workflow:
         if owed is not None:
             st.owe(owed, self.owner)
         if not rec.approve:
-            done = _finish(st, "rejected", rec.reason or "proposal rejected")
+            done = lazy.reject(self.spec, st, rec.reason or "proposal rejected")
             self._put(st)
             return [], done
         run, finished = lazy.approve(self.spec, st, self.timeout)
