@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import (
     ApprovalRecord,
@@ -21,8 +23,13 @@ from instanced_stream.core.plan_graph import (
     advance,
 )
 from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Answer, Outcome
+from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import MemoryStore
+from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
+from instanced_stream.runtime.records import RecordBuilder
+from instanced_stream.settings import Settings
 from tests.flows import lazy, tickets_spec
 
 SRC = SourcePosition(topic="items", partition=0, offset=7)
@@ -209,3 +216,37 @@ def test_without_max_revisions_a_rejection_ends_the_workflow() -> None:
     _, done = _reject(flow, "no")
     assert done is not None and done.status == "rejected"
     assert '"rejected" versions' not in PromptBuilder(flow.spec).system
+
+
+def test_a_held_eager_step_keeps_its_turn_s_gate_verdict() -> None:
+    """The page waits for assessUrgency; the council voted clearly against it, so when
+    it goes out it goes to review, as it would have with the answer."""
+    spec = tickets_spec()
+    judge = {"id": "judge", "role": "r", "on": "request", "isInstanced": True}
+    spec = AgentSpec.model_validate(
+        {**spec.model_dump(by_alias=True), "advisors": [judge], "advice": {"mode": "gate"}}
+    )
+    flow = Workflow(spec, MemoryStore(), pending_timeout_s=60)
+    inst = flow.admit(Instance("t1", {"subject": "down"}, SRC, 40))
+    assert inst is not None
+    votes = Opinion("judge", "①", {}, '{"pageOnCall": 5, "routeTicket": 95}')
+    answer = Answer(inst, [c for _, c in _answer()], "①", 1, 1, [votes])
+    topics = Settings(bootstrap_servers="unused:9092").topics
+    builder = RecordBuilder(spec, topics, "m")
+    planned = builder.batch("b", Outcome(answers=[answer]), flow.rehearsal())
+    assert not [
+        r for r in planned.records if r.topic in (topics.review, topics.activity("pageOnCall"))
+    ]
+    (change,) = planned.turns
+    flow.turn(change.instance, change.calls, change.batch, change.opinions, reviews=change.reviews)
+    st = flow.store.get("t1")
+    assert st is not None
+    (urgency,) = [s.call_id for s in st.plan if s.tool == "assessUrgency"]
+    flow.on_result(_result(urgency, "assessUrgency", "†state.urgent", {"why": "outage"}))
+    launched = flow.take_launched("t1")
+    st = flow.store.get("t1")
+    assert st is not None and [c["_tool"] for c in launched] == ["pageOnCall"]
+    out = builder.approved(st, launched, "w")
+    (held,) = [orjson.loads(r.value or b"") for r in out.records]
+    assert [r.topic for r in out.records] == [topics.review]
+    assert "against the council" in held["review"] and "_review" not in held["call"]

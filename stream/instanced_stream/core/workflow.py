@@ -49,7 +49,11 @@ from instanced_stream.core.state import (
 )
 from instanced_stream.core.validate import Opinion
 
-__all__ = ["TurnEffects", "Workflow"]
+__all__ = ["REVIEW", "TurnEffects", "Workflow"]
+
+# In a held eager step's stored call: the advice gate's verdict of its turn, so that the
+# call goes to review when its producers finish, as it would have with the answer.
+REVIEW = "_review"
 
 
 class Workflow:
@@ -112,10 +116,12 @@ class Workflow:
         batch: BatchRef,
         opinions: list[Opinion],
         owed: list[Outgoing] | None = None,
+        reviews: dict[str, str] | None = None,
     ) -> TurnEffects:
         """Applies a turn's answer to the instance's state (once, however often the batch
         is redone) and says which calls run now. `owed`: the records this turn publishes,
-        kept in the outbox until `paid`."""
+        kept in the outbox until `paid`; `reviews`: the advice gate's verdicts by call
+        id, kept with a step that waits for a result."""
         st = self.store.get(inst.id)
         if st is None:
             return TurnEffects(run=[cid for cid, _ in calls])
@@ -128,16 +134,11 @@ class Workflow:
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
         if self.iterative and _finish_says_stop(self.spec, opinions):
-            # The loop decides to stop: whatever is still awaited no longer matters.
-            st.pending = {}
-            out = TurnEffects(trace=list(st.trace))
-            out.done = _finish(st, "stopped", "a finish advisor voted stop")
-            why = "a finish advisor voted stop in this answer: the workflow ended, unrun"
-            out.dropped = {cid: ("stopped", why) for cid, c in calls if lazy.is_step(self.spec, c)}
+            out = _stopped(self.spec, st, calls)
         elif self.lazy:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
-            out = _eager(self.spec, st, inst, calls, first_time, self.timeout)
+            out = _eager(self.spec, st, inst, calls, first_time, self.timeout, reviews)
         if owed is not None:
             st.owe(owed, self.owner)
         self._put(st)
@@ -311,9 +312,11 @@ def _eager(
     calls: list[tuple[str, Call]],
     first_time: bool,
     timeout: float,
+    reviews: dict[str, str] | None = None,
 ) -> TurnEffects:
     """Planning is execution: latent steps answered in this generation are written,
-    activities run now; the turn's steps join the instance's plan, shown next turn."""
+    activities run now (or, held, when what they read is in: each keeps its gate verdict
+    of `reviews`); the turn's steps join the instance's plan, shown next turn."""
     out = TurnEffects()
     awaited = False
     for _, call in calls:
@@ -341,6 +344,8 @@ def _eager(
         for step in steps:
             if step.call_id in out.run and step.output:
                 st.pending[step.call_id] = _pending(step, timeout)
+            elif step.status == "approved" and reviews and step.call_id in reviews:
+                step.call[REVIEW] = reviews[step.call_id]
     else:  # applied before: the calls that started then
         out.run = [
             s.call_id
@@ -352,6 +357,17 @@ def _eager(
         st.status = "pending"
     else:
         out.done = _maybe_done(spec, st, awaited)
+    return out
+
+
+def _stopped(spec: AgentSpec, st: InstanceState, calls: list[tuple[str, Call]]) -> TurnEffects:
+    """A finish advisor voted stop: the workflow ends, whatever is still awaited no longer
+    matters, and this answer's calls are not run (each recorded as `stopped`)."""
+    st.pending = {}
+    out = TurnEffects(trace=list(st.trace))
+    out.done = _finish(st, "stopped", "a finish advisor voted stop")
+    why = "a finish advisor voted stop in this answer: the workflow ended, unrun"
+    out.dropped = {cid: ("stopped", why) for cid, c in calls if lazy.is_step(spec, c)}
     return out
 
 

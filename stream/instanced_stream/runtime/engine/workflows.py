@@ -111,7 +111,9 @@ class Flows:
             if turn.failed is not None:
                 self.workflow.fail(turn.instance, *turn.failed)
             else:
-                self.workflow.turn(turn.instance, turn.calls, turn.batch, turn.opinions)
+                self.workflow.turn(
+                    turn.instance, turn.calls, turn.batch, turn.opinions, reviews=turn.reviews
+                )
         except BadRecord as exc:  # the state would pass the broker's limit
             self._changes(partition)
             out.planned.add(self._letter(turn.instance, exc))

@@ -34,7 +34,7 @@ from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.validate import Opinion
-from instanced_stream.core.workflow import TurnEffects, Workflow
+from instanced_stream.core.workflow import REVIEW, TurnEffects, Workflow
 from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.runtime.steps.letters import bad_record, bad_result, oversized
 from instanced_stream.runtime.steps.scopes import imported
@@ -83,6 +83,7 @@ class TurnChange:
     batch: BatchRef
     opinions: list[Opinion]
     failed: tuple[str, str] | None = None  # (code, reason): the turn ended in a dead letter
+    reviews: dict[str, str] = field(default_factory=dict)  # the gate's verdicts, by call id
 
 
 @dataclass(slots=True)
@@ -222,8 +223,9 @@ class RecordBuilder:
         if flow is None:
             effects = TurnEffects(run=[cid for cid, _ in calls])
         else:
-            effects = flow.turn(inst, calls, batch, answer.opinions)
-            out.turns.append(TurnChange(inst, calls, batch, answer.opinions))
+            reviews = {cid: r for cid, c in calls if (r := _review(self.spec, c, advice))}
+            effects = flow.turn(inst, calls, batch, answer.opinions, reviews=reviews)
+            out.turns.append(TurnChange(inst, calls, batch, answer.opinions, reviews=reviews))
         # Without a plan nothing is stored: a latent output goes with the instance's outcome.
         outputs = [c.wire() for _, c in calls if flow is None and _latent_output(self.spec, c)]
         reviewed = self._calls(out, inst, calls, batch, advice, effects, flow, outputs)
@@ -241,16 +243,15 @@ class RecordBuilder:
             out.records.append(OutRecord(self.topics.done, key, _dumps(effects.done), origin))
             out.events["done"] += 1
         if len(out.records) == first:
-            # Only latent calls: the instance needs no action, and says so on the record,
-            # with the outputs they name; a thought (no `_outputPath`) is ephemeral: never
-            # published, not even here.
+            # Only latent calls: no action, said on the record with the outputs they name;
+            # a thought (no `_outputPath`) is ephemeral: never published, not even here.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             ).model_copy(update={"latent": outputs})
             out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         out.decisions.append(_decision(inst, calls, advice))
         if advice.consensus is not None:
-            note = _advice_record(answer, batch, advice, advice.consensus, calls, reviewed)
+            note = _advice_record(answer, batch, advice, calls, reviewed)
             out.records.append(OutRecord(self.topics.advice, key, _dumps(note), origin))
             out.events["advisor_opinions"] += len(advice.opinions)
             out.events["divergent"] += int(note.divergent)
@@ -319,8 +320,7 @@ class RecordBuilder:
         latent: list[dict[str, Any]] | None = None,
     ) -> None:
         """One call's activity record (or its review record, when the gate holds it),
-        added to `out` and counted. `latent`: a planless spec's latent outputs of the
-        same answer, carried on the record."""
+        added to `out` and counted; `latent`: a planless answer's latent outputs."""
         rec = ActivityRecord(
             call_id=cid,
             tool=call.tool,
@@ -348,12 +348,12 @@ class RecordBuilder:
         inst = Instance(st.instance, st.input, st.source, 0, st.state, st.turn)
         batch = BatchRef(id=f"{worker}-approved", size=1, token="", attempt=1)
         for stored in proposal:
-            cid = stored["call_id"]
-            call = Call.model_validate({k: v for k, v in stored.items() if k != "call_id"})
+            cid, review = stored["call_id"], stored.get(REVIEW)  # a held step's verdict
+            call = Call.model_validate({k: v for k, v in stored.items() if k not in _STORED})
             tool = self.spec.tool(call.tool)
             if tool and tool.kind != "latent":
                 trace = list(st.trace)
-                self.add_call(out, tool, cid, call, inst, batch, None, None, trace, st.state)
+                self.add_call(out, tool, cid, call, inst, batch, None, review, trace, st.state)
                 out.events["plan_calls_executed"] += 1
         return out
 
@@ -363,22 +363,23 @@ class RecordBuilder:
         return Planned([record], Counter(done=1))
 
 
+_STORED = ("call_id", REVIEW)  # a stored call's keys that are not the call's
+
+
 def _advice_record(
     answer: Answer,
     batch: BatchRef,
     advice: _Advice,
-    consensus: Consensus,
     calls: list[tuple[str, Call]],
     reviewed: list[str],
 ) -> AdviceRecord:
-    inst = answer.instance
     return AdviceRecord(
-        instance=inst.id,
-        turn=inst.turn,
-        source=inst.source,
+        instance=answer.instance.id,
+        turn=answer.instance.turn,
+        source=answer.instance.source,
         batch=batch,
         opinions=advice.opinions,
-        consensus=consensus.as_dict(),
+        consensus=advice.consensus.as_dict() if advice.consensus else {},
         divergent=advice.divergent,
         consulted=answer.consulted,
         questions=[{"advisor": a, "question": q} for a, q in answer.questions],
