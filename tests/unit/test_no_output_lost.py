@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import (
     ApprovalRecord,
@@ -22,8 +21,9 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.runtime.records import RecordBuilder
+from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
+
 from tests.flows import lazy, tickets_spec
 
 TOPICS = Settings(bootstrap_servers="unused:9092").topics
