@@ -126,6 +126,9 @@ class FakeProducer:
         self._open: list[Sent] | None = None
         self._offsets: dict[TopicPartition, int] = {}
 
+    async def start(self) -> None:
+        self.calls.append(("start",))
+
     async def begin_transaction(self) -> None:
         self.calls.append(("begin",))
         self._open, self._offsets = [], {}
@@ -169,3 +172,45 @@ class FakeProducer:
     def offsets(self) -> list[dict[Any, int]]:
         """The offsets of every transaction, committed or not."""
         return [c[1] for c in self.calls if c[0] == "offsets"]
+
+
+class FakeConsumer:
+    """The group consumer as Membership uses it, in memory: an assignment, paused
+    partitions, committed offsets, and where each partition was sought."""
+
+    def __init__(self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]) -> None:
+        self.assigned = set(assigned)
+        self.committed_at = dict(committed)
+        self.sought: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self.stopped = False
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._paused.difference_update(tps)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_at.get(tp)
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 100)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.sought[tp] = offset
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return 100
+
+    async def stop(self) -> None:
+        self.stopped = True

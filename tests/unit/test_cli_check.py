@@ -242,8 +242,8 @@ def test_processor_and_worker_ports_differ_by_default() -> None:
 
 def test_lag_series_of_revoked_partitions_are_removed() -> None:
     m = Metrics()
-    m.set_lag({0: 5, 1: 7})
-    m.set_lag({1: 2})
+    m.partitions.set_lag({0: 5, 1: 7})
+    m.partitions.set_lag({1: 2})
     text = m.render().decode()
     assert 'instanced_stream_consumer_lag{partition="1"} 2.0' in text
     assert 'partition="0"' not in text

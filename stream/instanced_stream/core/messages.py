@@ -276,6 +276,9 @@ DeadLetterCode = Literal[
     # a call of the answer in which a finish advisor voted stop: the workflow ended and
     # the call was not run
     "stopped",
+    # a state changelog record the store cannot read: quarantined, its key deleted, so
+    # the partition opens without it (the instance's next input starts afresh)
+    "unreadable_state",
 ]
 
 ITEM_CODES: frozenset[str] = frozenset(get_args(ItemCode))

@@ -27,7 +27,7 @@ from prometheus_client import (
 from instanced_stream.core.spec import ModelEndpoint
 from instanced_stream.observe.agreement import AgreementMetrics
 
-__all__ = ["Metrics", "WorkerMetrics"]
+__all__ = ["Metrics", "PartitionMetrics", "WorkerMetrics"]
 
 # Every series of the product starts with this: distinct from other services' metrics in a
 # shared Prometheus (a bare `stream_` would collide with any other stream processor's).
@@ -109,6 +109,44 @@ def _waiting(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
     )
 
 
+class PartitionMetrics:
+    """The assigned input partitions: their lag, their unit's state, the units that failed."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
+        self._lagging: set[int] = set()
+        self.states = Gauge(
+            f"{_P}partitions",
+            "Input partitions assigned here, by their unit's state (open, restoring, failing)",
+            ["state"],
+            registry=r,
+        )
+        self.failures = Counter(
+            f"{_P}partition_failures",
+            "Units that failed to open or failed while open (each is opened again after a"
+            " back-off)",
+            ["partition"],
+            registry=r,
+        )
+
+    def failed(self, partition: int) -> None:
+        self.failures.labels(str(partition)).inc()
+
+    def set_lag(self, lags: Mapping[int, int]) -> None:
+        """Lag of the partitions assigned now; a revoked partition's series is removed, so
+        no stale figure stays behind for the new owner's to double."""
+        for gone in self._lagging - lags.keys():
+            self.lag.remove(str(gone))
+        for partition, lag in lags.items():
+            self.lag.labels(str(partition)).set(lag)
+        self._lagging = set(lags)
+
+    def set(self, states: Mapping[int, Mapping[str, Any]]) -> None:
+        """Each assigned partition's unit state (`Membership.states`)."""
+        for state in ("open", "restoring", "failing"):
+            self.states.labels(state).set(sum(1 for v in states.values() if v["state"] == state))
+
+
 class Metrics:
     def __init__(self, prices: ModelEndpoint | None = None, window: int = 0) -> None:
         self.registry = _registry()
@@ -167,7 +205,7 @@ class Metrics:
             "Batches allowed in flight now (adaptive: grows while healthy, shrinks on 429s)",
             registry=r,
         )
-        self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
+        self.partitions = PartitionMetrics(r)
         self.llm_requests = Counter(f"{_P}llm_requests", _REQUESTS, registry=r)
         self.refused_calls = Counter(
             f"{_P}refused_calls",
@@ -198,7 +236,6 @@ class Metrics:
         self.flying = 0
         self.limit = 0.0
         self._circuit = self._refused = False
-        self._lagging: set[int] = set()
 
     def batch_started(self) -> None:
         self.flying += 1
@@ -238,15 +275,6 @@ class Metrics:
     def on_limit(self, limit: float) -> None:
         self.limit = limit
         self.in_flight_limit.set(int(limit))
-
-    def set_lag(self, lags: Mapping[int, int]) -> None:
-        """Lag of the partitions owned now; a revoked partition's series is removed, so
-        no stale figure stays behind for the new owner's to double."""
-        for gone in self._lagging - lags.keys():
-            self.lag.remove(str(gone))
-        for partition, lag in lags.items():
-            self.lag.labels(str(partition)).set(lag)
-        self._lagging = set(lags)
 
     def set_waiting(self, batch_ages: list[float] | None, oldest_open_s: float | None) -> None:
         """Batches in flight (their ages; None: the online tier) and the age of the

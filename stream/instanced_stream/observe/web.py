@@ -53,9 +53,13 @@ class WebServer:
         host: str,
         port: int,
         model_ok: Callable[[], bool] | None = None,
+        partitions: Callable[[], dict[int, dict[str, Any]]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ready = ready
+        # Each assigned partition's unit (open, restoring, failing), in /readyz's body and
+        # on the live page: which partitions a not-ready processor does not serve yet.
+        self.partitions = partitions
         # Said in /readyz's body, never in its status: an LLM outage is the same for
         # every pod, so a readiness that followed it would make every pod unready at once
         # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
@@ -97,10 +101,15 @@ class WebServer:
         body: dict[str, Any] = {"ready": ok}
         if self.model_ok is not None:
             body["model_ok"] = self.model_ok()
+        if self.partitions is not None:
+            body["partitions"] = {str(p): v for p, v in self.partitions().items()}
         return web.json_response(body, status=200 if ok else 503)
 
     async def _live(self, _: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(self.metrics.live()), content_type="application/json")
+        live = self.metrics.live()
+        if self.partitions is not None:
+            live["partitions"] = {str(p): v for p, v in self.partitions().items()}
+        return web.Response(body=orjson.dumps(live), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:
         page = resources.files("instanced_stream.observe").joinpath("live.html").read_text()

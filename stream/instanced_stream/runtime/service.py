@@ -40,6 +40,8 @@ from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.batch.submissions import Submissions
 from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
+from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.engine.restore import Restores
 from instanced_stream.runtime.engine.stager import Stager
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.tier import ONLINE
@@ -98,6 +100,7 @@ class _Service(mode.Service):
         self.bootstrap = bootstrap
         self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
         self.flows: Flows | None = None
+        self.restores: Restores | None = None
         self.probe = probe
         # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
         # store, no changelog and no workflow: nothing of an instance outlives its request.
@@ -115,6 +118,7 @@ class _Service(mode.Service):
                 state_changelog(settings),
                 settings.max_output_bytes,
             )
+            self.restores = Restores(self.flows, bootstrap)
         self.stager = Stager(
             settings,
             merged,
@@ -134,30 +138,31 @@ class _Service(mode.Service):
             bootstrap,
             group,
             [topics.input, topics.results, topics.approvals],
-            transactional=settings.delivery == "exactly_once",
-            transactional_prefix=f"{group}.{topics.input}",
+            _producers(settings, bootstrap, group, self.stager, probe),
             session_timeout_s=settings.session_timeout_s,
             client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
             group_instance_id=settings.group_instance_id,
             on_rebalance=self.metrics.rebalances.inc,
+            on_failed=lambda p, _exc: self.metrics.partitions.failed(p),
+            progress=self.restores.progress if self.restores else lambda _p: 0,
             on_open=self._opened if self.flows or self.submissions else None,
             on_close=self._closed if self.flows or self.submissions else None,
-            replace=self.stager.replacement,
-            probe=probe,
-            request_timeout_ms=settings.publish_timeout_ms,
-            commit_interval_s=settings.commit_interval,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
-        # Ready: joined the group and serving its partitions (what a rollout and a
-        # disruption budget need to know); the model's state is only reported.
+        # Ready: joined the group and serving every partition it was given (what a
+        # rollout and a disruption budget need to know): a unit restoring or failing to
+        # open is not served yet. The model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: self.serving and not self.membership.rebalancing,
+            lambda: (
+                self.serving and not self.membership.rebalancing and not self.membership.opening
+            ),
             settings.web_host,
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
+            partitions=self.membership.states,
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
@@ -167,23 +172,14 @@ class _Service(mode.Service):
         return self.membership.units.get(partition)
 
     async def _opened(self, unit: Unit) -> None:
-        """A stateful unit: its store restored before it takes work; the workflows that
-        wait for a turn resume. The batch tier: the lines its partition submitted."""
+        """A stateful unit: its store restored before it takes work (outside the
+        assignment callback: see Membership); the workflows that wait for a turn resume.
+        The batch tier: the lines its partition submitted."""
         if self.submissions is not None:
             lines = await self.submissions.restore(self.bootstrap, unit.partition)
             log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
-        if self.flows is None:
-            return
-        store = self.flows.store_for(unit.partition)
-        states = await store.restore(self.bootstrap)
-        ready = self.flows.ready(unit.partition)
-        log.info(
-            "partition %d: %d states restored, %d workflows resume their next turn",
-            unit.partition,
-            states,
-            len(ready),
-        )
-        self._ready(unit, ready)
+        if self.restores is not None:
+            self._ready(unit, await self.restores.restore(unit))
 
     def _closed(self, unit: Unit) -> None:
         if self.submissions is not None:
@@ -305,7 +301,8 @@ class _Service(mode.Service):
             self.turns.put_nowait((unit, inst))
 
     async def _lag(self) -> None:
-        self.metrics.set_lag(await self.membership.lag())
+        self.metrics.partitions.set(self.membership.states())
+        self.metrics.partitions.set_lag(await self.membership.lag())
         opened = [oldest_open_since(u) for u in self.membership.units.values()]
         oldest = min((at for at in opened if at is not None), default=None)
         ages = self.submissions.in_flight() if self.submissions is not None else None
@@ -319,6 +316,23 @@ class _Service(mode.Service):
             len(self.stager.tasks),
             self.membership.rebalances,
         )
+
+
+def _producers(
+    settings: Settings, bootstrap: str, group: str, stager: Stager, probe: Probe
+) -> Producers:
+    """The units' producers: transactional per input partition (exactly once), or one
+    shared idempotent producer."""
+    return Producers(
+        bootstrap,
+        group,
+        transactional=settings.delivery == "exactly_once",
+        transactional_prefix=f"{group}.{settings.topics.input}",
+        request_timeout_ms=settings.publish_timeout_ms,
+        replace=stager.replacement,
+        probe=probe,
+        commit_interval_s=settings.commit_interval,
+    )
 
 
 def _tiered(

@@ -2,91 +2,43 @@
 
 One aiokafka consumer (read_committed, no auto commit, the range assignor so partition p
 of the input, results and approvals topics goes to one member) subscribes to the three
-co-partitioned topics. An assignment opens a unit per input partition: its producer is
-started first (with exactly once, that fences the partition's earlier owner and settles
-its open transaction), then the consumer is sought to the committed offsets, read only
-now that no earlier transaction can still move them. A revocation commits each unit's
-finished prefix and drops it; a unit that failed (fenced, a failed transaction) is
-replaced in place, and everything staged on it is redone from the last commit.
+co-partitioned topics. The assignment callback only records what changed: each new
+input partition's topics are paused and its unit is opened by a task of its own, outside
+the callback, so the group's heartbeats go on however long a store takes to restore. A
+unit's producer is started first (with exactly once, that fences the partition's earlier
+owner and settles its open transaction), then its store is restored (`on_open`), then the
+consumer is sought to the committed offsets, read only now that no earlier transaction
+can still move them, and the partition resumes. Each partition opens on its own: one that
+fails (the broker refuses, a bug) is retried after a back-off, shown as failing, and holds
+no other back. A revocation commits each unit's finished prefix and drops it; a unit that
+failed (fenced, a failed transaction) is replaced in place, and everything staged on it is
+redone from the last commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from instanced_stream.errors import StreamError
-from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.topics import record_limits
 from instanced_stream.kafka.tracing import traceparent_of
-from instanced_stream.runtime.engine.unit import LINGER_S, Refusals, Replace, Slot, Unit
+from instanced_stream.runtime.engine.opening import Opening, Openings
+from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.engine.unit import Slot, Unit
 
-__all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
+__all__ = ["Fetched", "Membership"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
-
-MAX_FAILURES = 5  # a partition's failures in a row before the process stops
-
-
-class PartitionFailing(StreamError):
-    """A partition's unit kept failing: its work cannot be delivered by this process."""
-
-
-class Failures:
-    """When a failed unit may be reopened: after a back-off that doubles with each
-    failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
-    fenced) are waited out for as long as they last; any other failure counts, and a
-    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
-    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
-    another member) is the remedy an operator sees, rather than a silent loop that asks
-    the model again and again."""
-
-    def __init__(self) -> None:
-        self.by_partition: dict[int, tuple[int, float]] = {}  # (failures, retry at)
-
-    def due(self, p: int, unit: Unit, now: float) -> bool:
-        """Whether `unit` of partition `p` is to be reopened now."""
-        if unit.alive:
-            if unit.commits:
-                self.by_partition.pop(p, None)
-            return False
-        count, retry_at = self.by_partition.get(p, (0, 0.0))
-        if retry_at == 0.0:  # just failed: count it, and wait before reopening
-            tries = count + 1
-            if not isinstance(unit.failed, KafkaError):
-                count += 1
-                if count >= MAX_FAILURES:
-                    raise PartitionFailing(
-                        f"partition {p} failed {count} times in a row: {unit.failed!r}"
-                    )
-            self.by_partition[p] = (count, now + min(0.5 * 2 ** min(tries - 1, 5), 10.0))
-            return False
-        if now < retry_at:
-            return False
-        self.by_partition[p] = (count, 0.0)
-        return True
-
-
-# A commit hands its whole prefix over at once: in large batches it goes out in one
-# request per partition instead of one per 16 KB (an idempotent producer has one
-# request in flight per partition, so small batches queue behind each other's acks).
-_BATCHING: dict[str, int] = {
-    "linger_ms": 0,
-    "max_batch_size": 1024 * 1024,
-    "max_request_size": 8 * 1024 * 1024,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,56 +65,47 @@ def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
 
 class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     """`topics`: the input topic first, then the co-partitioned ones (results,
-    approvals). `transactional`: exactly once; else one shared idempotent producer."""
+    approvals). `producers`: the units' (`Producers`). `units`: the open units, taking
+    work; `opening`: the assigned partitions whose unit is being opened or waits to be
+    opened again (`Openings`)."""
 
     def __init__(
         self,
         bootstrap: str,
         group_id: str,
         topics: list[str],
+        producers: Producers,
         *,
-        transactional: bool,
-        transactional_prefix: str,
         session_timeout_s: float,
         on_open: OnOpen | None = None,
         on_close: Callable[[Unit], None] | None = None,
-        replace: Replace | None = None,
         client_id: str | None = None,
         group_instance_id: str | None = None,
         on_rebalance: Callable[[], None] = lambda: None,
-        probe: Probe = NO_PROBE,
-        request_timeout_ms: int = 30_000,
-        commit_interval_s: float = LINGER_S,
+        on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
+        progress: Callable[[int], int] = lambda _p: 0,
     ) -> None:
-        self.probe = probe
-        self.commit_interval_s = commit_interval_s
-        self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
-        self.bootstrap = bootstrap
-        self.group_id = group_id
-        self.topics = topics
-        self.input = topics[0]
-        self.transactional = transactional
-        self.transactional_prefix = transactional_prefix
+        self.producers = producers
+        self.bootstrap, self.group_id = bootstrap, group_id
+        self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
-        self.on_open = on_open
-        self.on_close = on_close
-        self.replace = replace
+        self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance = on_rebalance
         self.units: dict[int, Unit] = {}
+        abandon = functools.partial(self._close, commit=False)  # a unit that never served
+        self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
+        self.opening = self.openings.by_partition
+        self._failures = self.openings.failures
         self.rebalancing = False
         self.rebalances = 0
         self.consumer: AIOKafkaConsumer | None = None
-        self._shared: Any = None  # at least once: one idempotent producer for all units
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
-        self._failures = Failures()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if not self.transactional:
-            self._shared = clients.producer(self.bootstrap, **self.batching)
-            await self._shared.start()
+        await self.producers.start()
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,
@@ -178,13 +121,19 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.start()
 
     async def stop(self) -> None:
-        """Commits what every unit finished, drops them, leaves the group."""
-        for p in sorted(self.units):
-            await self._close(self.units.pop(p), commit=True)
-        if self.consumer is not None:
-            await self.consumer.stop()
-        if self._shared is not None:
-            await self._shared.stop()
+        """Commits what every unit finished, drops them, leaves the group. From now on an
+        assignment (a join still under way) is not taken: no unit opens, no producer
+        starts."""
+        self.openings.stopping = True
+        for last in (False, True):  # again after the consumer stopped: whatever came
+            await self.openings.cancel(list(self.opening))
+            for p in sorted(self.units):
+                unit = self.units.pop(p, None)
+                if unit is not None:
+                    await self._close(unit, commit=not last)
+            if not last and self.consumer is not None:
+                await self.consumer.stop()
+        await self.producers.stop()
 
     # ------------------------------------------------------------------ rebalances
 
@@ -193,81 +142,73 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rebalances += 1
         self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
+        # Taken out of `units` and `opening` before the first wait: `heal` or an open
+        # task resuming meanwhile finds them gone, never half there.
+        units = [u for u in (self.units.pop(p, None) for p in gone) if u is not None]
+        await self.openings.cancel([p for p in gone if p in self.opening])
         for p in gone:
-            unit = self.units.pop(p, None)
-            if unit is not None:
-                await self._close(unit, commit=True)
+            self._failures.forget(p)
+        for unit in units:
+            await self._close(unit, commit=True)
         for tp in revoked:
             self._next.pop(tp, None)
         if gone:
             log.info("rebalance: partitions %s revoked; their finished work committed", gone)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Records what is new and starts opening it, each partition in a task of its
+        own: the group waits for this callback, and a member that takes longer than its
+        session timeout is put out of the group. A stopping member takes nothing."""
         try:
+            if self.openings.stopping:
+                log.info("rebalance: assignment not taken, the processor is stopping")
+                return
             new = sorted(
-                {tp.partition for tp in assigned if tp.topic == self.input} - set(self.units)
+                {tp.partition for tp in assigned if tp.topic == self.input}
+                - set(self.units)
+                - set(self.opening)
             )
             if new:
-                # Side by side: the group waits for this callback, and a member that takes
-                # longer than its session timeout is put out of the group.
-                await self._open(new)
-                log.info("rebalance: partitions %s assigned", new)
+                self._pause(new)  # nothing of theirs is fetched until their unit is sought
+                for p in new:
+                    self.openings.begin(Opening(p))
+                log.info("rebalance: partitions %s assigned; their units are opening", new)
         finally:
             self.rebalancing = False
 
-    async def _open(self, partitions: list[int]) -> None:
-        """Units for `partitions`: their producers first (fencing), then the consumer
-        sought to the committed offsets of their three topics."""
-        units = await asyncio.gather(*(self._unit(p) for p in partitions))
+    async def _open(self, opening: Opening) -> Unit:
+        """The unit of one partition: its producer first (fencing), its store
+        (`on_open`), then the consumer sought to the committed offsets of its topics."""
+        unit = opening.unit = await self.producers.unit(opening.partition, self._commit)
         if self.on_open is not None:
-            await asyncio.gather(*(self.on_open(u) for u in units))
-        await self._seek(partitions)
-        for unit in units:
-            unit.start()
-            self.units[unit.partition] = unit
+            await self.on_open(unit)
+        await self._seek([opening.partition])
+        return unit
 
-    async def _unit(self, partition: int) -> Unit:
-        # At least once: one shared producer, and the consumer commits the offsets.
-        shared = not self.transactional
-        return Unit(
-            partition,
-            self._shared if shared else await self._producer(partition),
-            group_id=self.group_id,
-            transactional=self.transactional,
-            commit_offsets=self._commit if shared else None,
-            refusals=self._refusals(None if shared else partition),
-            probe=self.probe,
-            linger_s=self.commit_interval_s,
-        )
+    def _opened(self, unit: Unit) -> None:
+        unit.start()
+        self.units[unit.partition] = unit
+        self._resume([unit.partition])
 
-    async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
-        batching = dict(self.batching)
-        if max_batch is not None:
-            batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
-        producer = clients.producer(
-            self.bootstrap, transactional_id=f"{self.transactional_prefix}.{partition}", **batching
-        )
-        await producer.start()
-        return producer
-
-    def _refusals(self, partition: int | None) -> Refusals | None:
-        if self.replace is None:
-            return None
-
-        async def limits(topics: set[str]) -> dict[str, int]:
-            return await record_limits(self.bootstrap, topics)
-
-        async def renew(max_batch: int) -> Any:
-            assert partition is not None
-            return await self._producer(partition, max_batch)
-
-        return Refusals(self.replace, limits, renew if partition is not None else None)
-
-    async def _seek(self, partitions: list[int]) -> None:
+    def _tps(self, partitions: list[int]) -> list[TopicPartition]:
         assert self.consumer is not None
         owned = self.consumer.assignment()
         tps = [TopicPartition(t, p) for p in partitions for t in self.topics]
-        tps = [tp for tp in tps if tp in owned]
+        return [tp for tp in tps if tp in owned]
+
+    def _pause(self, partitions: list[int]) -> None:
+        assert self.consumer is not None
+        if tps := self._tps(partitions):
+            self.consumer.pause(*tps)
+
+    def _resume(self, partitions: list[int]) -> None:
+        assert self.consumer is not None
+        if tps := self._tps(partitions):
+            self.consumer.resume(*tps)
+
+    async def _seek(self, partitions: list[int]) -> None:
+        assert self.consumer is not None
+        tps = self._tps(partitions)
         committed = await asyncio.gather(*(self.consumer.committed(tp) for tp in tps))
         fresh = [tp for tp, offset in zip(tps, committed, strict=True) if offset is None]
         starts = await self.consumer.beginning_offsets(fresh) if fresh else {}
@@ -286,21 +227,30 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.commit(offsets)
 
     async def heal(self) -> None:
-        """Reopens each failed unit of a partition still owned here (see `Failures`)."""
-        now = time.monotonic()
-        for p, unit in list(self.units.items()):
-            if not self._failures.due(p, unit, now):
+        """Moves each failed unit back to opening, and opens again each partition whose
+        back-off is over (see `Failures`). Raises `PartitionFailing` for a partition that
+        kept failing. Works from what is owned at each step: a rebalance may revoke any
+        partition while this waits."""
+        for p in sorted(self.units):
+            unit = self.units.get(p)
+            if unit is None:
                 continue
+            if unit.alive:
+                self._failures.healthy(p, unit)
+                continue
+            del self.units[p]
             log.warning(
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
-            self.units.pop(p)
+            self._pause([p])
+            self.openings.failing(p, unit.failed)
             await self._close(unit, commit=False)
-            try:
-                await self._open([p])
-            except Exception as exc:  # the broker still away: tried again after the wait
-                log.warning("partition %d: reopening failed: %r", p, exc)
-                unit.failed, self.units[p] = exc, unit
+        self.openings.retry()
+
+    def states(self) -> dict[int, dict[str, Any]]:
+        """Per assigned input partition, its unit's state: open, restoring or failing."""
+        out: dict[int, dict[str, Any]] = {p: {"state": "open"} for p in self.units}
+        return dict(sorted((out | self.openings.states()).items()))
 
     # ------------------------------------------------------------------ fetching
 
@@ -332,20 +282,18 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def hold_input(self, hold: bool) -> None:
         """Backpressure: while held, fetches leave the input out (results and approvals
-        still flow), and the group does not think this member stalled."""
+        still flow), and the group does not think this member stalled. Only open units'
+        partitions are held and let go: one still opening stays paused."""
         assert self.consumer is not None
         paused = self.consumer.paused()
-        if hold:
-            tps = [tp for tp in self.input_partitions() if tp not in paused]
-            if tps:
-                self.consumer.pause(*tps)
-        else:
-            tps = [tp for tp in paused if tp.topic == self.input]
-            if tps:
-                self.consumer.resume(*tps)
+        if hold and (tps := [tp for tp in self.input_partitions() if tp not in paused]):
+            self.consumer.pause(*tps)
+        elif not hold and (tps := [tp for tp in paused if tp.partition in self.units]):
+            self.consumer.resume(*(tp for tp in tps if tp.topic == self.input))
 
     async def lag(self) -> dict[int, int]:
-        """Per owned input partition, records not committed yet (end - committed)."""
+        """Per assigned input partition, records not committed yet (end - committed): a
+        partition whose unit is not open shows its whole backlog, not nothing."""
         assert self.consumer is not None
         out: dict[int, int] = {}
         for tp in self.input_partitions():
@@ -355,4 +303,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             position = oldest if oldest is not None else self._next.get(tp)
             if end is not None and position is not None:
                 out[tp.partition] = max(0, end - position)
+        owned = self.consumer.assignment()
+        waiting = [TopicPartition(self.input, p) for p in sorted(self.opening)]
+        if waiting := [tp for tp in waiting if tp in owned]:
+            ends = await self.consumer.end_offsets(waiting)
+            for tp in waiting:
+                committed = await self.consumer.committed(tp)
+                out[tp.partition] = max(0, ends[tp] - (committed or 0))
         return out

@@ -12,17 +12,20 @@ anything is stored or staged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
+from pydantic import ValidationError
 
 from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.publish import OutRecord
 
-__all__ = ["Stores", "UnitStore", "read_changelog"]
+__all__ = ["Quarantined", "Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
 
@@ -53,6 +56,22 @@ async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """A changelog record the store could not read: where it is, and why."""
+
+    key: str
+    partition: int
+    offset: int
+    value: bytes
+    reason: str
+
+
+# Restored records between two yields to the event loop: a restore runs beside the
+# consumer's heartbeats and the other units' work, never blocking them for long.
+_YIELD_EVERY = 500
+
+
 class UnitStore:
     def __init__(self, topic: str, partition: int, max_bytes: int) -> None:
         self.topic = topic
@@ -61,6 +80,11 @@ class UnitStore:
         self._raw: dict[str, bytes] = {}
         self._parsed: dict[str, InstanceState] = {}
         self._queued: list[OutRecord] = []
+        # The changelog offset up to which this store has applied the partition (the next
+        # offset to read): a later restore reads only what came after it.
+        self.applied = 0
+        self.restored = 0  # records read by the restore in progress (its progress)
+        self.quarantined: list[Quarantined] = []  # unreadable records, not yet staged
 
     def __contains__(self, instance: str) -> bool:
         return instance in self._raw
@@ -69,9 +93,60 @@ class UnitStore:
         return len(self._raw)
 
     async def restore(self, bootstrap: str) -> int:
-        """Reads the changelog partition to its last stable offset; returns the states."""
-        self._raw.update(await read_changelog(bootstrap, self.topic, self.partition))
+        """Reads the changelog partition from where this store left it to its last stable
+        offset, read_committed; returns the states it holds. Every state is read as it
+        is restored: one that cannot be (a cut-off value, another schema) is left out
+        and kept in `quarantined`, so the partition opens without it."""
+        tp = TopicPartition(self.topic, self.partition)
+        latest: dict[str, tuple[int, bytes | None]] = {}
+        consumer = clients.consumer(bootstrap)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            start = (await consumer.beginning_offsets([tp]))[tp]
+            consumer.seek(tp, max(start, self.applied))
+            end = (await consumer.end_offsets([tp]))[tp]
+            while await consumer.position(tp) < end:
+                found = await consumer.getmany(tp, timeout_ms=1000)
+                for rec in found.get(tp, []):
+                    if rec.key:
+                        latest[rec.key.decode(errors="replace")] = (rec.offset, rec.value or None)
+                    self.restored += 1
+            self.applied = max(self.applied, end)
+        finally:
+            await consumer.stop()
+        for n, (key, (offset, raw)) in enumerate(latest.items()):
+            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            self._parsed.pop(key, None)
+            if raw is None:
+                self._raw.pop(key, None)
+                continue
+            try:
+                self._parsed[key] = InstanceState.model_validate_json(raw)
+            except ValidationError as exc:
+                reason = f"unreadable state record: {exc.errors()[0]['msg']}"[:500]
+                log.error(
+                    "partition %d: changelog record of %r at offset %d quarantined: %s",
+                    self.partition,
+                    key,
+                    offset,
+                    reason,
+                )
+                self.quarantined.append(Quarantined(key, self.partition, offset, raw, reason))
+                self._raw.pop(key, None)
+                continue
+            self._raw[key] = raw
         return len(self._raw)
+
+    def quarantine(self) -> list[Quarantined]:
+        """The unreadable records found so far, each to be staged once: its dead letter
+        and its key's tombstone, in one transaction, so a later restore finds it no more."""
+        taken, self.quarantined = self.quarantined, []
+        for bad in taken:
+            tombstone = OutRecord(self.topic, bad.key.encode(), b"", None, self.partition)
+            self._queued.append(tombstone)
+        return taken
 
     def get(self, instance: str) -> InstanceState | None:
         raw = self._raw.get(instance)

@@ -34,7 +34,16 @@ from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import REFUSALS, OutRecord
 from instanced_stream.kafka.tracing import Headers
 
-__all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
+__all__ = [
+    "LINGER_S",
+    "CommitOffsets",
+    "Refusals",
+    "Replace",
+    "Slot",
+    "Unit",
+    "UnitGone",
+    "oldest_open_since",
+]
 
 log = logging.getLogger("stream.unit")
 

@@ -33,6 +33,7 @@ from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.engine.store import Stores, UnitStore
 from instanced_stream.runtime.engine.unit import Slot, Unit
+from instanced_stream.runtime.steps.letters import bad_record
 from instanced_stream.runtime.steps.records import Planned, RecordBuilder, TurnChange, bad_result
 from instanced_stream.runtime.steps.size_guard import fit
 
@@ -79,15 +80,15 @@ class Flows:
         self.stores.add(store)
         return store
 
-    def ready(self, partition: int) -> list[Instance]:
-        """After a restore: the instances of `partition` waiting for a turn. The deadline
-        index is rebuilt with the restored states."""
-        self.workflow.index.rebuild(self.stores.items())
-        out = []
-        for st in self.stores.by_partition[partition].states():
-            nxt = self.workflow.next_turn(st)
-            if nxt is not None:
-                out.append(nxt)
+    def quarantined(self, store: UnitStore) -> Staging:
+        """A restored store's unreadable changelog records: each one's dead letter (its
+        key, partition, offset and reason) with its key's tombstone."""
+        out = Staging()
+        for bad in store.quarantine():
+            source = SourcePosition(topic=store.topic, partition=bad.partition, offset=bad.offset)
+            letter = bad_record(BadRecord("unreadable_state", bad.reason), source, bad.value)
+            out.planned.add(self.builder.letter(letter.model_copy(update={"instance": bad.key})))
+        out.changes += self._changes(store.partition)
         return out
 
     def _changes(self, partition: int) -> list[OutRecord]:

@@ -1,0 +1,183 @@
+"""Opening a unit: the assigned input partitions whose unit does not take work yet, each
+opened by a task of its own outside the assignment callback (its producer started, which
+fences the partition's earlier owner; its store restored; its offsets sought), and
+opened again after a back-off when that fails. One partition failing holds no other
+back, and shows as failing in readiness, metrics and lag until it opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.errors import KafkaError
+
+from instanced_stream.errors import StreamError
+from instanced_stream.runtime.engine.unit import Unit
+
+__all__ = ["MAX_FAILURES", "Failures", "Opening", "Openings", "PartitionFailing"]
+
+log = logging.getLogger("stream.membership")
+
+MAX_FAILURES = 5  # a partition's failures in a row before the process stops
+
+
+class PartitionFailing(StreamError):
+    """A partition's unit kept failing: its work cannot be delivered by this process."""
+
+
+class Failures:
+    """When a failed partition may be opened again: after a back-off that doubles with
+    each failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
+    fenced) are waited out for as long as they last; any other failure counts, and a
+    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
+    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
+    another member) is the remedy an operator sees, rather than a silent loop that asks
+    the model again and again."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, int] = {}  # failures in a row that count
+        self._tries: dict[int, int] = {}  # failures in a row, the broker's own included
+
+    def healthy(self, p: int, unit: Unit) -> None:
+        """A unit that committed since its last failure starts the count again."""
+        if unit.alive and unit.commits:
+            self.forget(p)
+
+    def failed(self, p: int, exc: BaseException | None, now: float) -> float:
+        """Counts a failure of partition `p`; returns when to open it again."""
+        tries = self._tries[p] = self._tries.get(p, 0) + 1
+        if not isinstance(exc, KafkaError):
+            count = self.by_partition[p] = self.by_partition.get(p, 0) + 1
+            if count >= MAX_FAILURES:
+                raise PartitionFailing(f"partition {p} failed {count} times in a row: {exc!r}")
+        return now + min(0.5 * 2.0 ** min(tries - 1, 5), 10.0)
+
+    def forget(self, p: int) -> None:
+        """The partition committed, or moved away: its count starts again."""
+        self.by_partition.pop(p, None)
+        self._tries.pop(p, None)
+
+
+@dataclass(eq=False)
+class Opening:
+    """An assigned input partition whose unit does not take work yet: being opened, or
+    failed and waiting for `retry_at`."""
+
+    partition: int
+    since: float = field(default_factory=time.monotonic)
+    task: asyncio.Task[None] | None = None
+    unit: Unit | None = None  # once its producer started
+    failed: BaseException | None = None
+    retry_at: float = 0.0
+    failures: int = 0
+
+    def view(self, now: float, restored: int) -> dict[str, Any]:
+        """What readiness and the live page say about it."""
+        if self.failed is not None and self.task is None:
+            return {
+                "state": "failing",
+                "error": repr(self.failed)[:300],
+                "failures": self.failures,
+                "retry_in_s": round(max(0.0, self.retry_at - now), 1),
+            }
+        return {"state": "restoring", "for_s": round(now - self.since, 1), "restored": restored}
+
+
+class Openings:
+    """`open`: opens the unit of an `Opening` (setting its `unit` once its producer is
+    up); `opened`: takes an open unit into service; `close`: closes a unit that never
+    served; `on_failed`: told each failure; `progress`: records restored so far."""
+
+    def __init__(
+        self,
+        open: Callable[[Opening], Awaitable[Unit]],
+        opened: Callable[[Unit], None],
+        close: Callable[[Unit], Awaitable[None]],
+        on_failed: Callable[[int, BaseException], None],
+        progress: Callable[[int], int],
+    ) -> None:
+        self.open, self.opened, self.close = open, opened, close
+        self.on_failed, self.progress = on_failed, progress
+        self.by_partition: dict[int, Opening] = {}
+        self.failures = Failures()
+        self.fatal: PartitionFailing | None = None  # raised by the next `retry`
+        self.stopping = False
+
+    def begin(self, opening: Opening) -> None:
+        opening.task = asyncio.create_task(self._run(opening), name=f"open-{opening.partition}")
+        self.by_partition[opening.partition] = opening
+
+    def failing(self, p: int, exc: BaseException | None) -> None:
+        """A unit of `p` that failed while it served: opened again after its back-off."""
+        failed = exc or RuntimeError("unit failed")
+        opening = self.by_partition[p] = Opening(p, failed=failed)
+        self._failed(opening, failed)
+
+    async def cancel(self, partitions: list[int]) -> None:
+        """Stops opening `partitions`; a producer already started is closed. They are
+        taken out before the first wait: whatever resumes meanwhile finds them gone."""
+        stopped = [o for o in (self.by_partition.pop(p, None) for p in partitions) if o]
+        for opening in stopped:
+            if opening.task is not None:
+                opening.task.cancel()
+                await asyncio.gather(opening.task, return_exceptions=True)
+            if opening.unit is not None:
+                await self.close(opening.unit)
+                opening.unit = None
+
+    async def _run(self, opening: Opening) -> None:
+        p = opening.partition
+        opening.since = time.monotonic()
+        try:
+            unit = await self.open(opening)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            half, opening.unit = opening.unit, None
+            if half is not None:
+                await self.close(half)
+            opening.task = None
+            self._failed(opening, exc)
+            log.warning(
+                "partition %d: its unit did not open (%r); tried again in %.1fs",
+                p,
+                exc,
+                opening.retry_at - time.monotonic(),
+            )
+            return
+        if self.by_partition.get(p) is not opening or self.stopping:
+            await self.close(unit)  # revoked, or the processor stops, meanwhile
+            return
+        del self.by_partition[p]
+        opening.task = opening.unit = None
+        self.opened(unit)
+        log.info("partition %d: unit open in %.1fs", p, time.monotonic() - opening.since)
+
+    def _failed(self, opening: Opening, exc: BaseException) -> None:
+        opening.failures += 1
+        opening.failed = exc
+        self.on_failed(opening.partition, exc)
+        try:
+            opening.retry_at = self.failures.failed(opening.partition, exc, time.monotonic())
+        except PartitionFailing as stop:
+            opening.retry_at = float("inf")
+            self.fatal = stop
+
+    def retry(self) -> None:
+        """Opens again each partition whose back-off is over; raises `PartitionFailing`
+        for one that kept failing."""
+        if self.fatal is not None:
+            raise self.fatal
+        now = time.monotonic()
+        for opening in list(self.by_partition.values()):
+            if opening.task is None and not self.stopping and now >= opening.retry_at:
+                self.begin(opening)
+
+    def states(self) -> dict[int, dict[str, Any]]:
+        now = time.monotonic()
+        return {p: o.view(now, self.progress(p)) for p, o in self.by_partition.items()}

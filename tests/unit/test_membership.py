@@ -1,0 +1,167 @@
+"""The group's membership on an in-memory consumer and producers: units open one
+partition at a time outside the assignment callback, a partition that fails to open
+holds no other back and is opened again, `heal` survives a revocation while it waits,
+and a stopping member takes no assignment and leaves no producer open
+(runtime/engine/membership.py, runtime/engine/opening.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka.structs import TopicPartition
+from instanced_stream.runtime.engine.membership import Membership
+from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.engine.unit import Unit
+
+from tests.fakes import FakeConsumer, FakeProducer
+
+TOPICS = ["items", "stream.results", "stream.approvals"]
+
+
+def _tps(*partitions: int) -> set[TopicPartition]:
+    return {TopicPartition(t, p) for p in partitions for t in TOPICS}
+
+
+class _Producers:
+    """The producer factory: every producer it made, and whether each was stopped."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeProducer] = []
+        self.gate: asyncio.Event | None = None  # when set: a stop waits for it
+
+    def __call__(self, _bootstrap: str, **_options: Any) -> FakeProducer:
+        producer = _Gated(self)
+        self.made.append(producer)
+        return producer
+
+    def open(self) -> list[FakeProducer]:
+        started = [p for p in self.made if ("start",) in p.calls]
+        return [p for p in started if ("stop",) not in p.calls]
+
+
+class _Gated(FakeProducer):
+    def __init__(self, owner: _Producers) -> None:
+        super().__init__()
+        self.owner = owner
+
+    async def stop(self) -> None:
+        if self.owner.gate is not None:
+            await self.owner.gate.wait()
+        await super().stop()
+
+
+def _membership(
+    producers: _Producers, on_open: Any = None, partitions: tuple[int, ...] = (0, 1, 2)
+) -> tuple[Membership, FakeConsumer]:
+    made = Producers(
+        "broker:9092", "g", transactional=True, transactional_prefix="g.items", make=producers
+    )
+    membership = Membership("broker:9092", "g", TOPICS, made, session_timeout_s=6, on_open=on_open)
+    consumer = FakeConsumer(_tps(*partitions), {TopicPartition("items", 2): 40})
+    membership.consumer = consumer
+    return membership, consumer
+
+
+async def _opened(membership: Membership) -> None:
+    """Waits for every open task under way."""
+    tasks = [o.task for o in membership.opening.values() if o.task is not None]
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_one_partition_failing_to_open_holds_no_other_back() -> None:
+    broken = {2}
+
+    async def on_open(unit: Unit) -> None:
+        if unit.partition in broken:
+            raise ValueError("a cut-off state record")
+
+    producers = _Producers()
+    membership, consumer = _membership(producers, on_open)
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    assert set(membership.opening) == {0, 1, 2}  # opening, outside the callback
+    assert consumer.paused() == _tps(0, 1, 2)  # nothing fetched before its seek
+    await _opened(membership)
+    assert sorted(membership.units) == [0, 1]
+    states = membership.states()
+    assert states[2]["state"] == "failing" and "cut-off" in states[2]["error"]
+    assert consumer.paused() == _tps(2)
+    assert len(producers.open()) == 2  # the failed unit's producer was closed
+    assert (await membership.lag())[2] == 60  # its backlog shows: end 100, committed 40
+    broken.clear()
+    membership.opening[2].retry_at = 0.0  # its back-off is over
+    await membership.heal()
+    await _opened(membership)
+    assert sorted(membership.units) == [0, 1, 2] and not membership.opening
+    assert consumer.sought[TopicPartition("items", 2)] == 40
+    assert not consumer.paused()
+    await membership.stop()
+    assert not producers.open()
+
+
+async def test_heal_survives_a_revocation_while_it_waits() -> None:
+    producers = _Producers()
+    membership, _ = _membership(producers)
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await _opened(membership)
+    for unit in membership.units.values():
+        unit.fail(RuntimeError("staging bug"))
+    producers.gate = asyncio.Event()
+    healing = asyncio.create_task(membership.heal())  # waits in a producer's stop
+    await asyncio.sleep(0.01)
+    revoking = asyncio.create_task(membership.on_partitions_revoked(_tps(0, 1, 2)))
+    await asyncio.sleep(0.01)
+    producers.gate.set()
+    await asyncio.gather(healing, revoking)  # no KeyError
+    assert not membership.units and not membership.opening
+    assert not producers.open()
+
+
+async def test_a_revocation_while_a_unit_opens_closes_its_producer() -> None:
+    restoring = asyncio.Event()
+
+    async def on_open(unit: Unit) -> None:
+        restoring.set()
+        await asyncio.Event().wait()  # a long restore
+
+    producers = _Producers()
+    membership, _ = _membership(producers, on_open, partitions=(0,))
+    await membership.on_partitions_assigned(_tps(0))
+    await restoring.wait()
+    assert membership.states() == {0: {"state": "restoring", "for_s": 0.0, "restored": 0}}
+    await membership.on_partitions_revoked(_tps(0))
+    assert not membership.opening and not membership.units
+    assert len(producers.made) == 1 and not producers.open()
+
+
+async def test_a_stopping_member_takes_no_assignment_and_leaves_no_producer_open() -> None:
+    producers = _Producers()
+    membership, consumer = _membership(producers)
+    stopping = asyncio.create_task(membership.stop())
+    # The join completes while the member stops: its assignment arrives after the drain.
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await stopping
+    await _opened(membership)
+    assert consumer.stopped
+    assert not membership.units and not membership.opening
+    assert not producers.open()
+
+
+@pytest.mark.parametrize("partition", [0, 2])
+async def test_a_failed_unit_is_reopened_from_its_last_commit(partition: int) -> None:
+    producers = _Producers()
+    membership, consumer = _membership(producers)
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await _opened(membership)
+    failed = membership.units[partition]
+    failed.fail(RuntimeError("bug"))
+    await membership.heal()
+    assert membership.states()[partition]["state"] == "failing"
+    assert TopicPartition("items", partition) in consumer.paused()
+    membership.opening[partition].retry_at = 0.0
+    await membership.heal()
+    await _opened(membership)
+    assert membership.units[partition] is not failed and membership.units[partition].alive
+    await membership.stop()
+    assert not producers.open()
