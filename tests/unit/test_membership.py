@@ -114,6 +114,7 @@ async def test_heal_survives_a_revocation_while_it_waits() -> None:
     await asyncio.sleep(0.01)
     producers.gate.set()
     await asyncio.gather(healing, revoking)  # no KeyError
+    await membership.on_partitions_assigned(set())  # the rebalance gives them elsewhere
     assert not membership.units and not membership.opening
     assert not producers.open()
 
@@ -163,5 +164,32 @@ async def test_a_failed_unit_is_reopened_from_its_last_commit(partition: int) ->
     await membership.heal()
     await _opened(membership)
     assert membership.units[partition] is not failed and membership.units[partition].alive
+    await membership.stop()
+    assert not producers.open()
+
+
+async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
+    """The eager protocol revokes everything: a unit whose partition comes back keeps its
+    producer, its store and what it had in flight; one whose partition moved is closed."""
+    producers = _Producers()
+    membership, consumer = _membership(producers)
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await _opened(membership)
+    before = dict(membership.units)
+    finished, in_flight = before[0].track("items", 0), before[0].track("items", 1)
+    before[0].finish(finished)
+    items0 = TopicPartition("items", 0)
+    membership._next[items0] = 2  # two records fetched, as `fetch` tracks them
+    await membership.on_partitions_revoked(_tps(0, 1, 2))
+    assert before[0].alive and producers.made[0].committed == {items0: 1}  # finished: in
+    consumer.assigned = _tps(0, 1)
+    await membership.on_partitions_assigned(_tps(0, 1))
+    assert membership.units == {0: before[0], 1: before[1]}  # resumed, nothing reopened
+    assert len(producers.made) == 3 and not membership.opening
+    assert consumer.sought[items0] == 2  # read on after what it had in flight
+    assert not before[2].alive and len(producers.open()) == 2  # moved away: closed
+    before[0].finish(in_flight)
+    await before[0].commit()
+    assert producers.made[0].committed == {items0: 2}
     await membership.stop()
     assert not producers.open()

@@ -3,11 +3,13 @@ windowing, stager and units."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 import pytest
 from instanced_stream.core.spec import AgentSpec, Tool, load_spec
+from instanced_stream.runtime.engine.stager import orphaned
 from instanced_stream.settings import DEFAULT_SPEC
 
 from tests.flows import Rig
@@ -113,3 +115,29 @@ async def test_a_batch_that_cannot_be_committed_at_all_voids_its_unit() -> None:
     assert not rig.units[0].alive
     assert rig.records == [] and rig.offsets() == {}
     assert ("abort",) in rig.producer.calls
+
+
+async def test_a_batch_whose_partitions_all_closed_is_cancelled_and_frees_its_slot() -> None:
+    """A closed unit's batches in flight (issue 37): one that answers nothing still owned
+    is cancelled, its limiter slot freed, instead of waiting for the model."""
+    rig = _rig()
+    asked = asyncio.Event()
+    answer = rig.llm.complete
+
+    async def slow(*args: Any, **kw: Any) -> Any:
+        asked.set()
+        await asyncio.Event().wait()  # the model never answers in this test
+        return await answer(*args, **kw)
+
+    rig.llm.complete = slow  # type: ignore[method-assign]
+    for i in range(3):
+        await rig.offer(_item(i), 1, i)
+    await rig.stager.windower.flush()
+    await asyncio.wait_for(asked.wait(), 5)
+    assert rig.stager.limiter.in_flight == 1 and len(rig.stager.tasks) == 1
+    await rig.revoke(1)
+    [task] = orphaned(rig.stager.tasks)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and not rig.stager.tasks
+    assert rig.stager.limiter.in_flight == 0

@@ -42,7 +42,7 @@ from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.producers import Producers
 from instanced_stream.runtime.engine.restore import Restores
-from instanced_stream.runtime.engine.stager import Stager
+from instanced_stream.runtime.engine.stager import Stager, orphaned
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.tier import ONLINE
 from instanced_stream.runtime.engine.unit import Unit, oldest_open_since
@@ -146,7 +146,7 @@ class _Service(mode.Service):
             on_failed=lambda p, _exc: self.metrics.partitions.failed(p),
             progress=self.restores.progress if self.restores else lambda _p: 0,
             on_open=self._opened if self.flows or self.submissions else None,
-            on_close=self._closed if self.flows or self.submissions else None,
+            on_close=self._closed,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
@@ -182,6 +182,8 @@ class _Service(mode.Service):
             self._ready(unit, await self.restores.restore(unit))
 
     def _closed(self, unit: Unit) -> None:
+        for task in orphaned(self.stager.tasks):
+            task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
             self.submissions.drop(unit.partition)
         if self.flows is not None:

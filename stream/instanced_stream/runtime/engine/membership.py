@@ -30,8 +30,10 @@ from aiokafka.structs import TopicPartition
 
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
+from instanced_stream.runtime.engine.lag import lag_of
 from instanced_stream.runtime.engine.opening import Opening, Openings
 from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.engine.suspension import Suspended
 from instanced_stream.runtime.engine.unit import Slot, Unit
 
 __all__ = ["Fetched", "Membership"]
@@ -93,6 +95,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance = on_rebalance
         self.units: dict[int, Unit] = {}
+        self.suspended = Suspended()
         abandon = functools.partial(self._close, commit=False)  # a unit that never served
         self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
         self.opening = self.openings.by_partition
@@ -125,6 +128,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         assignment (a join still under way) is not taken: no unit opens, no producer
         starts."""
         self.openings.stopping = True
+        for kept in self.suspended.settle(set())[1]:
+            await self._close(kept, commit=False)  # committed when it was suspended
         for last in (False, True):  # again after the consumer stopped: whatever came
             await self.openings.cancel(list(self.opening))
             for p in sorted(self.units):
@@ -146,35 +151,50 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         # task resuming meanwhile finds them gone, never half there.
         units = [u for u in (self.units.pop(p, None) for p in gone) if u is not None]
         await self.openings.cancel([p for p in gone if p in self.opening])
-        for p in gone:
-            self._failures.forget(p)
-        for unit in units:
-            await self._close(unit, commit=True)
-        for tp in revoked:
-            self._next.pop(tp, None)
+        await self.suspended.suspend(units)  # see Suspended: kept until the assignment
         if gone:
-            log.info("rebalance: partitions %s revoked; their finished work committed", gone)
+            log.info("rebalance: partitions %s revoked; finished work committed", gone)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Records what is new and starts opening it, each partition in a task of its
-        own: the group waits for this callback, and a member that takes longer than its
-        session timeout is put out of the group. A stopping member takes nothing."""
+        """Resumes the suspended units of partitions assigned here again, closes the
+        others, and starts opening what is new, each partition in a task of its own: the
+        group waits for this callback, and a member that takes longer than its session
+        timeout is put out of the group. A stopping member takes nothing."""
         try:
             if self.openings.stopping:
                 log.info("rebalance: assignment not taken, the processor is stopping")
                 return
-            new = sorted(
-                {tp.partition for tp in assigned if tp.topic == self.input}
-                - set(self.units)
-                - set(self.opening)
-            )
+            mine = {tp.partition for tp in assigned if tp.topic == self.input}
+            back, gone = self.suspended.settle(mine)
+            for unit in back:
+                self._resumed(unit)
+            self._next = {tp: o for tp, o in self._next.items() if tp.partition in mine}
+            for unit in gone:
+                self._failures.forget(unit.partition)
+                await self._close(unit, commit=False)  # committed when it was suspended
+            new = sorted(mine - set(self.units) - set(self.opening))
             if new:
                 self._pause(new)  # nothing of theirs is fetched until their unit is sought
                 for p in new:
                     self.openings.begin(Opening(p))
-                log.info("rebalance: partitions %s assigned; their units are opening", new)
+            log.info(
+                "rebalance: partitions %s resumed, %s closed, %s opening",
+                [u.partition for u in back],
+                [u.partition for u in gone],
+                new,
+            )
         finally:
             self.rebalancing = False
+
+    def _resumed(self, unit: Unit) -> None:
+        """A suspended unit takes work again where it was: each of its topics is read on
+        from the record after the last one it tracked (what it had in flight stays in
+        flight), not from the committed offsets."""
+        assert self.consumer is not None
+        for tp in self._tps([unit.partition]):
+            if tp in self._next:
+                self.consumer.seek(tp, self._next[tp])
+        self.units[unit.partition] = unit
 
     async def _open(self, opening: Opening) -> Unit:
         """The unit of one partition: its producer first (fencing), its store
@@ -292,22 +312,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.consumer.resume(*(tp for tp in tps if tp.topic == self.input))
 
     async def lag(self) -> dict[int, int]:
-        """Per assigned input partition, records not committed yet (end - committed): a
-        partition whose unit is not open shows its whole backlog, not nothing."""
+        """Per assigned input partition, records not committed yet (see `lag_of`)."""
         assert self.consumer is not None
-        out: dict[int, int] = {}
-        for tp in self.input_partitions():
-            end = self.consumer.highwater(tp)
-            unit = self.units.get(tp.partition)
-            oldest = unit.oldest_open(tp.topic) if unit is not None else None
-            position = oldest if oldest is not None else self._next.get(tp)
-            if end is not None and position is not None:
-                out[tp.partition] = max(0, end - position)
-        owned = self.consumer.assignment()
-        waiting = [TopicPartition(self.input, p) for p in sorted(self.opening)]
-        if waiting := [tp for tp in waiting if tp in owned]:
-            ends = await self.consumer.end_offsets(waiting)
-            for tp in waiting:
-                committed = await self.consumer.committed(tp)
-                out[tp.partition] = max(0, ends[tp] - (committed or 0))
-        return out
+        return await lag_of(self.consumer, self.input, self.units, self.opening, self._next)

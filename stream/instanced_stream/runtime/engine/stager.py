@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
+__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "orphaned", "retried"]
 
 log = logging.getLogger("stream.processor")
 
@@ -100,6 +100,13 @@ class Staged:
     text: bytes
     tokens: int | None = None
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.Task[None]]:
+    """The batches in flight none of whose items' units is alive any more (their
+    partitions closed here): nothing they answer could be staged, so they are cancelled
+    and their limiter slots freed, instead of waiting for the model."""
+    return [task for task, items in tasks.items() if not any(i.unit.alive for i in items)]
 
 
 def _where(code: str, source: SourcePosition) -> dict[str, Any]:
@@ -163,7 +170,7 @@ class Stager:
         # quality.*: the shadow sample (its controller moves the size), second opinions.
         self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, self.size, second)
         self.batches = 0
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[asyncio.Task[None], list[Staged]] = {}  # batches in flight
         self.draining = False
 
     def reconfigure(self, spec: AgentSpec) -> None:
@@ -267,8 +274,8 @@ class Stager:
         self.metrics.observe_batch(len(items), reason)
         self.metrics.batch_started()
         task = asyncio.create_task(self._run(batch_id, items), name=batch_id)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = items
+        task.add_done_callback(lambda done: self.tasks.pop(done, None))
 
     async def _run(self, batch_id: str, items: list[Staged]) -> None:
         try:
