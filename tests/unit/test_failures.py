@@ -4,8 +4,17 @@ the process (runtime/engine/opening.py, `Failures`)."""
 from __future__ import annotations
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
-from instanced_stream.runtime.engine.opening import MAX_FAILURES, Failures, PartitionFailing
+from aiokafka.errors import (
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
+from instanced_stream.runtime.engine.opening import (
+    BROKER_PATIENCE_S,
+    MAX_FAILURES,
+    Failures,
+    PartitionFailing,
+)
 from instanced_stream.runtime.engine.unit import Unit
 
 from tests.fakes import FakeProducer
@@ -32,10 +41,23 @@ def test_a_partition_failing_again_and_again_stops_the_process() -> None:
         failures.failed(3, RuntimeError("bug"), 0.0)
 
 
-def test_the_brokers_own_errors_are_waited_out_without_limit() -> None:
+def test_the_brokers_own_errors_are_waited_out_for_a_bounded_time() -> None:
     failures = Failures()
-    for _ in range(3 * MAX_FAILURES):
-        failures.failed(1, KafkaTimeoutError(), 0.0)
+    for second in range(0, int(BROKER_PATIENCE_S), 10):  # an outage: waited out
+        failures.failed(1, KafkaTimeoutError(), float(second))
+    for _ in range(MAX_FAILURES - 1):  # past the patience, they count
+        failures.failed(1, KafkaTimeoutError(), BROKER_PATIENCE_S)
+    with pytest.raises(PartitionFailing, match="partition 1 failed 5 times in a row"):
+        failures.failed(1, KafkaTimeoutError(), BROKER_PATIENCE_S + 1)
+
+
+@pytest.mark.parametrize("error", [TopicAuthorizationFailedError(), UnknownTopicOrPartitionError()])
+def test_a_fatal_broker_error_counts_at_once(error: Exception) -> None:
+    failures = Failures()
+    for _ in range(MAX_FAILURES - 1):
+        failures.failed(4, error, 0.0)
+    with pytest.raises(PartitionFailing, match=type(error).__name__):
+        failures.failed(4, error, 0.0)
 
 
 def test_a_commit_in_between_starts_the_count_again() -> None:

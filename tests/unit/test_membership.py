@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import OutOfOrderSequenceNumber
 from aiokafka.structs import TopicPartition
 from instanced_stream.runtime.engine.membership import Membership
 from instanced_stream.runtime.engine.producers import Producers
@@ -191,5 +192,45 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
     before[0].finish(in_flight)
     await before[0].commit()
     assert producers.made[0].committed == {items0: 2}
+    await membership.stop()
+    assert not producers.open()
+
+
+async def test_a_unit_over_its_uncommitted_cap_holds_its_own_input_only() -> None:
+    producers = _Producers()
+    membership, consumer = _membership(producers)
+    membership.cap = 3
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await _opened(membership)
+    head, *rest = [membership.units[1].track("items", n) for n in range(3)]
+    membership.hold_input(False)
+    assert consumer.paused() == {TopicPartition("items", 1)}  # not the process
+    for slot in (head, *rest):
+        membership.units[1].finish(slot)
+    await membership.units[1].commit()
+    membership.hold_input(False)
+    assert not consumer.paused()
+    await membership.stop()
+
+
+async def test_a_broken_shared_producer_is_renewed_before_its_unit_reopens() -> None:
+    """At least once: a refused record leaves the shared idempotent producer with a gap
+    in its sequence numbers; every later send fails until a new producer replaces it."""
+    producers = _Producers()
+    shared = Producers(
+        "broker:9092", "g", transactional=False, transactional_prefix="", make=producers
+    )
+    membership = Membership("broker:9092", "g", TOPICS, shared, session_timeout_s=6)
+    membership.consumer = FakeConsumer(_tps(0), {})
+    await shared.start()
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    membership.units[0].fail(OutOfOrderSequenceNumber())
+    await membership.heal()
+    membership.opening[0].retry_at = 0.0
+    await membership.heal()
+    await _opened(membership)
+    assert len(producers.made) == 2 and ("stop",) in producers.made[0].calls
+    assert membership.units[0].producer is producers.made[1]
     await membership.stop()
     assert not producers.open()

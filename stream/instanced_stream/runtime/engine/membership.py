@@ -30,17 +30,19 @@ from aiokafka.structs import TopicPartition
 
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
-from instanced_stream.runtime.engine.lag import lag_of
+from instanced_stream.runtime.engine.backlog import held, lag_of
 from instanced_stream.runtime.engine.opening import Opening, Openings
 from instanced_stream.runtime.engine.producers import Producers
 from instanced_stream.runtime.engine.suspension import Suspended
 from instanced_stream.runtime.engine.unit import Slot, Unit
 
-__all__ = ["Fetched", "Membership"]
+__all__ = ["MAX_UNCOMMITTED", "Fetched", "Membership"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
+
+MAX_UNCOMMITTED = 20_000  # records a unit tracks, not committed, before its input is held
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +88,9 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_rebalance: Callable[[], None] = lambda: None,
         on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
         progress: Callable[[int], int] = lambda _p: 0,
+        max_uncommitted: int = MAX_UNCOMMITTED,
     ) -> None:
-        self.producers = producers
+        self.producers, self.cap = producers, max_uncommitted
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
@@ -177,12 +180,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 self._pause(new)  # nothing of theirs is fetched until their unit is sought
                 for p in new:
                     self.openings.begin(Opening(p))
-            log.info(
-                "rebalance: partitions %s resumed, %s closed, %s opening",
-                [u.partition for u in back],
-                [u.partition for u in gone],
-                new,
-            )
+            moved = [[u.partition for u in units] for units in (back, gone)]
+            log.info("rebalance: partitions %s resumed, %s closed, %s opening", *moved, new)
         finally:
             self.rebalancing = False
 
@@ -199,7 +198,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _open(self, opening: Opening) -> Unit:
         """The unit of one partition: its producer first (fencing), its store
         (`on_open`), then the consumer sought to the committed offsets of its topics."""
-        unit = opening.unit = await self.producers.unit(opening.partition, self._commit)
+        p, after = opening.partition, opening.failed
+        unit = opening.unit = await self.producers.unit(p, self._commit, after)
         if self.on_open is not None:
             await self.on_open(unit)
         await self._seek([opening.partition])
@@ -269,8 +269,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def states(self) -> dict[int, dict[str, Any]]:
         """Per assigned input partition, its unit's state: open, restoring or failing."""
-        out: dict[int, dict[str, Any]] = {p: {"state": "open"} for p in self.units}
-        return dict(sorted((out | self.openings.states()).items()))
+        return self.openings.states(self.units)
 
     # ------------------------------------------------------------------ fetching
 
@@ -297,19 +296,19 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             unit.seen(tp.topic, await self.consumer.position(tp))
         return out
 
-    def input_partitions(self) -> list[TopicPartition]:
-        return [TopicPartition(self.input, p) for p in sorted(self.units)]
-
     def hold_input(self, hold: bool) -> None:
         """Backpressure: while held, fetches leave the input out (results and approvals
-        still flow), and the group does not think this member stalled. Only open units'
-        partitions are held and let go: one still opening stays paused."""
+        still flow), and the group does not think this member stalled. A unit holding
+        `max_uncommitted` records not committed yet has its own input held, not the
+        others'. A partition still opening stays paused."""
         assert self.consumer is not None
         paused = self.consumer.paused()
-        if hold and (tps := [tp for tp in self.input_partitions() if tp not in paused]):
+        holding = held(self.input, self.units, hold, self.cap)
+        if tps := [tp for tp in holding if tp not in paused]:
             self.consumer.pause(*tps)
-        elif not hold and (tps := [tp for tp in paused if tp.partition in self.units]):
-            self.consumer.resume(*(tp for tp in tps if tp.topic == self.input))
+        mine = [tp for tp in paused if tp.topic == self.input and tp.partition in self.units]
+        if tps := [tp for tp in mine if tp not in holding]:
+            self.consumer.resume(*tps)
 
     async def lag(self) -> dict[int, int]:
         """Per assigned input partition, records not committed yet (see `lag_of`)."""

@@ -10,20 +10,63 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    InvalidProducerEpoch,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
+)
 
 from instanced_stream.errors import StreamError
 from instanced_stream.runtime.engine.unit import Unit
 
-__all__ = ["MAX_FAILURES", "Failures", "Opening", "Openings", "PartitionFailing"]
+__all__ = [
+    "BROKER_PATIENCE_S",
+    "MAX_FAILURES",
+    "Failures",
+    "Opening",
+    "Openings",
+    "PartitionFailing",
+    "broken_producer",
+    "fatal",
+]
 
 log = logging.getLogger("stream.membership")
 
 MAX_FAILURES = 5  # a partition's failures in a row before the process stops
+# How long the broker's own errors are waited out before they count too: an outage of
+# the broker is not this process's to fix, but one that never ends must not be a loop
+# nobody sees.
+BROKER_PATIENCE_S = 120.0
+
+# Broker errors no retry can mend: what this process may do is refused, or its topic is
+# not there. Each counts at once.
+_FATAL = (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
+)
+# A producer in a state it cannot leave (a refused record left a gap in its sequence
+# numbers, at least once): only a new producer sends again.
+_BROKEN_PRODUCER = (OutOfOrderSequenceNumber, InvalidProducerEpoch)
+
+
+def fatal(exc: BaseException | None) -> bool:
+    return isinstance(exc, _FATAL)
+
+
+def broken_producer(exc: BaseException | None) -> bool:
+    return isinstance(exc, _BROKEN_PRODUCER)
 
 
 class PartitionFailing(StreamError):
@@ -32,16 +75,19 @@ class PartitionFailing(StreamError):
 
 class Failures:
     """When a failed partition may be opened again: after a back-off that doubles with
-    each failure in a row (up to 10 s). The broker's own errors (unreachable, timed out,
-    fenced) are waited out for as long as they last; any other failure counts, and a
-    partition that fails `MAX_FAILURES` times in a row without a commit between stops the
-    process (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or
-    another member) is the remedy an operator sees, rather than a silent loop that asks
-    the model again and again."""
+    each failure in a row, up to 10 s. A failure counts, and a partition that fails
+    `MAX_FAILURES` times in a row without a commit between stops the process
+    (`PartitionFailing`): its prefix cannot be delivered here, and a restart (or another
+    member) is the remedy an operator sees, rather than a silent loop that asks the model
+    again and again. The broker's retriable errors (unreachable, timed out, fenced, a
+    producer to renew) count only once the partition has failed for `BROKER_PATIENCE_S`;
+    fatal ones (authorization, an unknown topic) count at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, patience_s: float = BROKER_PATIENCE_S) -> None:
+        self.patience_s = patience_s
         self.by_partition: dict[int, int] = {}  # failures in a row that count
         self._tries: dict[int, int] = {}  # failures in a row, the broker's own included
+        self._since: dict[int, float] = {}  # when the run of failures began
 
     def healthy(self, p: int, unit: Unit) -> None:
         """A unit that committed since its last failure starts the count again."""
@@ -51,16 +97,23 @@ class Failures:
     def failed(self, p: int, exc: BaseException | None, now: float) -> float:
         """Counts a failure of partition `p`; returns when to open it again."""
         tries = self._tries[p] = self._tries.get(p, 0) + 1
-        if not isinstance(exc, KafkaError):
+        since = self._since.setdefault(p, now)
+        brokers = isinstance(exc, KafkaError) and not fatal(exc)
+        if fatal(exc):
+            log.error("partition %d: the broker refuses for good: %r", p, exc)
+        if not brokers or now - since >= self.patience_s:
             count = self.by_partition[p] = self.by_partition.get(p, 0) + 1
             if count >= MAX_FAILURES:
-                raise PartitionFailing(f"partition {p} failed {count} times in a row: {exc!r}")
+                raise PartitionFailing(
+                    f"partition {p} failed {count} times in a row ({now - since:.0f}s): {exc!r}"
+                )
         return now + min(0.5 * 2.0 ** min(tries - 1, 5), 10.0)
 
     def forget(self, p: int) -> None:
         """The partition committed, or moved away: its count starts again."""
         self.by_partition.pop(p, None)
         self._tries.pop(p, None)
+        self._since.pop(p, None)
 
 
 @dataclass(eq=False)
@@ -178,6 +231,9 @@ class Openings:
             if opening.task is None and not self.stopping and now >= opening.retry_at:
                 self.begin(opening)
 
-    def states(self) -> dict[int, dict[str, Any]]:
+    def states(self, open: Mapping[int, Unit]) -> dict[int, dict[str, Any]]:
+        """Per partition, `open` (its unit serves) or what `Opening.view` says."""
         now = time.monotonic()
-        return {p: o.view(now, self.progress(p)) for p, o in self.by_partition.items()}
+        out: dict[int, dict[str, Any]] = {p: {"state": "open"} for p in open}
+        out |= {p: o.view(now, self.progress(p)) for p, o in self.by_partition.items()}
+        return dict(sorted(out.items()))

@@ -6,15 +6,19 @@ shared idempotent producer. A producer renewed after a refusal keeps its unit's 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import record_limits
+from instanced_stream.runtime.engine.opening import broken_producer
 from instanced_stream.runtime.engine.unit import LINGER_S, CommitOffsets, Refusals, Replace, Unit
 
 __all__ = ["Producers"]
+
+log = logging.getLogger("stream.membership")
 
 # A commit hands its whole prefix over at once: in large batches it goes out in one
 # request per partition instead of one per 16 KB (an idempotent producer has one
@@ -59,10 +63,19 @@ class Producers:
         if self._shared is not None:
             await self._shared.stop()
 
-    async def unit(self, partition: int, commit_offsets: CommitOffsets) -> Unit:
+    async def unit(
+        self, partition: int, commit_offsets: CommitOffsets, after: BaseException | None = None
+    ) -> Unit:
         """The unit of `partition`, its producer started. At least once: the shared
-        producer, and `commit_offsets` (the consumer's commit) after the sends."""
+        producer, and `commit_offsets` (the consumer's commit) after the sends. `after`:
+        what the partition's last unit failed with; a shared producer it left broken is
+        renewed first."""
         shared = not self.transactional
+        if shared and broken_producer(after) and self._shared is not None:
+            log.error("the shared producer is broken (%r): renewed", after)
+            old, self._shared = self._shared, None
+            await old.stop()
+            await self.start()
         return Unit(
             partition,
             self._shared if shared else await self._producer(partition),

@@ -1,7 +1,8 @@
-"""Lag: per assigned input partition, the records not committed yet, as the metrics and
-KEDA read it. An open unit's is the end less its oldest record still waiting for its
-outcome (or its position); a partition whose unit is not open (restoring, failing) shows
-its whole backlog, the end less the committed offset, never nothing.
+"""The backlog: per assigned input partition, the work not committed yet. Its lag, as
+the metrics and KEDA read it: an open unit's is the end less its oldest record still
+waiting for its outcome (or its position); a partition whose unit is not open
+(restoring, failing) shows its whole backlog, the end less the committed offset, never
+nothing. Its cap: a unit tracking that many records not committed has its input held.
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from aiokafka.structs import TopicPartition
 
 from instanced_stream.runtime.engine.unit import Unit
 
-__all__ = ["lag_of"]
+__all__ = ["held", "lag_of"]
+
+
+def held(topic: str, units: Mapping[int, Unit], hold: bool, cap: int) -> list[TopicPartition]:
+    """The input partitions to hold: all of them (`hold`: backpressure), or each whose
+    unit tracks `cap` records not committed yet (one partition whose prefix waits, a slow
+    item at its head, must not fill the process's memory nor hold the others back)."""
+    return [
+        TopicPartition(topic, p)
+        for p, unit in sorted(units.items())
+        if hold or sum(map(len, unit.slots.values())) >= cap
+    ]
 
 
 async def lag_of(
