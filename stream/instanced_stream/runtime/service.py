@@ -186,8 +186,8 @@ class _Service(mode.Service):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
             self.submissions.drop(unit.partition)
-        if self.flows is not None:
-            self.flows.stores.drop(unit.partition)
+        if self.restores is not None:
+            self.restores.keep(unit.partition)  # dropped from the owned stores
 
     def _ready(self, unit: Unit, ready: list[Instance]) -> None:
         for inst in ready:

@@ -18,18 +18,32 @@ from instanced_stream.runtime.engine.store import UnitStore
 from instanced_stream.runtime.engine.unit import Unit
 from instanced_stream.runtime.engine.workflows import Flows
 
-__all__ = ["Restores"]
+__all__ = ["KEEP_S", "Restores"]
 
 log = logging.getLogger("stream.store")
+
+KEEP_S = 300.0  # how long a closed unit's store is kept for its partition's return
 
 
 class Restores:
     """The stores being restored, by partition."""
 
-    def __init__(self, flows: Flows, bootstrap: str) -> None:
+    def __init__(self, flows: Flows, bootstrap: str, keep_s: float = KEEP_S) -> None:
         self.flows = flows
         self.bootstrap = bootstrap
+        self.keep_s = keep_s
         self.running: dict[int, UnitStore] = {}
+        self.kept: dict[int, tuple[UnitStore, float]] = {}  # closed units' stores, since
+
+    def keep(self, partition: int) -> None:
+        """The store of a closed unit stays a while: if the partition comes back here (a
+        failed unit reopened, a move undone), only the changelog's delta is read."""
+        store = self.flows.stores.by_partition.get(partition)
+        self.flows.stores.drop(partition)
+        now = time.monotonic()
+        self.kept = {p: (s, at) for p, (s, at) in self.kept.items() if now - at < self.keep_s}
+        if store is not None:
+            self.kept[partition] = (store, now)
 
     def progress(self, partition: int) -> int:
         """Changelog records the restore of `partition` has read so far."""
@@ -40,7 +54,9 @@ class Restores:
         """Restores the store of `unit`'s partition and adds it to the owned ones; returns
         the instances waiting for a turn."""
         p = unit.partition
-        store = self.running[p] = UnitStore(self.flows.changelog, p, self.flows.max_bytes)
+        kept, _ = self.kept.pop(p, (None, 0.0))
+        store = kept or UnitStore(self.flows.changelog, p, self.flows.max_bytes)
+        self.running[p] = store
         started = time.monotonic()
         try:
             states = await store.restore(self.bootstrap)
@@ -52,17 +68,19 @@ class Restores:
             self.flows.stage(unit, None, first)
         workflow = self.flows.workflow
         ready = []
-        for st in store.states():
+        for st in store.peek():  # read only: no copy of each state
             workflow.index.update(st)
             nxt = workflow.next_turn(st)
             if nxt is not None:
                 ready.append(nxt)
         log.info(
-            "partition %d: %d states restored in %.1fs (%d quarantined), "
+            "partition %d: %d states restored in %.1fs (%s, %d records read, %d quarantined), "
             "%d workflows resume their next turn",
             p,
             states,
             time.monotonic() - started,
+            "the delta" if kept else "all",
+            store.restored,
             len(first.planned.records),
             len(ready),
         )

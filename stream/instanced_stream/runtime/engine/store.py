@@ -67,6 +67,11 @@ class Quarantined:
     reason: str
 
 
+# Keys changed since the last restore that a store remembers the restored value of; past
+# it, its next restore reads the whole partition again instead of the delta (the
+# remembered values would cost as much memory as the states).
+_UNDO_LIMIT = 10_000
+
 # Restored records between two yields to the event loop: a restore runs beside the
 # consumer's heartbeats and the other units' work, never blocking them for long.
 _YIELD_EVERY = 500
@@ -85,6 +90,12 @@ class UnitStore:
         self.applied = 0
         self.restored = 0  # records read by the restore in progress (its progress)
         self.quarantined: list[Quarantined] = []  # unreadable records, not yet staged
+        self._staged: list[Quarantined] = []  # staged, their tombstones not yet read back
+        # Each key changed here since the last restore, with its value as restored (None:
+        # none). A change is committed or not with its unit's transaction; when this store
+        # is restored again (its unit reopened), a key the changelog did not change since
+        # goes back to that value: nothing uncommitted outlives its unit.
+        self._base: dict[str, bytes | None] | None = {}
 
     def __contains__(self, instance: str) -> bool:
         return instance in self._raw
@@ -93,28 +104,21 @@ class UnitStore:
         return len(self._raw)
 
     async def restore(self, bootstrap: str) -> int:
-        """Reads the changelog partition from where this store left it to its last stable
-        offset, read_committed; returns the states it holds. Every state is read as it
-        is restored: one that cannot be (a cut-off value, another schema) is left out
-        and kept in `quarantined`, so the partition opens without it."""
-        tp = TopicPartition(self.topic, self.partition)
-        latest: dict[str, tuple[int, bytes | None]] = {}
-        consumer = clients.consumer(bootstrap)
-        await consumer.start()
-        try:
-            consumer.assign([tp])
-            start = (await consumer.beginning_offsets([tp]))[tp]
-            consumer.seek(tp, max(start, self.applied))
-            end = (await consumer.end_offsets([tp]))[tp]
-            while await consumer.position(tp) < end:
-                found = await consumer.getmany(tp, timeout_ms=1000)
-                for rec in found.get(tp, []):
-                    if rec.key:
-                        latest[rec.key.decode(errors="replace")] = (rec.offset, rec.value or None)
-                    self.restored += 1
-            self.applied = max(self.applied, end)
-        finally:
-            await consumer.stop()
+        """Reads the changelog partition from where this store left it (`applied`: all of
+        it the first time, only the delta after) to its last stable offset,
+        read_committed; returns the states it holds. Every state is read as it is
+        restored: one that cannot be (a cut-off value, another schema) is left out and
+        kept in `quarantined`, so the partition opens without it."""
+        if self._base is None:  # too much changed to undo: everything read again
+            self._raw, self._parsed, self._base, self.applied = {}, {}, {}, 0
+        latest = await self._read(bootstrap)
+        for key, raw in self._base.items():  # changed here, not committed since: undone
+            latest.setdefault(key, (-1, raw))
+        self._base = {}
+        for bad in self._staged:  # quarantined before, its tombstone not read back: again
+            if bad.key not in latest:
+                self.quarantined.append(bad)
+        self._staged = []
         for n, (key, (offset, raw)) in enumerate(latest.items()):
             if n % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
@@ -139,10 +143,34 @@ class UnitStore:
             self._raw[key] = raw
         return len(self._raw)
 
+    async def _read(self, bootstrap: str) -> dict[str, tuple[int, bytes | None]]:
+        """Each key's latest record (offset, value; None: a tombstone) after `applied`."""
+        tp = TopicPartition(self.topic, self.partition)
+        latest: dict[str, tuple[int, bytes | None]] = {}
+        self.restored = 0
+        consumer = clients.consumer(bootstrap)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            start = (await consumer.beginning_offsets([tp]))[tp]
+            consumer.seek(tp, max(start, self.applied))
+            end = (await consumer.end_offsets([tp]))[tp]
+            while await consumer.position(tp) < end:
+                found = await consumer.getmany(tp, timeout_ms=1000)
+                for rec in found.get(tp, []):
+                    if rec.key:
+                        latest[rec.key.decode(errors="replace")] = (rec.offset, rec.value or None)
+                    self.restored += 1
+            self.applied = max(self.applied, end)
+        finally:
+            await consumer.stop()
+        return latest
+
     def quarantine(self) -> list[Quarantined]:
         """The unreadable records found so far, each to be staged once: its dead letter
         and its key's tombstone, in one transaction, so a later restore finds it no more."""
         taken, self.quarantined = self.quarantined, []
+        self._staged += taken
         for bad in taken:
             tombstone = OutRecord(self.topic, bad.key.encode(), b"", None, self.partition)
             self._queued.append(tombstone)
@@ -167,16 +195,29 @@ class UnitStore:
                 f"the state of {value.instance} would be {len(raw)} bytes; a changelog "
                 f"record takes at most {self.max_bytes} (settings.max_output_bytes)",
             )
+        self._changing(value.instance)
         self._raw[value.instance] = raw
         self._parsed[value.instance] = value.model_copy(deep=True)
         self._queued.append(OutRecord(self.topic, key, raw, None, self.partition))
 
     def delete(self, instance: str) -> None:
-        if self._raw.pop(instance, None) is not None:
+        if instance in self._raw:
+            self._changing(instance)
+            del self._raw[instance]
             self._parsed.pop(instance, None)
             # An empty value: the unit sends it as null, a tombstone.
             tombstone = OutRecord(self.topic, instance.encode(), b"", None, self.partition)
             self._queued.append(tombstone)
+
+    def _changing(self, instance: str) -> None:
+        if self._base is not None:
+            self._base.setdefault(instance, self._raw.get(instance))
+            if len(self._base) > _UNDO_LIMIT:
+                self._base = None
+
+    def peek(self) -> Iterator[InstanceState]:
+        """Every state as stored, not copied: for readers that change nothing."""
+        yield from list(self._parsed.values())
 
     def states(self) -> Iterator[InstanceState]:
         for instance in list(self._raw):
