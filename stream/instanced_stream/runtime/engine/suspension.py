@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka.errors import KafkaError
-
 from instanced_stream.runtime.engine.unit import Unit
 
 __all__ = ["Suspended"]
@@ -36,7 +34,7 @@ class Suspended:
         for unit in units:
             try:
                 await unit.commit()
-            except (KafkaError, RuntimeError) as exc:  # void: replaced if it comes back
+            except Exception as exc:  # the unit is void: replaced if its partition returns
                 log.warning("partition %d: commit on revocation failed: %r", unit.partition, exc)
             self.by_partition[unit.partition] = unit
 
