@@ -10,6 +10,7 @@ enter the deadline index, the other partitions' stay where they were.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -68,7 +69,9 @@ class Restores:
             self.flows.stage(unit, None, first)
         workflow = self.flows.workflow
         ready = []
-        for st in store.peek():  # read only: no copy of each state
+        for n, st in enumerate(store.peek()):  # read only: no copy of each state
+            if n % 1000 == 999:
+                await asyncio.sleep(0)  # the heartbeats and the other units go on
             workflow.index.update(st)
             nxt = workflow.next_turn(st)
             if nxt is not None:
