@@ -1,7 +1,8 @@
 """Membership: the processor's place in its consumer group, and the units it owns.
 
-One aiokafka consumer (read_committed, no auto commit, the range assignor so partition p
-of the input, results and approvals topics goes to one member) subscribes to the three
+One aiokafka consumer (read_committed, no auto commit, the sticky co-partitioned assignor
+of runtime/engine/assignor.py, so partition p of the input, results and approvals topics
+goes to one member and stays there while the group's size does) subscribes to the three
 co-partitioned topics. An assignment opens a unit per input partition: its producer is
 started first (with exactly once, that fences the partition's earlier owner and settles
 its open transaction), then the consumer is sought to the committed offsets, read only
@@ -29,6 +30,7 @@ from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import record_limits
 from instanced_stream.kafka.tracing import traceparent_of
+from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
 from instanced_stream.runtime.engine.unit import LINGER_S, Refusals, Replace, Slot, Unit
 
 __all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
@@ -168,7 +170,10 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=self.group_id,
             isolation_level="read_committed",
             auto_offset_reset="earliest",
-            partition_assignment_strategy=(RangePartitionAssignor,),
+            # Range second: while members of an earlier version (range only) are in the
+            # group, the group agrees on range, which co-partitions too; once every member
+            # offers the sticky one, it is chosen.
+            partition_assignment_strategy=(CoPartitionedAssignor(), RangePartitionAssignor),
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
             max_poll_interval_ms=300_000,
