@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE
 from instanced_stream.kafka.topics import state_changelog
@@ -178,6 +179,25 @@ class Rig:
         await unit.close(commit=True)
         if self.flows is not None:
             self.flows.stores.drop(partition)
+
+    def reopen(self, partition: int) -> tuple[Unit, list[Instance]]:
+        """The partition assigned here again: a new unit, its store restored from what the
+        changelog committed (each key's latest value), and the workflows that wait for a
+        turn (as the service's `_opened` finds them)."""
+        assert self.flows is not None
+        self.units.pop(partition, None)
+        unit = self.unit(partition)
+        store = self.flows.stores.by_partition[partition]
+        latest: dict[bytes, bytes | None] = {}
+        changelog = self.flows.changelog
+        for rec in self.producer.records:
+            if rec.topic == changelog and rec.partition == partition and rec.key is not None:
+                latest[rec.key] = rec.value
+        for value in latest.values():
+            if value:
+                store.put(InstanceState.model_validate_json(value))
+        store.take()  # restored, not changed: nothing to write back
+        return unit, self.flows.ready(partition)
 
     # ------------------------------------------------------------------ commits
 

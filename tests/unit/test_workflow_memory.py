@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import orjson
+import pytest
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
@@ -183,3 +184,46 @@ def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> N
         inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop]
     )
     assert turn.done is not None and turn.done.status == "stopped"
+
+
+async def _answer_turn_one(rig: Rig) -> str:
+    """A ticket's first turn committed and both its calls answered: its second turn is
+    offered, and waits in the open window. Returns its instance."""
+    await rig.offer(orjson.dumps(tickets(1)[0]))
+    await rig.drain()
+    calls = [*rig.on("activity.lookupCustomer"), *rig.on("activity.assessUrgency")]
+    for rec in calls:
+        path = "†state.routine" if rec["call"]["_tool"] == "assessUrgency" else None
+        answer = ResultRecord(
+            call_id=rec["call_id"],
+            instance=rec["instance"],
+            tool=rec["call"]["_tool"],
+            turn=rec["turn"],
+            value={"vip": False},
+            path=path,
+        )
+        await rig.result(answer.model_dump_json().encode())
+    return str(calls[0]["instance"])
+
+
+@pytest.mark.parametrize("launched_first", [True, False])
+async def test_a_turn_queued_when_its_partition_moves_runs_when_it_comes_back(
+    launched_first: bool,
+) -> None:
+    """Issue 37: a next turn sitting in the open window when its unit is revoked used to
+    keep its instance in the stager's queued turns, so the next owner here never ran it."""
+    rig = Rig(load_spec(TICKETS))
+    instance = await _answer_turn_one(rig)
+    assert len(rig.stager.windower) == 1  # the precondition: turn 2 is queued, not run
+    await rig.revoke(0)
+    if launched_first:  # its window closed before the partition came back: nothing staged
+        await rig.drain()
+        assert not rig.on("activity.routeTicket")
+    unit, ready = rig.reopen(0)
+    assert [inst.id for inst in ready] == [instance]
+    await rig.turns([(unit, inst) for inst in ready])
+    await rig.drain()
+    routed = rig.on("activity.routeTicket")
+    assert [r["instance"] for r in routed] == [instance] and routed[0]["turn"] == 2
+    assert [d["instance"] for d in rig.on("stream.done")] == [instance]
+    assert not rig.stager._queued_turns  # nothing left queued for a unit that is gone

@@ -142,7 +142,10 @@ class Stager:
         self.settings = settings
         self.tier = tier
         self.flows = flows
-        self._queued_turns: set[str] = set()  # instances whose next turn is on its way
+        # Instances whose next turn is on its way, with the unit it was offered on: a turn
+        # offered on a unit that was dropped since (revoked, failed) holds nothing back, so
+        # the partition's next unit here offers it again.
+        self._queued_turns: dict[str, Unit] = {}
         self.llm = llm
         self.solver = make_solver(llm, spec, settings)
         self.limiter = limiter
@@ -250,9 +253,10 @@ class Stager:
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:
         """A workflow's next turn joins the window like any item."""
-        if inst.id in self._queued_turns or not unit.alive:
+        queued = self._queued_turns.get(inst.id)
+        if (queued is not None and queued.alive) or not unit.alive:
             return
-        self._queued_turns.add(inst.id)
+        self._queued_turns[inst.id] = unit
         self.metrics.count({"turns": 1})
         text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
         await self.tier.offer(Staged(inst, unit, None, text), self)
@@ -284,8 +288,16 @@ class Stager:
                 for item in live:
                     item.unit.fail(exc)
         finally:
+            # Staged or not (its unit dropped meanwhile, the batch failed or was cancelled),
+            # the turn is no longer on its way.
+            for item in items:
+                self._unqueue(item)
             self.limiter.release()
             self.metrics.batch_ended()
+
+    def _unqueue(self, item: Staged) -> None:
+        if self._queued_turns.get(item.instance.id) is item.unit:
+            del self._queued_turns[item.instance.id]
 
     async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
@@ -335,7 +347,7 @@ class Stager:
         lines = self.tier.settled(items)
         staged = 0
         for item in items:
-            self._queued_turns.discard(item.instance.id)
+            self._unqueue(item)
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
