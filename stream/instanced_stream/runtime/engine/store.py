@@ -12,6 +12,7 @@ anything is stored or staged.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 
@@ -25,6 +26,10 @@ from instanced_stream.kafka.publish import OutRecord
 __all__ = ["Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
+
+# The order changes are made in, across every store of the process: a changelog record
+# carries it (`OutRecord.seq`) so its unit writes a transaction's changes in it.
+_CHANGES = itertools.count(1)
 
 
 async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
@@ -94,13 +99,17 @@ class UnitStore:
             )
         self._raw[value.instance] = raw
         self._parsed[value.instance] = value.model_copy(deep=True)
-        self._queued.append(OutRecord(self.topic, key, raw, None, self.partition))
+        self._queued.append(
+            OutRecord(self.topic, key, raw, None, self.partition, seq=next(_CHANGES))
+        )
 
     def delete(self, instance: str) -> None:
         if self._raw.pop(instance, None) is not None:
             self._parsed.pop(instance, None)
             # An empty value: the unit sends it as null, a tombstone.
-            tombstone = OutRecord(self.topic, instance.encode(), b"", None, self.partition)
+            tombstone = OutRecord(
+                self.topic, instance.encode(), b"", None, self.partition, seq=next(_CHANGES)
+            )
             self._queued.append(tombstone)
 
     def states(self) -> Iterator[InstanceState]:

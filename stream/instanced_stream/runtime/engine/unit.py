@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -123,6 +123,8 @@ class Unit:
         self._seen: dict[str, int] = {}
         self._committed: dict[str, int] = {}  # the offsets this unit committed last
         self._free: list[OutRecord] = []  # outputs tied to no consumed record (next turns)
+        # Per changelog key, the newest change this unit has taken to write (`OutRecord.seq`).
+        self._changed: dict[tuple[str, bytes], int] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -221,7 +223,25 @@ class Unit:
             self._committed[topic] = offset
         records.extend(self._free)
         self._free = []
-        return records, offsets
+        return self._newest(_in_change_order(records)), offsets
+
+    def _newest(self, records: list[OutRecord]) -> list[OutRecord]:
+        """`records` less each state change older than one already taken to be written for
+        its key. A change is staged with the record that caused it: an input's admission
+        waits on the input's slot for its batch, while a later change of the same state
+        (its earlier turn applied meanwhile) may commit first; written after it, the older
+        snapshot is the one compaction would keep."""
+        out: list[OutRecord] = []
+        for r in records:
+            if r.seq and r.key is not None:
+                if r.seq < self._changed.get((r.topic, r.key), 0):
+                    log.debug(
+                        "partition %d: an older change of %r not written", self.partition, r.key
+                    )
+                    continue
+                self._changed[(r.topic, r.key)] = r.seq
+            out.append(r)
+        return out
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
@@ -354,10 +374,20 @@ def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecor
     """The consumed record's traceparent on every record its outcome writes."""
     if not headers:
         return records
-    return [
-        r if r.headers else OutRecord(r.topic, r.key, r.value, r.origin, r.partition, headers)
-        for r in records
-    ]
+    return [r if r.headers else replace(r, headers=headers) for r in records]
+
+
+def _in_change_order(records: list[OutRecord]) -> list[OutRecord]:
+    """`records` with the state changes among them (`seq` > 0) in the order they were
+    made, each other record where it was. A transaction gathers its records topic by
+    topic, then those tied to no consumed record; a state changed by a deadline and then
+    by a result would otherwise have its older snapshot written last, and kept by
+    compaction."""
+    changes = sorted((r for r in records if r.seq), key=lambda r: r.seq)
+    if not changes:
+        return records
+    made = iter(changes)
+    return [next(made) if r.seq else r for r in records]
 
 
 async def _without_refused(
