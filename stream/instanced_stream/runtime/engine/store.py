@@ -8,12 +8,18 @@ them with the outcome they belong to, so the change and its outputs commit toget
 not at all. An aborted or fenced unit is dropped with its store; the next owner restores
 what was committed. A change whose record would pass the broker's limit is refused before
 anything is stored or staged.
+
+A finished workflow's state (done, owing nothing) leaves memory when it ends: until its
+retention is over (when its tombstone is written, as before) the store keeps it only
+compressed, never parsed; it is read back, rarely, by a repeated answer or a new input of
+the same instance.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import zlib
 from collections.abc import Iterable, Iterator
 
 from aiokafka.structs import TopicPartition
@@ -30,6 +36,21 @@ log = logging.getLogger("stream.store")
 # The order changes are made in, across every store of the process: a changelog record
 # carries it (`OutRecord.seq`) so its unit writes a transaction's changes in it.
 _CHANGES = itertools.count(1)
+
+# A stored value is the state's JSON (an object: it begins with `{`) or, for a finished
+# workflow, that JSON compressed (zlib's stream begins with 0x78, `x`): told apart by the
+# first byte, whoever filled the store (a put, a restore).
+_PACKED = b"x"
+
+
+def _finished(st: InstanceState) -> bool:
+    """A workflow that ended and owes nothing: nothing reads it but a repeated answer, a
+    new input of its instance, and the deletion at the end of its retention."""
+    return st.status == "done" and st.ended is not None and not st.outbox
+
+
+def _unpacked(raw: bytes) -> bytes:
+    return zlib.decompress(raw) if raw[:1] == _PACKED else raw
 
 
 async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
@@ -84,7 +105,12 @@ class UnitStore:
             return None
         parsed = self._parsed.get(instance)
         if parsed is None:
-            parsed = self._parsed[instance] = InstanceState.model_validate_json(raw)
+            parsed = InstanceState.model_validate_json(_unpacked(raw))
+            if _finished(parsed):  # read once (a restore's scan): kept packed, not parsed
+                if raw[:1] != _PACKED:
+                    self._raw[instance] = zlib.compress(raw, 1)
+                return parsed  # nobody else holds it: no copy needed
+            self._parsed[instance] = parsed
         # A copy: the workflow changes what it gets, and puts it back when it means to.
         return parsed.model_copy(deep=True)
 
@@ -97,8 +123,12 @@ class UnitStore:
                 f"the state of {value.instance} would be {len(raw)} bytes; a changelog "
                 f"record takes at most {self.max_bytes} (settings.max_output_bytes)",
             )
-        self._raw[value.instance] = raw
-        self._parsed[value.instance] = value.model_copy(deep=True)
+        if _finished(value):  # it leaves memory now, not at the end of its retention
+            self._raw[value.instance] = zlib.compress(raw, 1)
+            self._parsed.pop(value.instance, None)
+        else:
+            self._raw[value.instance] = raw
+            self._parsed[value.instance] = value.model_copy(deep=True)
         self._queued.append(
             OutRecord(self.topic, key, raw, None, self.partition, seq=next(_CHANGES))
         )
