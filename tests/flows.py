@@ -117,7 +117,7 @@ class Rig:
             async def limits(topics: set[str]) -> dict[str, int]:
                 return {t: n for t, n in self.producer.limits.items() if t in topics}
 
-            async def renew(max_batch: int) -> Any:
+            async def renew(broken: Any, max_batch: int) -> Any:
                 return self.producer
 
             refusals = Refusals(self.stager.replacement, limits, renew)

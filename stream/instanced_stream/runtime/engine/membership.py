@@ -156,6 +156,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rebalances = 0
         self.consumer: AIOKafkaConsumer | None = None
         self._shared: Any = None  # at least once: one idempotent producer for all units
+        self._renewing = asyncio.Lock()  # one renewal of the shared producer at a time
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
         self._failures = Failures()
 
@@ -163,8 +164,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = clients.producer(self.bootstrap, **self.batching)
-            await self._shared.start()
+            self._shared = await self._producer(None)
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,
@@ -245,15 +245,40 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             linger_s=self.commit_interval_s,
         )
 
-    async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
+    async def _producer(self, partition: int | None, max_batch: int | None = None) -> Any:
+        """Partition p's transactional producer (exactly once), or the shared idempotent
+        one (`partition` None: at least once)."""
         batching = dict(self.batching)
         if max_batch is not None:
             batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
-        producer = clients.producer(
-            self.bootstrap, transactional_id=f"{self.transactional_prefix}.{partition}", **batching
+        ids = (
+            {}
+            if partition is None
+            else {"transactional_id": f"{self.transactional_prefix}.{partition}"}
         )
+        producer = clients.producer(self.bootstrap, **ids, **batching)
         await producer.start()
         return producer
+
+    async def _renew_shared(self, broken: Any, max_batch: int) -> Any:
+        """At least once: a new shared producer for every unit in place of `broken`, which
+        a refused record left with a gap in its sequence numbers for the record's
+        partition (every later send there would fail with OutOfOrderSequenceNumber, from
+        every unit). A new producer has a new producer id, numbered from zero."""
+        async with self._renewing:
+            if self._shared is not broken:  # another unit renewed it already
+                return self._shared
+            self._shared = await self._producer(None, max_batch)
+            for unit in self.units.values():
+                if unit.producer is broken:
+                    unit.producer = self._shared
+            log.warning("at least once: a refused record; the shared producer is renewed")
+        # Its sends in flight end first; a unit whose send fails meanwhile is reopened.
+        try:
+            await broken.stop()
+        except Exception as exc:
+            log.debug("the broken shared producer's stop: %r", exc)
+        return self._shared
 
     def _refusals(self, partition: int | None) -> Refusals | None:
         if self.replace is None:
@@ -262,11 +287,12 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         async def limits(topics: set[str]) -> dict[str, int]:
             return await record_limits(self.bootstrap, topics)
 
-        async def renew(max_batch: int) -> Any:
-            assert partition is not None
+        async def renew(broken: Any, max_batch: int) -> Any:
+            if partition is None:
+                return await self._renew_shared(broken, max_batch)
             return await self._producer(partition, max_batch)
 
-        return Refusals(self.replace, limits, renew if partition is not None else None)
+        return Refusals(self.replace, limits, renew)
 
     async def _seek(self, partitions: list[int]) -> None:
         assert self.consumer is not None

@@ -50,11 +50,13 @@ CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 Replace = Callable[[OutRecord, str], list[OutRecord]]
 # Each topic's record limit as the broker holds it now (`max.message.bytes`).
 Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
-# A fresh producer with the unit's transactional id (the old one is broken after an
-# aborted transaction whose sends failed: its sequence numbers are not reset).
-# Given the largest record batch the topics take, so that a batch of small records is not
-# refused as a whole.
-Renew = Callable[[int], Awaitable[AIOKafkaProducer]]
+# A fresh producer for the unit, given the one a refusal left broken and the largest
+# record batch the topics take (so that a batch of small records is not refused as a
+# whole). A refused batch's sequence numbers are never taken back (aiokafka), so its
+# producer's next send to that partition fails with OutOfOrderSequenceNumber: exactly
+# once, a new producer with the unit's transactional id; at least once, a new shared
+# producer for every unit.
+Renew = Callable[[AIOKafkaProducer, int], Awaitable[AIOKafkaProducer]]
 
 # What a record batch adds to its one record (headers of the batch and the record).
 _BATCH_OVERHEAD = 128
@@ -295,13 +297,16 @@ class Unit:
     async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
         """The records with each one over its topic's limit replaced, and a transactional
         producer renewed with batches under the limit; raises when nothing can change."""
-        renew = self.refusals.renew if self.refusals and self.transactional else None
+        renew = self.refusals.renew if self.refusals else None
         out, limits = await _without_refused(records, exc, self.refusals, self.partition)
         if out is records and (renew is None or not limits):
             raise next(iter(exc.refused.values())) from exc
         if renew is not None:
-            await self.producer.stop()  # before its successor fences it
-            self.producer = await renew(min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD)
+            broken = self.producer
+            if self.transactional:
+                await broken.stop()  # before its successor fences it
+            largest = min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD
+            self.producer = await renew(broken, largest)
         return out
 
     async def _commit_transaction(
