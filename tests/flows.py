@@ -118,6 +118,7 @@ class Rig:
                 return {t: n for t, n in self.producer.limits.items() if t in topics}
 
             async def renew(broken: Any, max_batch: int) -> Any:
+                await broken.stop()  # as the membership's renewal does, before the next
                 return self.producer
 
             refusals = Refusals(self.stager.replacement, limits, renew)

@@ -14,9 +14,10 @@ replaced in place, and everything staged on it is redone from the last commit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,14 @@ from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
 from instanced_stream.runtime.engine.unit import LINGER_S, Refusals, Replace, Slot, Unit
 
-__all__ = ["MAX_FAILURES", "Failures", "Fetched", "Membership", "PartitionFailing"]
+__all__ = [
+    "MAX_FAILURES",
+    "Failures",
+    "Fetched",
+    "Membership",
+    "PartitionFailing",
+    "SharedProducer",
+]
 
 log = logging.getLogger("stream.membership")
 
@@ -79,6 +87,42 @@ class Failures:
             return False
         self.by_partition[p] = (count, 0.0)
         return True
+
+
+class SharedProducer:
+    """At least once: the one idempotent producer every unit writes with. A record the
+    broker refuses leaves a gap in its sequence numbers for the record's partition
+    (aiokafka never takes back a refused batch's numbers), and every later send there
+    would fail with OutOfOrderSequenceNumber, from every unit: `renew` replaces it on every
+    unit with a new producer (a new producer id, numbered from zero). `make`: a started
+    producer, given the largest record batch (None: the default)."""
+
+    def __init__(self, make: Callable[[int | None], Awaitable[Any]]) -> None:
+        self.make = make
+        self.producer: Any = None
+        self._renewing = asyncio.Lock()  # one renewal at a time
+
+    async def start(self) -> None:
+        self.producer = await self.make(None)
+
+    async def renew(self, broken: Any, max_batch: int, units: Iterable[Unit]) -> Any:
+        async with self._renewing:
+            if self.producer is not broken:  # another unit renewed it already
+                return self.producer
+            self.producer = await self.make(max_batch)
+            for unit in units:
+                if unit.producer is broken:
+                    unit.producer = self.producer
+            log.warning("at least once: a refused record; the shared producer is renewed")
+        try:  # its sends in flight end first; a unit whose send fails then is reopened
+            await broken.stop()
+        except Exception as exc:
+            log.debug("the broken shared producer's stop: %r", exc)
+        return self.producer
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
 
 
 # A commit hands its whole prefix over at once: in large batches it goes out in one
@@ -155,8 +199,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rebalancing = False
         self.rebalances = 0
         self.consumer: AIOKafkaConsumer | None = None
-        self._shared: Any = None  # at least once: one idempotent producer for all units
-        self._renewing = asyncio.Lock()  # one renewal of the shared producer at a time
+        self._shared = SharedProducer(functools.partial(self._producer, None))
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
         self._failures = Failures()
 
@@ -164,15 +207,13 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = await self._producer(None)
+            await self._shared.start()
         self.consumer = clients.consumer(
             self.bootstrap,
             group_id=self.group_id,
             isolation_level="read_committed",
             auto_offset_reset="earliest",
-            # Range second: while members of an earlier version (range only) are in the
-            # group, the group agrees on range, which co-partitions too; once every member
-            # offers the sticky one, it is chosen.
+            # Range second: what the group agrees on while an earlier version is in it.
             partition_assignment_strategy=(CoPartitionedAssignor(), RangePartitionAssignor),
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
@@ -188,8 +229,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             await self._close(self.units.pop(p), commit=True)
         if self.consumer is not None:
             await self.consumer.stop()
-        if self._shared is not None:
-            await self._shared.stop()
+        await self._shared.stop()
 
     # ------------------------------------------------------------------ rebalances
 
@@ -236,7 +276,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         shared = not self.transactional
         return Unit(
             partition,
-            self._shared if shared else await self._producer(partition),
+            self._shared.producer if shared else await self._producer(partition),
             group_id=self.group_id,
             transactional=self.transactional,
             commit_offsets=self._commit if shared else None,
@@ -246,8 +286,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         )
 
     async def _producer(self, partition: int | None, max_batch: int | None = None) -> Any:
-        """Partition p's transactional producer (exactly once), or the shared idempotent
-        one (`partition` None: at least once)."""
+        """Partition p's transactional producer, or (None) the shared idempotent one."""
         batching = dict(self.batching)
         if max_batch is not None:
             batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
@@ -260,26 +299,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await producer.start()
         return producer
 
-    async def _renew_shared(self, broken: Any, max_batch: int) -> Any:
-        """At least once: a new shared producer for every unit in place of `broken`, which
-        a refused record left with a gap in its sequence numbers for the record's
-        partition (every later send there would fail with OutOfOrderSequenceNumber, from
-        every unit). A new producer has a new producer id, numbered from zero."""
-        async with self._renewing:
-            if self._shared is not broken:  # another unit renewed it already
-                return self._shared
-            self._shared = await self._producer(None, max_batch)
-            for unit in self.units.values():
-                if unit.producer is broken:
-                    unit.producer = self._shared
-            log.warning("at least once: a refused record; the shared producer is renewed")
-        # Its sends in flight end first; a unit whose send fails meanwhile is reopened.
-        try:
-            await broken.stop()
-        except Exception as exc:
-            log.debug("the broken shared producer's stop: %r", exc)
-        return self._shared
-
     def _refusals(self, partition: int | None) -> Refusals | None:
         if self.replace is None:
             return None
@@ -289,7 +308,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
         async def renew(broken: Any, max_batch: int) -> Any:
             if partition is None:
-                return await self._renew_shared(broken, max_batch)
+                return await self._shared.renew(broken, max_batch, self.units.values())
+            await broken.stop()  # before its successor fences it
             return await self._producer(partition, max_batch)
 
         return Refusals(self.replace, limits, renew)

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "retried"]
+__all__ = ["BATCH_TRIES", "QueuedTurns", "Staged", "Stager", "make_solver", "retried"]
 
 log = logging.getLogger("stream.processor")
 
@@ -102,6 +102,30 @@ class Staged:
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
 
 
+class QueuedTurns:
+    """Instances whose next turn is on its way, each with the unit it was offered on. A
+    turn offered on a unit dropped since (revoked, failed) holds nothing back: the
+    partition's next unit here offers it again (it used to wait for a turn never run)."""
+
+    def __init__(self) -> None:
+        self.by_instance: dict[str, Unit] = {}
+
+    def add(self, instance: str, unit: Unit) -> bool:
+        """Whether the turn is to be offered now: its unit is alive, and no turn of the
+        instance is on its way on a unit that is."""
+        queued = self.by_instance.get(instance)
+        if not unit.alive or (queued is not None and queued.alive):
+            return False
+        self.by_instance[instance] = unit
+        return True
+
+    def done(self, items: Iterable[Staged]) -> None:
+        """These items' turns are no longer on their way."""
+        for item in items:
+            if self.by_instance.get(item.instance.id) is item.unit:
+                del self.by_instance[item.instance.id]
+
+
 def _where(code: str, source: SourcePosition) -> dict[str, Any]:
     """A dead letter's fields for its JSON log line: the code and the record's position."""
     return {
@@ -142,10 +166,7 @@ class Stager:
         self.settings = settings
         self.tier = tier
         self.flows = flows
-        # Instances whose next turn is on its way, with the unit it was offered on: a turn
-        # offered on a unit that was dropped since (revoked, failed) holds nothing back, so
-        # the partition's next unit here offers it again.
-        self._queued_turns: dict[str, Unit] = {}
+        self._queued_turns = QueuedTurns()
         self.llm = llm
         self.solver = make_solver(llm, spec, settings)
         self.limiter = limiter
@@ -253,10 +274,8 @@ class Stager:
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:
         """A workflow's next turn joins the window like any item."""
-        queued = self._queued_turns.get(inst.id)
-        if (queued is not None and queued.alive) or not unit.alive:
+        if not self._queued_turns.add(inst.id, unit):
             return
-        self._queued_turns[inst.id] = unit
         self.metrics.count({"turns": 1})
         text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
         await self.tier.offer(Staged(inst, unit, None, text), self)
@@ -288,16 +307,9 @@ class Stager:
                 for item in live:
                     item.unit.fail(exc)
         finally:
-            # Staged or not (its unit dropped meanwhile, the batch failed or was cancelled),
-            # the turn is no longer on its way.
-            for item in items:
-                self._unqueue(item)
+            self._queued_turns.done(items)  # staged, or never to be (its unit dropped)
             self.limiter.release()
             self.metrics.batch_ended()
-
-    def _unqueue(self, item: Staged) -> None:
-        if self._queued_turns.get(item.instance.id) is item.unit:
-            del self._queued_turns[item.instance.id]
 
     async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
@@ -347,7 +359,6 @@ class Stager:
         lines = self.tier.settled(items)
         staged = 0
         for item in items:
-            self._unqueue(item)
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]

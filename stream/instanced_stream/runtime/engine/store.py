@@ -17,7 +17,6 @@ the same instance.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import zlib
 from collections.abc import Iterable, Iterator
@@ -28,14 +27,11 @@ from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.runtime.engine.changes import next_change
 
 __all__ = ["Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
-
-# The order changes are made in, across every store of the process: a changelog record
-# carries it (`OutRecord.seq`) so its unit writes a transaction's changes in it.
-_CHANGES = itertools.count(1)
 
 # A stored value is the state's JSON (an object: it begins with `{`) or, for a finished
 # workflow, that JSON compressed (zlib's stream begins with 0x78, `x`): told apart by the
@@ -130,7 +126,7 @@ class UnitStore:
             self._raw[value.instance] = raw
             self._parsed[value.instance] = value.model_copy(deep=True)
         self._queued.append(
-            OutRecord(self.topic, key, raw, None, self.partition, seq=next(_CHANGES))
+            OutRecord(self.topic, key, raw, None, self.partition, seq=next_change())
         )
 
     def delete(self, instance: str) -> None:
@@ -138,7 +134,7 @@ class UnitStore:
             self._parsed.pop(instance, None)
             # An empty value: the unit sends it as null, a tombstone.
             tombstone = OutRecord(
-                self.topic, instance.encode(), b"", None, self.partition, seq=next(_CHANGES)
+                self.topic, instance.encode(), b"", None, self.partition, seq=next_change()
             )
             self._queued.append(tombstone)
 

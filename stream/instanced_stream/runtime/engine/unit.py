@@ -33,6 +33,7 @@ from aiokafka.structs import TopicPartition
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import REFUSALS, OutRecord
 from instanced_stream.kafka.tracing import Headers
+from instanced_stream.runtime.engine.changes import ChangeOrder
 
 __all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
 
@@ -50,12 +51,12 @@ CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 Replace = Callable[[OutRecord, str], list[OutRecord]]
 # Each topic's record limit as the broker holds it now (`max.message.bytes`).
 Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
-# A fresh producer for the unit, given the one a refusal left broken and the largest
-# record batch the topics take (so that a batch of small records is not refused as a
-# whole). A refused batch's sequence numbers are never taken back (aiokafka), so its
-# producer's next send to that partition fails with OutOfOrderSequenceNumber: exactly
-# once, a new producer with the unit's transactional id; at least once, a new shared
-# producer for every unit.
+# A fresh producer for the unit in place of the one a refusal left broken (which the
+# renewer stops), given the largest record batch the topics take (so that a batch of
+# small records is not refused as a whole). A refused batch's sequence numbers are never
+# taken back (aiokafka), so its producer's next send to that partition fails with
+# OutOfOrderSequenceNumber: exactly once, a new producer with the unit's transactional
+# id; at least once, a new shared producer for every unit.
 Renew = Callable[[AIOKafkaProducer, int], Awaitable[AIOKafkaProducer]]
 
 # What a record batch adds to its one record (headers of the batch and the record).
@@ -125,8 +126,7 @@ class Unit:
         self._seen: dict[str, int] = {}
         self._committed: dict[str, int] = {}  # the offsets this unit committed last
         self._free: list[OutRecord] = []  # outputs tied to no consumed record (next turns)
-        # Per changelog key, the newest change this unit has taken to write (`OutRecord.seq`).
-        self._changed: dict[tuple[str, bytes], int] = {}
+        self._in_order = ChangeOrder()  # its state changes, written in the order made
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -225,25 +225,7 @@ class Unit:
             self._committed[topic] = offset
         records.extend(self._free)
         self._free = []
-        return self._newest(_in_change_order(records)), offsets
-
-    def _newest(self, records: list[OutRecord]) -> list[OutRecord]:
-        """`records` less each state change older than one already taken to be written for
-        its key. A change is staged with the record that caused it: an input's admission
-        waits on the input's slot for its batch, while a later change of the same state
-        (its earlier turn applied meanwhile) may commit first; written after it, the older
-        snapshot is the one compaction would keep."""
-        out: list[OutRecord] = []
-        for r in records:
-            if r.seq and r.key is not None:
-                if r.seq < self._changed.get((r.topic, r.key), 0):
-                    log.debug(
-                        "partition %d: an older change of %r not written", self.partition, r.key
-                    )
-                    continue
-                self._changed[(r.topic, r.key)] = r.seq
-            out.append(r)
-        return out
+        return self._in_order(records), offsets
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
@@ -295,18 +277,14 @@ class Unit:
         raise RuntimeError("records kept being refused after their replacement")
 
     async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
-        """The records with each one over its topic's limit replaced, and a transactional
-        producer renewed with batches under the limit; raises when nothing can change."""
+        """The records with each one over its topic's limit replaced, and the producer the
+        refusal broke renewed with batches under the limit; raises when nothing can change."""
         renew = self.refusals.renew if self.refusals else None
         out, limits = await _without_refused(records, exc, self.refusals, self.partition)
         if out is records and (renew is None or not limits):
             raise next(iter(exc.refused.values())) from exc
         if renew is not None:
-            broken = self.producer
-            if self.transactional:
-                await broken.stop()  # before its successor fences it
-            largest = min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD
-            self.producer = await renew(broken, largest)
+            self.producer = await renew(self.producer, _largest_batch(limits))
         return out
 
     async def _commit_transaction(
@@ -382,17 +360,9 @@ def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecor
     return [r if r.headers else replace(r, headers=headers) for r in records]
 
 
-def _in_change_order(records: list[OutRecord]) -> list[OutRecord]:
-    """`records` with the state changes among them (`seq` > 0) in the order they were
-    made, each other record where it was. A transaction gathers its records topic by
-    topic, then those tied to no consumed record; a state changed by a deadline and then
-    by a result would otherwise have its older snapshot written last, and kept by
-    compaction."""
-    changes = sorted((r for r in records if r.seq), key=lambda r: r.seq)
-    if not changes:
-        return records
-    made = iter(changes)
-    return [next(made) if r.seq else r for r in records]
+def _largest_batch(limits: dict[str, int]) -> int:
+    """The largest record batch every topic of `limits` takes."""
+    return min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD
 
 
 async def _without_refused(
