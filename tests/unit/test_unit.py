@@ -11,8 +11,9 @@ from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.runtime.engine.changes import ChangeOrder, next_change
 from instanced_stream.runtime.engine.store import UnitStore
-from instanced_stream.runtime.engine.unit import Unit, UnitGone
+from instanced_stream.runtime.engine.unit import Slot, Unit, UnitGone
 
 from tests.fakes import FakeProducer
 
@@ -218,3 +219,25 @@ async def test_a_change_older_than_one_committed_before_is_not_written_after_it(
     assert kept is not None and InstanceState.model_validate_json(kept).turn == 2
     assert b"its outcome" in producer.sent()  # the admission's outputs still go out
     assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
+
+
+def _change(key: str) -> OutRecord:
+    return OutRecord("changelog", key.encode(), b"{}", None, 3, seq=next_change())
+
+
+def test_the_change_order_forgets_only_keys_no_change_to_come_can_beat() -> None:
+    """Its memory of what was written stays bounded, and never forgets a key an older
+    change still to come (one caused by a record not yet committed) could beat."""
+    order = ChangeOrder()
+    held = Slot(IN, 0)  # consumed now: its change (an admission) is made next
+    older = _change("x")
+    newer = [_change("x"), *(_change(f"k{i}") for i in range(3000))]
+    for at in range(0, len(newer), 100):
+        order(newer[at : at + 100], [[held]])
+    assert len(order.written) == 3001  # every change is newer than what `held` holds back
+    assert order([older], [[held]]) == []  # the older snapshot of x is left out
+    # `held` committed: nothing older can come any more. Pruned when it has doubled (the
+    # cost of a prune is spread over as many changes as it keeps).
+    for i in range(3100):
+        order([_change(f"later{i}")], [])
+    assert len(order.written) < 3000  # without forgetting: 6102

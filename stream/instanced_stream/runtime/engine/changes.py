@@ -10,18 +10,33 @@ and be the one compaction keeps.
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Iterable
+from typing import Protocol
 
 from instanced_stream.kafka.publish import OutRecord
 
-__all__ = ["ChangeOrder", "next_change"]
+__all__ = ["ChangeOrder", "Open", "last_change", "next_change"]
 
-_CHANGES = itertools.count(1)  # one order across every store of the process
+_last = 0  # one order across every store of the process
 
 
 def next_change() -> int:
     """The order of a change being made now (`OutRecord.seq`, > 0)."""
-    return next(_CHANGES)
+    global _last
+    _last += 1
+    return _last
+
+
+def last_change() -> int:
+    """The order of the last change made so far."""
+    return _last
+
+
+class Open(Protocol):
+    """A consumed record not yet committed (a unit's `Slot`): every change it causes is
+    made after it was consumed, so is newer than `since`."""
+
+    since: int
 
 
 class ChangeOrder:
@@ -30,10 +45,15 @@ class ChangeOrder:
 
     def __init__(self) -> None:
         self.written: dict[tuple[str, bytes], int] = {}  # per changelog key, its newest
+        self._bound = 1024  # the size of `written` at which it is pruned next
 
-    def __call__(self, records: list[OutRecord]) -> list[OutRecord]:
+    def __call__(
+        self, records: list[OutRecord], still_open: Iterable[Iterable[Open]] = ()
+    ) -> list[OutRecord]:
         """`records` (a transaction's) with the changes among them in the order made, each
-        other record where it was, and a change older than one written before left out."""
+        other record where it was, and a change older than one written before left out.
+        `still_open`: the records consumed and not yet committed, whose changes are the
+        only ones still to come that can be older than one written now."""
         changes = sorted((r for r in records if r.seq), key=lambda r: r.seq)
         if not changes:
             return records
@@ -45,4 +65,13 @@ class ChangeOrder:
                     continue  # its newer snapshot is written already
                 self.written[(r.topic, r.key)] = r.seq
             out.append(r)
+        if len(self.written) > self._bound:  # after these: they are no longer to come
+            self._prune(still_open)
         return out
+
+    def _prune(self, still_open: Iterable[Iterable[Open]]) -> None:
+        """Forgets the keys whose newest written change is older than every change still
+        to come: none of those can be beaten by an older one."""
+        horizon = min((s.since for slots in still_open for s in slots), default=_last)
+        self.written = {k: seq for k, seq in self.written.items() if seq > horizon}
+        self._bound = max(1024, 2 * len(self.written))

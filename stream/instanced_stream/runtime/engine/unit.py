@@ -33,7 +33,7 @@ from aiokafka.structs import TopicPartition
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import REFUSALS, OutRecord
 from instanced_stream.kafka.tracing import Headers
-from instanced_stream.runtime.engine.changes import ChangeOrder
+from instanced_stream.runtime.engine.changes import ChangeOrder, last_change
 
 __all__ = ["LINGER_S", "Refusals", "Replace", "Slot", "Unit", "UnitGone", "oldest_open_since"]
 
@@ -92,6 +92,7 @@ class Slot:
     done: bool = False
     records: list[OutRecord] = field(default_factory=list)
     at: float = field(default_factory=time.monotonic)  # when it was consumed
+    since: int = field(default_factory=last_change)  # the changes made before it was
 
 
 class Unit:
@@ -225,7 +226,7 @@ class Unit:
             self._committed[topic] = offset
         records.extend(self._free)
         self._free = []
-        return self._in_order(records), offsets
+        return self._in_order(records, self.slots.values()), offsets
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
