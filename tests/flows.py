@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE
 from instanced_stream.kafka.topics import state_changelog
@@ -116,7 +117,8 @@ class Rig:
             async def limits(topics: set[str]) -> dict[str, int]:
                 return {t: n for t, n in self.producer.limits.items() if t in topics}
 
-            async def renew(max_batch: int) -> Any:
+            async def renew(broken: Any, max_batch: int) -> Any:
+                await broken.stop()  # as the membership's renewal does, before the next
                 return self.producer
 
             refusals = Refusals(self.stager.replacement, limits, renew)
@@ -178,6 +180,26 @@ class Rig:
         await unit.close(commit=True)
         if self.flows is not None:
             self.flows.stores.drop(partition)
+
+    def reopen(self, partition: int) -> tuple[Unit, list[Instance]]:
+        """The partition assigned here again: a new unit, its store restored from what the
+        changelog committed (each key's latest value), and the workflows that wait for a
+        turn (as the service's `_opened` finds them)."""
+        assert self.flows is not None
+        self.units.pop(partition, None)
+        unit = self.unit(partition)
+        store = self.flows.stores.by_partition[partition]
+        latest: dict[bytes, bytes | None] = {}
+        changelog = self.flows.changelog
+        for rec in self.producer.records:
+            if rec.topic == changelog and rec.partition == partition and rec.key is not None:
+                latest[rec.key] = rec.value
+        for value in latest.values():
+            if value:
+                store.put(InstanceState.model_validate_json(value))
+        store.take()  # restored, not changed: nothing to write back
+        turns = (self.flows.workflow.next_turn(st) for st in store.states())
+        return unit, [t for t in turns if t is not None]
 
     # ------------------------------------------------------------------ commits
 

@@ -9,8 +9,11 @@ import asyncio
 import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
+from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.publish import OutRecord
-from instanced_stream.runtime.engine.unit import Unit, UnitGone
+from instanced_stream.runtime.engine.changes import ChangeOrder, next_change
+from instanced_stream.runtime.engine.store import UnitStore
+from instanced_stream.runtime.engine.unit import Slot, Unit, UnitGone
 
 from tests.fakes import FakeProducer
 
@@ -154,3 +157,87 @@ async def test_work_finished_within_the_commit_interval_shares_one_transaction(
     assert [c[0] for c in producer.calls].count("commit") == transactions
     assert producer.offsets()[-1] == {TopicPartition(IN, 3): 2}
     await unit.close(commit=True)
+
+
+def _state(turn: int) -> InstanceState:
+    return InstanceState(instance="t-1", partition=3, turn=turn)
+
+
+def _latest(producer: FakeProducer, topic: str) -> dict[bytes, bytes | None]:
+    """What compaction keeps of `topic`: each key's last committed value."""
+    return {r.key: r.value for r in producer.records if r.topic == topic and r.key is not None}
+
+
+@pytest.mark.parametrize("order", [(IN, RES), (RES, IN)])
+async def test_changelog_records_of_one_transaction_go_in_the_order_they_were_made(
+    order: tuple[str, str],
+) -> None:
+    """Issue 37: the records of one transaction were written slot topic by slot topic and
+    the unit's free records last, so an older snapshot of a state could be written after
+    a newer one, and compaction would keep the older."""
+    producer = FakeProducer()
+    unit = _unit(producer)
+    store = UnitStore("changelog", 3, 1_000_000)
+    first, second = (unit.track(topic, 0) for topic in order)
+    store.put(_state(1))  # a deadline: staged with the next commit
+    unit.stage(store.take())
+    store.put(_state(2))  # then a record of one topic changes it
+    unit.finish(first, [_rec(b"out-2"), *store.take()])
+    store.put(_state(3))  # then one of the other
+    unit.finish(second, store.take())
+    await unit.commit()
+    assert [c[0] for c in producer.calls].count("commit") == 1  # the precondition
+    (kept,) = _latest(producer, "changelog").values()
+    assert kept is not None
+    assert InstanceState.model_validate_json(kept).turn == 3  # the newest, never an older
+    turns = [
+        InstanceState.model_validate_json(r.value).turn
+        for r in producer.records
+        if r.topic == "changelog" and r.value
+    ]
+    assert turns == [1, 2, 3]
+    assert b"out-2" in producer.sent()  # the other records are written as before
+
+
+async def test_a_change_older_than_one_committed_before_is_not_written_after_it() -> None:
+    """An input's admission waits on its slot for its batch; a later change of the same
+    state (its earlier turn, applied meanwhile) commits first: the older snapshot, if
+    written after it, would be the one compaction keeps."""
+    producer = FakeProducer()
+    unit = _unit(producer)
+    store = UnitStore("changelog", 3, 1_000_000)
+    admitted = unit.track(IN, 0)
+    store.put(_state(1))  # the admission: staged when its batch is done
+    admission = store.take()
+    store.put(_state(2))  # the earlier turn, applied and committed first
+    unit.stage(store.take())
+    await unit.commit()
+    unit.finish(admitted, [_rec(b"its outcome"), *admission])
+    await unit.commit()
+    assert [c[0] for c in producer.calls].count("commit") == 2  # two transactions
+    (kept,) = _latest(producer, "changelog").values()
+    assert kept is not None and InstanceState.model_validate_json(kept).turn == 2
+    assert b"its outcome" in producer.sent()  # the admission's outputs still go out
+    assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
+
+
+def _change(key: str) -> OutRecord:
+    return OutRecord("changelog", key.encode(), b"{}", None, 3, seq=next_change())
+
+
+def test_the_change_order_forgets_only_keys_no_change_to_come_can_beat() -> None:
+    """Its memory of what was written stays bounded, and never forgets a key an older
+    change still to come (one caused by a record not yet committed) could beat."""
+    order = ChangeOrder()
+    held = Slot(IN, 0)  # consumed now: its change (an admission) is made next
+    older = _change("x")
+    newer = [_change("x"), *(_change(f"k{i}") for i in range(3000))]
+    for at in range(0, len(newer), 100):
+        order(newer[at : at + 100], [[held]])
+    assert len(order.written) == 3001  # every change is newer than what `held` holds back
+    assert order([older], [[held]]) == []  # the older snapshot of x is left out
+    # `held` committed: nothing older can come any more. Pruned when it has doubled (the
+    # cost of a prune is spread over as many changes as it keeps).
+    for i in range(3100):
+        order([_change(f"later{i}")], [])
+    assert len(order.written) < 3000  # without forgetting: 6102

@@ -3,10 +3,13 @@ unit runtime's stores and commits."""
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 from typing import Any
 
 import orjson
+import pytest
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, ResultRecord, SourcePosition
 from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
@@ -183,3 +186,85 @@ def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> N
         inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop]
     )
     assert turn.done is not None and turn.done.status == "stopped"
+
+
+async def _answer_turn_one(rig: Rig, count: int = 1) -> str:
+    """Tickets' first turns committed and their calls answered: their second turns are
+    offered, and wait in the open window. Returns the first ticket's instance."""
+    for ticket in tickets(count):
+        await rig.offer(orjson.dumps(ticket))
+    await rig.drain()
+    calls = [*rig.on("activity.lookupCustomer"), *rig.on("activity.assessUrgency")]
+    for rec in calls:
+        path = "†state.routine" if rec["call"]["_tool"] == "assessUrgency" else None
+        answer = ResultRecord(
+            call_id=rec["call_id"],
+            instance=rec["instance"],
+            tool=rec["call"]["_tool"],
+            turn=rec["turn"],
+            value={"vip": False},
+            path=path,
+        )
+        await rig.result(answer.model_dump_json().encode())
+    return str(calls[0]["instance"])
+
+
+@pytest.mark.parametrize("launched_first", [True, False])
+async def test_a_turn_queued_when_its_partition_moves_runs_when_it_comes_back(
+    launched_first: bool,
+) -> None:
+    """Issue 37: a next turn sitting in the open window when its unit is revoked used to
+    keep its instance in the stager's queued turns, so the next owner here never ran it."""
+    rig = Rig(load_spec(TICKETS))
+    instance = await _answer_turn_one(rig)
+    assert len(rig.stager.windower) == 1  # the precondition: turn 2 is queued, not run
+    await rig.revoke(0)
+    if launched_first:  # its window closed before the partition came back: nothing staged
+        await rig.drain()
+        assert not rig.on("activity.routeTicket")
+    unit, ready = rig.reopen(0)
+    assert [inst.id for inst in ready] == [instance]
+    await rig.turns([(unit, inst) for inst in ready])
+    await rig.drain()
+    routed = rig.on("activity.routeTicket")
+    assert [r["instance"] for r in routed] == [instance] and routed[0]["turn"] == 2
+    assert [d["instance"] for d in rig.on("stream.done")] == [instance]
+    assert not rig.stager._queued_turns.by_instance  # nothing left queued for a unit that is gone
+
+
+async def test_finished_workflows_leave_memory_when_they_end() -> None:
+    """Issue 37: a finished workflow's state stayed parsed in memory until its retention
+    (a day). Now it is kept compressed only, and still deleted when its retention ends."""
+    tracemalloc.start()  # before the states are made: what the store holds is traced
+    try:
+        rig = Rig(load_spec(TICKETS), retention_s=5)
+        assert rig.flows is not None
+        changelog = rig.flows.changelog
+        count = 40
+        await _answer_turn_one(rig, count)
+        await rig.drain()
+        assert len(rig.on("stream.done")) == count  # the precondition: every one ended
+        store = rig.stores.by_partition[0]
+        assert len(store) == count
+        kept = [orjson.loads(r.value or b"") for r in rig.records if r.topic == changelog]
+        json_size = sum(len(orjson.dumps(k)) for k in kept[-count:]) / count
+        # What the store holds: what dropping it frees (the JSON itself is also held by
+        # the fake producer's records, so a store that kept only that would free little).
+        gc.collect()
+        before, _ = tracemalloc.get_traced_memory()
+        rig.stores.drop(0)
+        del store
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    per_state = (before - after) / count
+    assert per_state < json_size, (per_state, json_size)  # parsed, it was ~14 KB a state
+    # Still there for what reads a finished state, until its retention ends.
+    reopened, _ = rig.reopen(0)
+    first = rig.stores.get("t-000001")
+    assert first is not None and first.status == "done" and first.state["customer"]
+    assert await rig.expire(time.time() + 10) == []
+    tombstones = {r.key for r in rig.records if r.topic == changelog and not r.value}
+    assert len(tombstones) == count and len(rig.stores.by_partition[0]) == 0
+    assert reopened.alive

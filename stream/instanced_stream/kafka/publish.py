@@ -43,6 +43,9 @@ class OutRecord:
     origin: tuple[str, int, int] | None = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
     headers: Headers = ()  # else the origin's traceparent (kafka/tracing.py)
+    # A state store's change order (its changelog records, > 0): however a transaction
+    # gathers its records, these are written in it, so compaction keeps the newest.
+    seq: int = 0
 
 
 # Errors about one record itself: retrying that record cannot help. Every other error

@@ -1,7 +1,8 @@
 """Membership: the processor's place in its consumer group, and the units it owns.
 
-One aiokafka consumer (read_committed, no auto commit, the range assignor so partition p
-of the input, results and approvals topics goes to one member) subscribes to the three
+One aiokafka consumer (read_committed, no auto commit, the sticky co-partitioned assignor
+of runtime/engine/assignor.py, so partition p of the input, results and approvals topics
+goes to one member and stays there while the group's size does) subscribes to the three
 co-partitioned topics. The assignment callback only records what changed: each new
 input partition's topics are paused and its unit is opened by a task of its own, outside
 the callback, so the group's heartbeats go on however long a store takes to restore. A
@@ -30,6 +31,7 @@ from aiokafka.structs import TopicPartition
 
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
+from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
 from instanced_stream.runtime.engine.backlog import held, lag_of
 from instanced_stream.runtime.engine.opening import Opening, Openings
 from instanced_stream.runtime.engine.producers import Producers
@@ -91,13 +93,13 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         max_uncommitted: int = MAX_UNCOMMITTED,
     ) -> None:
         self.producers, self.cap = producers, max_uncommitted
+        self.units: dict[int, Unit] = producers.owned  # the open ones: see Producers
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
         self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance = on_rebalance
-        self.units: dict[int, Unit] = {}
         self.suspended = Suspended()
         abandon = functools.partial(self._close, commit=False)  # a unit that never served
         self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
@@ -117,7 +119,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=self.group_id,
             isolation_level="read_committed",
             auto_offset_reset="earliest",
-            partition_assignment_strategy=(RangePartitionAssignor,),
+            # Range second: what the group agrees on while an earlier version is in it.
+            partition_assignment_strategy=(CoPartitionedAssignor(), RangePartitionAssignor),
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
             max_poll_interval_ms=300_000,

@@ -6,8 +6,10 @@ shared idempotent producer. A producer renewed after a refusal keeps its unit's 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
@@ -16,7 +18,7 @@ from instanced_stream.kafka.topics import record_limits
 from instanced_stream.runtime.engine.opening import broken_producer
 from instanced_stream.runtime.engine.unit import LINGER_S, CommitOffsets, Refusals, Replace, Unit
 
-__all__ = ["Producers"]
+__all__ = ["Producers", "SharedProducer"]
 
 log = logging.getLogger("stream.membership")
 
@@ -28,6 +30,42 @@ _BATCHING: dict[str, int] = {
     "max_batch_size": 1024 * 1024,
     "max_request_size": 8 * 1024 * 1024,
 }
+
+
+class SharedProducer:
+    """At least once: the one idempotent producer every unit writes with. A record the
+    broker refuses leaves a gap in its sequence numbers for the record's partition
+    (aiokafka never takes back a refused batch's numbers), and every later send there
+    would fail with OutOfOrderSequenceNumber, from every unit: `renew` replaces it on every
+    unit with a new producer (a new producer id, numbered from zero). `make`: a started
+    producer, given the largest record batch (None: the default)."""
+
+    def __init__(self, make: Callable[[int | None], Awaitable[Any]]) -> None:
+        self.make = make
+        self.producer: Any = None
+        self._renewing = asyncio.Lock()  # one renewal at a time
+
+    async def start(self) -> None:
+        self.producer = await self.make(None)
+
+    async def renew(self, broken: Any, max_batch: int, units: Iterable[Unit]) -> Any:
+        async with self._renewing:
+            if self.producer is not broken:  # another unit renewed it already
+                return self.producer
+            self.producer = await self.make(max_batch)
+            for unit in units:
+                if unit.producer is broken:
+                    unit.producer = self.producer
+            log.warning("at least once: a refused record; the shared producer is renewed")
+        try:  # its sends in flight end first; a unit whose send fails then is reopened
+            await broken.stop()
+        except Exception as exc:
+            log.debug("the broken shared producer's stop: %r", exc)
+        return self.producer
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
 
 
 class Producers:
@@ -52,16 +90,16 @@ class Producers:
         self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
         self.replace, self.probe, self.commit_interval_s = replace, probe, commit_interval_s
         self.make = make
-        self._shared: Any = None  # at least once: one idempotent producer for all units
+        self.owned: dict[int, Unit] = {}  # the open units, whose producers a renewal swaps
+        # At least once: one idempotent producer for all units.
+        self._shared = SharedProducer(functools.partial(self._producer, None))
 
     async def start(self) -> None:
         if not self.transactional:
-            self._shared = self.make(self.bootstrap, **self.batching)
             await self._shared.start()
 
     async def stop(self) -> None:
-        if self._shared is not None:
-            await self._shared.stop()
+        await self._shared.stop()
 
     async def unit(
         self, partition: int, commit_offsets: CommitOffsets, after: BaseException | None = None
@@ -71,14 +109,13 @@ class Producers:
         what the partition's last unit failed with; a shared producer it left broken is
         renewed first."""
         shared = not self.transactional
-        if shared and broken_producer(after) and self._shared is not None:
+        if shared and broken_producer(after):
             log.error("the shared producer is broken (%r): renewed", after)
-            old, self._shared = self._shared, None
-            await old.stop()
-            await self.start()
+            batch = self.batching["max_batch_size"]
+            await self._shared.renew(self._shared.producer, batch, self.owned.values())
         return Unit(
             partition,
-            self._shared if shared else await self._producer(partition),
+            self._shared.producer if shared else await self._producer(partition),
             group_id=self.group_id,
             transactional=self.transactional,
             commit_offsets=commit_offsets if shared else None,
@@ -87,12 +124,13 @@ class Producers:
             linger_s=self.commit_interval_s,
         )
 
-    async def _producer(self, partition: int, max_batch: int | None = None) -> Any:
+    async def _producer(self, partition: int | None, max_batch: int | None = None) -> Any:
+        """Partition p's transactional producer, or (None) the shared idempotent one."""
         batching = dict(self.batching)
         if max_batch is not None:
             batching["max_batch_size"] = max(1024, min(max_batch, batching["max_batch_size"]))
-        tid = f"{self.prefix}.{partition}"
-        producer = self.make(self.bootstrap, transactional_id=tid, **batching)
+        ids = {} if partition is None else {"transactional_id": f"{self.prefix}.{partition}"}
+        producer = self.make(self.bootstrap, **ids, **batching)
         try:
             await producer.start()
         except BaseException:
@@ -107,8 +145,10 @@ class Producers:
         async def limits(topics: set[str]) -> dict[str, int]:
             return await record_limits(self.bootstrap, topics)
 
-        async def renew(max_batch: int) -> Any:
-            assert partition is not None
+        async def renew(broken: Any, max_batch: int) -> Any:
+            if partition is None:
+                return await self._shared.renew(broken, max_batch, self.owned.values())
+            await broken.stop()  # before its successor fences it
             return await self._producer(partition, max_batch)
 
-        return Refusals(self.replace, limits, renew if partition is not None else None)
+        return Refusals(self.replace, limits, renew)

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "Staged", "Stager", "make_solver", "orphaned", "retried"]
+__all__ = ["BATCH_TRIES", "QueuedTurns", "Staged", "Stager", "make_solver", "orphaned", "retried"]
 
 log = logging.getLogger("stream.processor")
 
@@ -109,6 +109,30 @@ def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.T
     return [task for task, items in tasks.items() if not any(i.unit.alive for i in items)]
 
 
+class QueuedTurns:
+    """Instances whose next turn is on its way, each with the unit it was offered on. A
+    turn offered on a unit dropped since (revoked, failed) holds nothing back: the
+    partition's next unit here offers it again (it used to wait for a turn never run)."""
+
+    def __init__(self) -> None:
+        self.by_instance: dict[str, Unit] = {}
+
+    def add(self, instance: str, unit: Unit) -> bool:
+        """Whether the turn is to be offered now: its unit is alive, and no turn of the
+        instance is on its way on a unit that is."""
+        queued = self.by_instance.get(instance)
+        if not unit.alive or (queued is not None and queued.alive):
+            return False
+        self.by_instance[instance] = unit
+        return True
+
+    def done(self, items: Iterable[Staged]) -> None:
+        """These items' turns are no longer on their way."""
+        for item in items:
+            if self.by_instance.get(item.instance.id) is item.unit:
+                del self.by_instance[item.instance.id]
+
+
 def _where(code: str, source: SourcePosition) -> dict[str, Any]:
     """A dead letter's fields for its JSON log line: the code and the record's position."""
     return {
@@ -149,7 +173,7 @@ class Stager:
         self.settings = settings
         self.tier = tier
         self.flows = flows
-        self._queued_turns: set[str] = set()  # instances whose next turn is on its way
+        self._queued_turns = QueuedTurns()
         self.llm = llm
         self.solver = make_solver(llm, spec, settings)
         self.limiter = limiter
@@ -257,9 +281,8 @@ class Stager:
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:
         """A workflow's next turn joins the window like any item."""
-        if inst.id in self._queued_turns or not unit.alive:
+        if not self._queued_turns.add(inst.id, unit):
             return
-        self._queued_turns.add(inst.id)
         self.metrics.count({"turns": 1})
         text = orjson.dumps([inst.payload, inst.state, inst.plan])  # what its turn shows
         await self.tier.offer(Staged(inst, unit, None, text), self)
@@ -291,6 +314,7 @@ class Stager:
                 for item in live:
                     item.unit.fail(exc)
         finally:
+            self._queued_turns.done(items)  # staged, or never to be (its unit dropped)
             self.limiter.release()
             self.metrics.batch_ended()
 
@@ -342,7 +366,6 @@ class Stager:
         lines = self.tier.settled(items)
         staged = 0
         for item in items:
-            self._queued_turns.discard(item.instance.id)
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]

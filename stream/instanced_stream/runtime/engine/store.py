@@ -8,12 +8,18 @@ them with the outcome they belong to, so the change and its outputs commit toget
 not at all. An aborted or fenced unit is dropped with its store; the next owner restores
 what was committed. A change whose record would pass the broker's limit is refused before
 anything is stored or staged.
+
+A finished workflow's state (done, owing nothing) leaves memory when it ends: until its
+retention is over (when its tombstone is written, as before) the store keeps it only
+compressed, never parsed; it is read back, rarely, by a repeated answer or a new input of
+the same instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -24,10 +30,26 @@ from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.runtime.engine.changes import next_change
 
 __all__ = ["Quarantined", "Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
+
+# A stored value is the state's JSON (an object: it begins with `{`) or, for a finished
+# workflow, that JSON compressed (zlib's stream begins with 0x78, `x`): told apart by the
+# first byte, whoever filled the store (a put, a restore).
+_PACKED = b"x"
+
+
+def _finished(st: InstanceState) -> bool:
+    """A workflow that ended and owes nothing: nothing reads it but a repeated answer, a
+    new input of its instance, and the deletion at the end of its retention."""
+    return st.status == "done" and st.ended is not None and not st.outbox
+
+
+def _unpacked(raw: bytes) -> bytes:
+    return zlib.decompress(raw) if raw[:1] == _PACKED else raw
 
 
 async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
@@ -127,7 +149,7 @@ class UnitStore:
                 self._raw.pop(key, None)
                 continue
             try:
-                self._parsed[key] = InstanceState.model_validate_json(raw)
+                parsed = InstanceState.model_validate_json(_unpacked(raw))
             except ValidationError as exc:
                 reason = f"unreadable state record: {exc.errors()[0]['msg']}"[:500]
                 log.error(
@@ -140,7 +162,10 @@ class UnitStore:
                 self.quarantined.append(Quarantined(key, self.partition, offset, raw, reason))
                 self._raw.pop(key, None)
                 continue
-            self._raw[key] = raw
+            if _finished(parsed):  # kept packed, not parsed (see the module's docstring)
+                self._raw[key] = raw if raw[:1] == _PACKED else zlib.compress(raw, 1)
+            else:
+                self._raw[key], self._parsed[key] = _unpacked(raw), parsed
         return len(self._raw)
 
     async def _read(self, bootstrap: str) -> dict[str, tuple[int, bytes | None]]:
@@ -182,7 +207,12 @@ class UnitStore:
             return None
         parsed = self._parsed.get(instance)
         if parsed is None:
-            parsed = self._parsed[instance] = InstanceState.model_validate_json(raw)
+            parsed = InstanceState.model_validate_json(_unpacked(raw))
+            if _finished(parsed):  # read once (a restore's scan): kept packed, not parsed
+                if raw[:1] != _PACKED:
+                    self._raw[instance] = zlib.compress(raw, 1)
+                return parsed  # nobody else holds it: no copy needed
+            self._parsed[instance] = parsed
         # A copy: the workflow changes what it gets, and puts it back when it means to.
         return parsed.model_copy(deep=True)
 
@@ -196,9 +226,15 @@ class UnitStore:
                 f"record takes at most {self.max_bytes} (settings.max_output_bytes)",
             )
         self._changing(value.instance)
-        self._raw[value.instance] = raw
-        self._parsed[value.instance] = value.model_copy(deep=True)
-        self._queued.append(OutRecord(self.topic, key, raw, None, self.partition))
+        if _finished(value):  # it leaves memory now, not at the end of its retention
+            self._raw[value.instance] = zlib.compress(raw, 1)
+            self._parsed.pop(value.instance, None)
+        else:
+            self._raw[value.instance] = raw
+            self._parsed[value.instance] = value.model_copy(deep=True)
+        self._queued.append(
+            OutRecord(self.topic, key, raw, None, self.partition, seq=next_change())
+        )
 
     def delete(self, instance: str) -> None:
         if instance in self._raw:
@@ -206,7 +242,9 @@ class UnitStore:
             del self._raw[instance]
             self._parsed.pop(instance, None)
             # An empty value: the unit sends it as null, a tombstone.
-            tombstone = OutRecord(self.topic, instance.encode(), b"", None, self.partition)
+            tombstone = OutRecord(
+                self.topic, instance.encode(), b"", None, self.partition, seq=next_change()
+            )
             self._queued.append(tombstone)
 
     def _changing(self, instance: str) -> None:
@@ -216,8 +254,11 @@ class UnitStore:
                 self._base = None
 
     def peek(self) -> Iterator[InstanceState]:
-        """Every state as stored, not copied: for readers that change nothing."""
-        yield from list(self._parsed.values())
+        """Every state as stored, not copied: for readers that change nothing (a finished
+        one, kept packed, is read for them and not kept parsed)."""
+        for instance, raw in list(self._raw.items()):
+            parsed = self._parsed.get(instance)
+            yield parsed or InstanceState.model_validate_json(_unpacked(raw))
 
     def states(self) -> Iterator[InstanceState]:
         for instance in list(self._raw):

@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -33,6 +33,7 @@ from aiokafka.structs import TopicPartition
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import REFUSALS, OutRecord
 from instanced_stream.kafka.tracing import Headers
+from instanced_stream.runtime.engine.changes import ChangeOrder, last_change
 
 __all__ = [
     "LINGER_S",
@@ -59,11 +60,13 @@ CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 Replace = Callable[[OutRecord, str], list[OutRecord]]
 # Each topic's record limit as the broker holds it now (`max.message.bytes`).
 Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
-# A fresh producer with the unit's transactional id (the old one is broken after an
-# aborted transaction whose sends failed: its sequence numbers are not reset).
-# Given the largest record batch the topics take, so that a batch of small records is not
-# refused as a whole.
-Renew = Callable[[int], Awaitable[AIOKafkaProducer]]
+# A fresh producer for the unit in place of the one a refusal left broken (which the
+# renewer stops), given the largest record batch the topics take (so that a batch of
+# small records is not refused as a whole). A refused batch's sequence numbers are never
+# taken back (aiokafka), so its producer's next send to that partition fails with
+# OutOfOrderSequenceNumber: exactly once, a new producer with the unit's transactional
+# id; at least once, a new shared producer for every unit.
+Renew = Callable[[AIOKafkaProducer, int], Awaitable[AIOKafkaProducer]]
 
 # What a record batch adds to its one record (headers of the batch and the record).
 _BATCH_OVERHEAD = 128
@@ -98,6 +101,7 @@ class Slot:
     done: bool = False
     records: list[OutRecord] = field(default_factory=list)
     at: float = field(default_factory=time.monotonic)  # when it was consumed
+    since: int = field(default_factory=last_change)  # the changes made before it was
 
 
 class Unit:
@@ -132,6 +136,7 @@ class Unit:
         self._seen: dict[str, int] = {}
         self._committed: dict[str, int] = {}  # the offsets this unit committed last
         self._free: list[OutRecord] = []  # outputs tied to no consumed record (next turns)
+        self._in_order = ChangeOrder()  # its state changes, written in the order made
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -230,7 +235,7 @@ class Unit:
             self._committed[topic] = offset
         records.extend(self._free)
         self._free = []
-        return records, offsets
+        return self._in_order(records, self.slots.values()), offsets
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
@@ -282,15 +287,14 @@ class Unit:
         raise RuntimeError("records kept being refused after their replacement")
 
     async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
-        """The records with each one over its topic's limit replaced, and a transactional
-        producer renewed with batches under the limit; raises when nothing can change."""
-        renew = self.refusals.renew if self.refusals and self.transactional else None
+        """The records with each one over its topic's limit replaced, and the producer the
+        refusal broke renewed with batches under the limit; raises when nothing can change."""
+        renew = self.refusals.renew if self.refusals else None
         out, limits = await _without_refused(records, exc, self.refusals, self.partition)
         if out is records and (renew is None or not limits):
             raise next(iter(exc.refused.values())) from exc
         if renew is not None:
-            await self.producer.stop()  # before its successor fences it
-            self.producer = await renew(min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD)
+            self.producer = await renew(self.producer, _largest_batch(limits))
         return out
 
     async def _commit_transaction(
@@ -363,10 +367,12 @@ def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecor
     """The consumed record's traceparent on every record its outcome writes."""
     if not headers:
         return records
-    return [
-        r if r.headers else OutRecord(r.topic, r.key, r.value, r.origin, r.partition, headers)
-        for r in records
-    ]
+    return [r if r.headers else replace(r, headers=headers) for r in records]
+
+
+def _largest_batch(limits: dict[str, int]) -> int:
+    """The largest record batch every topic of `limits` takes."""
+    return min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD
 
 
 async def _without_refused(
