@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         "sets the spec's quality section (quality.shadow_rate=0.02: shadowing's cost)",
     )
     bn.add_argument(
+        "--duplicates",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="instead: at the largest window, the items plain, with SHARE (e.g. 0.3) copies of "
+        "earlier items, and the same with dedupe on (what answering duplicates once saves)",
+    )
+    bn.add_argument(
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
     )
     bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from instanced_stream.core.dedupe import Dedupe
 from instanced_stream.core.endpoint import BatchTier, RequestShapeSpec, SecondModel
 from instanced_stream.core.interpolate import interpolate
 from instanced_stream.core.quality import Quality
@@ -314,6 +315,7 @@ class AgentSpec(_Strict):
     advisors: list[Advisor] = Field(default_factory=list)
     advice: AdviceSettings = Field(default_factory=AdviceSettings)
     quality: Quality = Field(default_factory=Quality)
+    dedupe: Dedupe = Field(default_factory=Dedupe)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -340,11 +342,9 @@ class AgentSpec(_Strict):
     @model_validator(mode="after")
     def _unique_and_global(self) -> AgentSpec:
         names = [t.name for t in self.tools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"tool names must be unique: {dupes}")
-        reserved = sorted({NO_ACTION, CONSULT} & set(names))
-        if reserved:
+        if reserved := sorted({NO_ACTION, CONSULT} & set(names)):
             raise ValueError(f"tool names {reserved} are reserved")
         ids = [a.id for a in self.advisors]
         if len(set(ids)) != len(ids):
@@ -404,8 +404,7 @@ def _check_advisor_schema(advisor: Advisor) -> None:
         raise ValueError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
     if advisor.schema_.get("type") != "object":
         raise ValueError(f'{where}: must be a JSON Schema with "type": "object"')
-    clash = sorted(_OPINION_FIELDS & set(advisor.schema_.get("properties", {})))
-    if clash:
+    if clash := sorted(_OPINION_FIELDS & set(advisor.schema_.get("properties", {}))):
         raise ValueError(f"{where}: properties {clash} are reserved for the opinion itself")
 
 
