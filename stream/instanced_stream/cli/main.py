@@ -170,6 +170,30 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if not report.missing and not report.unexpected else 1
 
 
+def _redrive(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.audit import parse_since
+    from instanced_stream.tools.redrive import WORTH, redrive
+
+    _, bootstrap = configured(settings)
+    since = parse_since(args.since) if args.since else None
+    codes = tuple(args.code or WORTH)
+    planned = asyncio.run(
+        redrive(bootstrap, settings.topics, codes, since, args.dry_run, args.max_redrives)
+    )
+    for item in planned:
+        line = item.line()
+        if args.json:
+            print(orjson.dumps(line).decode())
+        else:
+            what = "would re-drive" if args.dry_run and item.skipped is None else "re-driven"
+            said = f"skipped ({item.skipped})" if item.skipped else what
+            print(f"{line['dead_letter']} {item.code} {line['source']}: {said}")
+    sent = sum(item.skipped is None for item in planned)
+    verb = "would send" if args.dry_run else "sent"
+    print(f"redrive: {verb} {sent}, skipped {len(planned) - sent} (codes {', '.join(codes)})")
+    return 0
+
+
 def _advice(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.core.advice import render
     from instanced_stream.kafka.topics import read_json
@@ -257,6 +281,7 @@ _COMMANDS: dict[str, Command] = {
     "topics": _topics,
     "approve": _approve,
     "audit": _audit,
+    "redrive": _redrive,
 }
 
 
