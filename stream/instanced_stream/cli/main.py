@@ -120,8 +120,9 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _page_quality(url: str) -> dict[str, Any] | None:
-    """A processor page's shadow-sample figures, or None when it does not answer."""
+async def _page_quality(url: str, part: str = "quality") -> dict[str, Any] | None:
+    """A part of a processor page's live figures (the shadow sample's, the budget's), or
+    None when it does not answer."""
     import aiohttp
 
     try:
@@ -133,8 +134,8 @@ async def _page_quality(url: str) -> dict[str, Any] | None:
             live = await resp.json()
     except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
         return None
-    quality = live.get("quality") if isinstance(live, dict) else None
-    return quality if isinstance(quality, dict) else None
+    found = live.get(part) if isinstance(live, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
@@ -248,11 +249,14 @@ def _tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import render_topics, topics
+    from instanced_stream.tools.console import budget_line, render_topics, topics
 
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
     print(render_topics(rows))
+    if spec.budget.usd_per_s is not None:  # the spend ceiling, as this host's processor keeps it
+        page = f"http://127.0.0.1:{settings.web_port}"
+        print(budget_line(asyncio.run(_page_quality(page, "budget")), page))
     return 0
 
 

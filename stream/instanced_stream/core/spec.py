@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from instanced_stream.core.budget import Budget
 from instanced_stream.core.dedupe import Dedupe
 from instanced_stream.core.endpoint import BatchTier, RequestShapeSpec, SecondModel
 from instanced_stream.core.interpolate import interpolate
@@ -316,6 +317,7 @@ class AgentSpec(_Strict):
     advice: AdviceSettings = Field(default_factory=AdviceSettings)
     quality: Quality = Field(default_factory=Quality)
     dedupe: Dedupe = Field(default_factory=Dedupe)
+    budget: Budget = Field(default_factory=Budget)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -386,8 +388,7 @@ _OPINION_FIELDS = {"id", "calls", "_instance"}
 def _check_stateless(tools: list[Tool]) -> None:
     """The seeds: without a Plan message a request is one-shot and stateless, so no
     awaited activity (a latent tool's `_outputPath` goes with the outcome: fine)."""
-    awaited = [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]
-    if awaited:
+    if awaited := [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]:
         raise ValueError(
             f"tools {awaited} declare paths/_output (awaited results written to †state), but "
             "the spec has no plan: without a plan a request is one-shot and stateless (the "

@@ -50,6 +50,7 @@ from instanced_stream.runtime.steps.records import (
     position,
 )
 from instanced_stream.runtime.steps.size_guard import refused
+from instanced_stream.runtime.steps.spend import Spend
 from instanced_stream.runtime.steps.twins import Twins
 from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
@@ -201,6 +202,7 @@ class Stager:
         # quality.*: the shadow sample (its controller moves the size), second opinions.
         self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, self.size, second)
         self.twins = Twins(spec, self.solver.prompt.system)  # dedupe: twins asked once
+        self.spend = Spend(spec.budget, metrics)  # budget: paced to the spend ceiling
         self.batches = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -293,6 +295,7 @@ class Stager:
     async def launch(self, items: list[Staged], reason: str) -> None:
         self.twins.closed()
         await self.limiter.acquire()
+        await self.spend.wait()  # held here, the windower and the intake hold too
         self.batches += 1
         batch_id = f"{self.worker}-{self.batches}"
         self.metrics.observe_batch(len(items), reason)
@@ -318,6 +321,7 @@ class Stager:
             self._queued_turns.done(items)  # staged, or never to be (its unit dropped)
             self.limiter.release()
             self.metrics.batch_ended()
+            self.spend.ended()
 
     async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
