@@ -192,3 +192,29 @@ async def test_the_windower_closes_on_items_that_are_asked_not_on_their_twins() 
     for k, comment in enumerate(["a", "a", "a", "b", "c"]):
         await windower.add(_inst(k, comment))
     assert closed == [["id-0", "id-1", "id-2", "id-3"]]  # "a" and "b" asked, twins free
+
+
+async def test_a_content_answered_is_cached_before_the_batch_waits_for_its_own_twins() -> None:
+    twins = _twins()
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    async def slow(instances: list[Instance]) -> Outcome:
+        asked.extend(i.id for i in instances)
+        await release.wait()
+        return Outcome(answers=[_answer(i) for i in instances])
+
+    async def fast(instances: list[Instance]) -> Outcome:
+        asked.extend(i.id for i in instances)
+        return Outcome(answers=[_answer(i) for i in instances])
+
+    # B asks "b" slowly; A asks "a" and waits for B's "b": while A waits, "a" is answered.
+    b = asyncio.create_task(twins.answered([_inst(0, "b")], slow))
+    await asyncio.sleep(0)
+    a = asyncio.create_task(twins.answered([_inst(1, "a"), _inst(2, "b")], fast))
+    await asyncio.sleep(0)
+    assert not a.done()  # A waits for B's answer of "b"
+    later = twins.split([_inst(3, "a")])  # a third batch meanwhile: "a" is cached
+    assert later.asked == [] and asked == ["id-0", "id-1"]
+    release.set()
+    await asyncio.gather(a, b)

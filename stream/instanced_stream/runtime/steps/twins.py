@@ -142,14 +142,19 @@ class Twins:
         return self.expand(outcome, split)
 
     def _settle(self, split: Split, outcome: Outcome | None) -> None:
-        """Tells the twins waiting in other batches what their content's answer is."""
+        """Tells the twins waiting in other batches what their content's answer is, and
+        caches it in the same step: a content must never be neither in flight nor cached
+        while it has an answer, or a batch split in between would ask it again."""
         answers = {id(a.instance): a for a in outcome.answers} if outcome else {}
         for ident, flying in split.flying.items():
             if flying.done():
                 continue
-            flying.set_result(answers.get(ident))
-            if self._flying.get(split.keys[ident]) is flying:
-                del self._flying[split.keys[ident]]
+            answer, key = answers.get(ident), split.keys[ident]
+            flying.set_result(answer)
+            if answer is not None:
+                self.cache.put(key, answer)
+            if self._flying.get(key) is flying:
+                del self._flying[key]
 
     def reconfigure(self, spec: AgentSpec, system: str) -> None:
         settings = spec.dedupe
