@@ -699,6 +699,7 @@ def test_prometheus_rule_has_the_alerts_the_docs_describe() -> None:
     assert "instanced_stream_circuit_open" in exprs["InstancedStreamLLMCircuitOpen"]
     assert "instanced_stream_dead_letters_total" in exprs["InstancedStreamDeadLetters"]
     assert "instanced_stream_consumer_lag" in exprs["InstancedStreamLagGrowing"]
+    assert "instanced_stream_paced_by_budget_seconds_total" in exprs["InstancedStreamPacedByBudget"]
     budget = _render({"monitoring": {"prometheusRule": {"costPerItemUsd": 0.001}}})
     rules = _object("PrometheusRule", "", budget)["spec"]["groups"][0]["rules"]
     assert "InstancedStreamCostPerItem" in {r["alert"] for r in rules}

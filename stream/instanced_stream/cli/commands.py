@@ -52,6 +52,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 model=settings.llm_model,
                 variants=tuple(v for v in args.variants.split(",") if v),
                 tier=args.tier,
+                duplicates=args.duplicates,
             )
         )
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"

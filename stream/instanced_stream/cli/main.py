@@ -120,8 +120,9 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _page_quality(url: str) -> dict[str, Any] | None:
-    """A processor page's shadow-sample figures, or None when it does not answer."""
+async def _page_quality(url: str, part: str = "quality") -> dict[str, Any] | None:
+    """A part of a processor page's live figures (the shadow sample's, the budget's), or
+    None when it does not answer."""
     import aiohttp
 
     try:
@@ -133,8 +134,8 @@ async def _page_quality(url: str) -> dict[str, Any] | None:
             live = await resp.json()
     except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
         return None
-    quality = live.get("quality") if isinstance(live, dict) else None
-    return quality if isinstance(quality, dict) else None
+    found = live.get(part) if isinstance(live, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
@@ -168,6 +169,30 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
         for url, got in quality.items():
             print(quality_line(got) if got else f"quality: no processor page answered at {url}")
     return 0 if not report.missing and not report.unexpected else 1
+
+
+def _redrive(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.tools.audit import parse_since
+    from instanced_stream.tools.redrive import WORTH, redrive
+
+    _, bootstrap = configured(settings)
+    since = parse_since(args.since) if args.since else None
+    codes = tuple(args.code or WORTH)
+    planned = asyncio.run(
+        redrive(bootstrap, settings.topics, codes, since, args.dry_run, args.max_redrives)
+    )
+    for item in planned:
+        line = item.line()
+        if args.json:
+            print(orjson.dumps(line).decode())
+        else:
+            what = "would re-drive" if args.dry_run and item.skipped is None else "re-driven"
+            said = f"skipped ({item.skipped})" if item.skipped else what
+            print(f"{line['dead_letter']} {item.code} {line['source']}: {said}")
+    sent = sum(item.skipped is None for item in planned)
+    verb = "would send" if args.dry_run else "sent"
+    print(f"redrive: {verb} {sent}, skipped {len(planned) - sent} (codes {', '.join(codes)})")
+    return 0
 
 
 def _advice(args: argparse.Namespace, settings: Settings) -> int:
@@ -224,11 +249,14 @@ def _tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import render_topics, topics
+    from instanced_stream.tools.console import budget_line, render_topics, topics
 
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
     print(render_topics(rows))
+    if spec.budget.usd_per_s is not None:  # the spend ceiling, as this host's processor keeps it
+        page = f"http://127.0.0.1:{settings.web_port}"
+        print(budget_line(asyncio.run(_page_quality(page, "budget")), page))
     return 0
 
 
@@ -257,6 +285,7 @@ _COMMANDS: dict[str, Command] = {
     "topics": _topics,
     "approve": _approve,
     "audit": _audit,
+    "redrive": _redrive,
 }
 
 

@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         "sets the spec's quality section (quality.shadow_rate=0.02: shadowing's cost)",
     )
     bn.add_argument(
+        "--duplicates",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="instead: at the largest window, the items plain, with SHARE (e.g. 0.3) copies of "
+        "earlier items, and the same with dedupe on (what answering duplicates once saves)",
+    )
+    bn.add_argument(
         "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
     )
     bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")
@@ -267,4 +275,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="only input records from here: an ISO time, a duration (30m, 2h, 1d) or an "
         "offset (applied to every input partition); outcomes are read from the same time",
     )
+    rd = add(
+        "redrive",
+        help="send the items behind dead letters back to the input topic, once the cause is fixed",
+        description="Sends the input record behind each item dead letter (or the bytes the "
+        "dead letter carries, where retention removed the input) back to the input topic, "
+        "with headers naming the dead letter and the first attempt; `stream audit` accounts "
+        "the item once, by its final outcome. A dead letter is re-driven once; a re-driven "
+        "item that fails again is not re-driven again. See docs/troubleshooting.md for "
+        "which codes are worth it.",
+    )
+    rd.add_argument(
+        "--code",
+        action="append",
+        default=None,
+        metavar="C",
+        help="dead letters of this code (repeatable); default: the codes whose cause can "
+        "pass (unanswered, llm_error, llm_timeout, internal_error)",
+    )
+    rd.add_argument(
+        "--since",
+        default=None,
+        metavar="WHEN",
+        help="only dead letters from here: an ISO time, a duration (30m, 2h, 1d) or an "
+        "offset on the dead-letter topic",
+    )
+    rd.add_argument(
+        "--max-redrives",
+        type=int,
+        default=1,
+        metavar="N",
+        help="re-drives of one input in all (default 1: an item that fails again after its "
+        "re-drive stays a dead letter; raise it to try once more after another fix)",
+    )
+    rd.add_argument("--dry-run", action="store_true", help="show what would be sent; send nothing")
+    rd.add_argument("--json", action="store_true", help="one JSON line per dead letter")
     return p

@@ -28,7 +28,7 @@ Command = Callable[[argparse.Namespace, "Settings"], int]
 
 # They print their own summaries; library start-up chatter (a new topic's leader
 # election, group coordinator discovery) is retried noise there.
-_QUIET = ("demo", "produce", "tail", "topics", "audit", "bench", "eval", "check")
+_QUIET = ("demo", "produce", "tail", "topics", "audit", "bench", "eval", "check", "redrive")
 
 
 def configured(settings: Settings) -> tuple[AgentSpec, str]:

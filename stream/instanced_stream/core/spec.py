@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from instanced_stream.core.budget import Budget
+from instanced_stream.core.dedupe import Dedupe
 from instanced_stream.core.endpoint import BatchTier, RequestShapeSpec, SecondModel
 from instanced_stream.core.interpolate import interpolate
 from instanced_stream.core.quality import Quality
@@ -314,6 +316,8 @@ class AgentSpec(_Strict):
     advisors: list[Advisor] = Field(default_factory=list)
     advice: AdviceSettings = Field(default_factory=AdviceSettings)
     quality: Quality = Field(default_factory=Quality)
+    dedupe: Dedupe = Field(default_factory=Dedupe)
+    budget: Budget = Field(default_factory=Budget)
     plan: Plan | None = None
     inputs: list[ContextMessage] = Field(
         default_factory=list, description="Global input messages every instance sees"
@@ -340,11 +344,9 @@ class AgentSpec(_Strict):
     @model_validator(mode="after")
     def _unique_and_global(self) -> AgentSpec:
         names = [t.name for t in self.tools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"tool names must be unique: {dupes}")
-        reserved = sorted({NO_ACTION, CONSULT} & set(names))
-        if reserved:
+        if reserved := sorted({NO_ACTION, CONSULT} & set(names)):
             raise ValueError(f"tool names {reserved} are reserved")
         ids = [a.id for a in self.advisors]
         if len(set(ids)) != len(ids):
@@ -386,8 +388,7 @@ _OPINION_FIELDS = {"id", "calls", "_instance"}
 def _check_stateless(tools: list[Tool]) -> None:
     """The seeds: without a Plan message a request is one-shot and stateless, so no
     awaited activity (a latent tool's `_outputPath` goes with the outcome: fine)."""
-    awaited = [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]
-    if awaited:
+    if awaited := [t.name for t in tools if t.kind == "activity" and (t.paths or t.output)]:
         raise ValueError(
             f"tools {awaited} declare paths/_output (awaited results written to †state), but "
             "the spec has no plan: without a plan a request is one-shot and stateless (the "
@@ -404,8 +405,7 @@ def _check_advisor_schema(advisor: Advisor) -> None:
         raise ValueError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
     if advisor.schema_.get("type") != "object":
         raise ValueError(f'{where}: must be a JSON Schema with "type": "object"')
-    clash = sorted(_OPINION_FIELDS & set(advisor.schema_.get("properties", {})))
-    if clash:
+    if clash := sorted(_OPINION_FIELDS & set(advisor.schema_.get("properties", {}))):
         raise ValueError(f"{where}: properties {clash} are reserved for the opinion itself")
 
 

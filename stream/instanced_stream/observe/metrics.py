@@ -10,6 +10,7 @@ import platform
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -26,8 +27,9 @@ from prometheus_client import (
 
 from instanced_stream.core.spec import ModelEndpoint
 from instanced_stream.observe.agreement import AgreementMetrics
+from instanced_stream.observe.partitions import PartitionMetrics
 
-__all__ = ["Metrics", "PartitionMetrics", "WorkerMetrics"]
+__all__ = ["Metrics", "SpendGauges", "WorkerMetrics"]
 
 # Every series of the product starts with this: distinct from other services' metrics in a
 # shared Prometheus (a bare `stream_` would collide with any other stream processor's).
@@ -109,48 +111,9 @@ def _waiting(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
     )
 
 
-class PartitionMetrics:
-    """The assigned input partitions: their lag, their unit's state, the units that failed."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
-        self._lagging: set[int] = set()
-        self.states = Gauge(
-            f"{_P}partitions",
-            "Input partitions assigned here, by their unit's state (open, restoring, failing)",
-            ["state"],
-            registry=r,
-        )
-        self.failures = Counter(
-            f"{_P}partition_failures",
-            "Units that failed to open or failed while open (each is opened again after a"
-            " back-off)",
-            ["partition"],
-            registry=r,
-        )
-
-    def failed(self, partition: int) -> None:
-        self.failures.labels(str(partition)).inc()
-
-    def set_lag(self, lags: Mapping[int, int]) -> None:
-        """Lag of the partitions assigned now; a revoked partition's series is removed, so
-        no stale figure stays behind for the new owner's to double."""
-        for gone in self._lagging - lags.keys():
-            self.lag.remove(str(gone))
-        for partition, lag in lags.items():
-            self.lag.labels(str(partition)).set(lag)
-        self._lagging = set(lags)
-
-    def set(self, states: Mapping[int, Mapping[str, Any]]) -> None:
-        """Each assigned partition's unit state (`Membership.states`)."""
-        for state in ("open", "restoring", "failing"):
-            self.states.labels(state).set(sum(1 for v in states.values() if v["state"] == state))
-
-
 class Metrics:
     def __init__(self, prices: ModelEndpoint | None = None, window: int = 0) -> None:
-        self.registry = _registry()
-        r = self.registry
+        self.registry = r = _registry()
         self.agreement = AgreementMetrics(r, window)
         self.items_in = Counter(f"{_P}items_in", "Input records taken", registry=r)
         self.calls_out = Counter(f"{_P}calls_out", "Calls published", ["tool"], registry=r)
@@ -225,6 +188,7 @@ class Metrics:
         # say why; KEDA scales on the online tier's lag only (docs/kubernetes.md).
         self.batch_api_in_flight, self.batch_api_oldest, self.oldest_uncommitted = _waiting(r)
         self.batch_live: dict[str, float] = {}
+        self.spend = _spend(r)  # budget.*: the spend ceiling (runtime/steps/spend.py)
         self.prices = prices or ModelEndpoint()
         self.answered = 0
         self.cost = 0.0
@@ -251,8 +215,7 @@ class Metrics:
     def observe_tokens(
         self, prompt: int, completion: int, cached: int, answered: int, reasoning: int = 0
     ) -> None:
-        """`reasoning`: of `completion`, a reasoning model's hidden tokens; billed as
-        output, so priced with it, and counted apart to show what thinking costs."""
+        """`reasoning`: hidden tokens of `completion`, priced as output, counted apart."""
         self.tokens.labels("input").inc(max(prompt - cached, 0))
         self.tokens.labels("cached_input").inc(cached)
         self.tokens.labels("output").inc(completion)
@@ -386,7 +349,37 @@ class Metrics:
             **self.batch_live,
             "decisions": list(self.decisions)[::-1],
             "quality": self.agreement.live(),
+            "budget": self.spend.live,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SpendGauges:
+    rate: Gauge
+    ceiling: Gauge
+    headroom: Gauge
+    met_in: Gauge
+    paced: Gauge
+    paced_seconds: Counter
+    live: dict[str, Any] = field(default_factory=dict)  # what the live page shows
+
+
+def _spend(r: CollectorRegistry) -> SpendGauges:
+    usd = "USD per hour, model tokens at the spec's prices"
+    return SpendGauges(
+        Gauge(f"{_P}spend_usd_per_hour", f"Spend rate over the last minutes ({usd})", registry=r),
+        Gauge(
+            f"{_P}budget_usd_per_hour", f"The spend ceiling as a rate ({usd}); 0: none", registry=r
+        ),
+        Gauge(f"{_P}budget_headroom_usd_per_hour", "The ceiling less the spend rate", registry=r),
+        Gauge(
+            f"{_P}budget_met_in_seconds",
+            "When the ceiling will be met at the spend rate now (0: paced now; -1: not at it)",
+            registry=r,
+        ),
+        Gauge(f"{_P}paced_by_budget", "1 while input is held to keep to the ceiling", registry=r),
+        Counter(f"{_P}paced_by_budget_seconds", "Time input was held for budget", registry=r),
+    )
 
 
 class WorkerMetrics:

@@ -20,8 +20,9 @@ from instanced_stream.core.messages import ITEM_CODES
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.settings import Topics
+from instanced_stream.tools.redrive import attempt_of
 
-__all__ = ["AuditReport", "Since", "audit", "parse_since"]
+__all__ = ["AuditReport", "Since", "audit", "final_attempts", "parse_since"]
 
 Position = tuple[str, int, int]
 
@@ -72,6 +73,11 @@ class AuditReport(BaseModel):
         "letter) on the topics, read committed: 1 when every outcome was written once",
     )
     duplicate_outcomes: int = Field(0, description="Outcome records beyond the first copy")
+    redriven: int = Field(
+        0,
+        description="Attempts a re-drive superseded (stream redrive): their input is "
+        "accounted once, by its final attempt's outcome",
+    )
     instances_in_calls: list[str] = Field(default_factory=list, exclude=True)
 
     @property
@@ -95,12 +101,16 @@ async def audit(
     records from there on, and outcomes from (a little before) their time."""
     input_topic = topics.input
     inputs: set[Position] = set()
+    later: dict[Position, tuple[Position, int]] = {}  # a re-drive -> (first attempt, count)
     first: dict[int, int] = {}  # per input partition, the first offset audited
     oldest: int | None = None
     start_ms = since[1] if since and since[0] == "time" else None
     start_offset = since[1] if since and since[0] == "offset" else None
     async for rec in read_topic(bootstrap, input_topic, start_ms, start_offset):
         inputs.add((input_topic, rec.partition, rec.offset))
+        attempt = attempt_of(rec.headers)
+        if attempt.root is not None:
+            later[(input_topic, rec.partition, rec.offset)] = (attempt.root, attempt.count)
         first[rec.partition] = min(first.get(rec.partition, rec.offset), rec.offset)
         oldest = rec.timestamp if oldest is None else min(oldest, rec.timestamp)
     outcomes_ms = None if since is None else (oldest or int(time.time() * 1000)) - _SKEW_MS
@@ -169,14 +179,18 @@ async def audit(
             # Items, not records: a batch redone after a crash repeats its dead letters.
             src = rec.get("source") or {}
             where = (src.get("topic"), src.get("partition"), src.get("offset"))
-            if not src or where not in lettered:
+            if not src:
                 item_letters += 1
-                lettered.add(where)
+            lettered.add(where)
             mark(rec.get("source"))
+    finals, superseded = final_attempts(inputs, later)
+    missing = sorted(p for p in finals if p not in accounted)
+    item_letters += len({w for w in lettered if w not in superseded and None not in w})
     return AuditReport(
-        inputs=len(inputs),
-        accounted=len(accounted),
-        missing=sorted(inputs - accounted),
+        inputs=len(finals),
+        accounted=len(finals) - len(missing),
+        missing=missing,
+        redriven=len(superseded),
         duplicate_calls=duplicates,
         unexpected=unexpected,
         calls_by_tool=dict(calls),
@@ -190,3 +204,19 @@ async def audit(
         outcomes_per_input_max=max(copies.values(), default=0),
         duplicate_outcomes=sum(n - 1 for n in copies.values()),
     )
+
+
+def final_attempts(
+    inputs: set[Position], later: dict[Position, tuple[Position, int]]
+) -> tuple[set[Position], set[Position]]:
+    """Each input's final attempt (a re-drive supersedes the attempts before it), and the
+    attempts superseded. A re-drive whose first attempt is not in `inputs` (before an
+    audited range) stands for its input."""
+    final: dict[Position, tuple[int, Position]] = {}
+    for pos in inputs:
+        root, count = later.get(pos, (pos, 0))
+        root = root if root in inputs else pos
+        if root not in final or count > final[root][0]:
+            final[root] = (count, pos)
+    finals = {pos for _, pos in final.values()}
+    return finals, inputs - finals

@@ -8,12 +8,11 @@ minute limits); on the same machine, in the same run:
 - this product at windows 10, 25, 50, 100;
 - both delivery modes at window 50, LLM-bound and with an instant simulator (the
   machine's limit, against a raw aiokafka passthrough; medians of alternating runs);
-- with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions.
+- with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions;
+- with `--duplicates`: what answering duplicates once saves (tools/duplicates.py).
 
-Each product run drains a backlog loaded while its processors are held stopped
-(throughput, requests and tokens per item, counted by the simulator, refused requests
-included), then a paced phase at half that throughput measures produce-to-activity
-latency. Results go to a markdown table and PNG plots.
+Each product run drains a backlog loaded while its processors are held stopped, then a
+paced phase at half its throughput measures produce-to-activity latency (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import contextlib
 import secrets
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,6 +37,7 @@ from instanced_stream.settings import DEFAULT_SPEC, Settings
 from instanced_stream.testing.broker import free_port
 from instanced_stream.testing.sim.server import MODEL_NAME
 from instanced_stream.tools.demo import ProcessorProcess
+from instanced_stream.tools.duplicates import duplicate_runs
 from instanced_stream.tools.figures import llm_figures
 from instanced_stream.tools.load import (
     Tally,
@@ -78,6 +78,7 @@ class Bench:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
         spec["model"] = {**self.spec.get("model", {}), **model}
         spec["quality"] = spec["model"].pop("quality", self.spec.get("quality", {}))
+        spec["dedupe"] = spec["model"].pop("dedupe", self.spec.get("dedupe", {}))
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
         if spec["model"].get("tier") == "batch":  # a short turnaround: the simulator's
             spec["batch"] = {"flush_s": 1.0, "poll_s": 0.5, "max_requests": 1000}
@@ -260,12 +261,6 @@ def _line(r: Result) -> str:
     )
 
 
-@contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
-        yield Path(tmp)
-
-
 def bench_spec(path: Path = DEFAULT_SPEC) -> dict[str, Any]:
     """The example's spec, one decision per item (advisors multiply answers' tokens)."""
     spec: dict[str, Any] = yaml.safe_load(path.read_bytes())
@@ -289,7 +284,8 @@ async def bench_session(
     """The simulator as its own process (so its work does not share our GIL), or the
     real model `llm` names (see instanced_stream.tools.target)."""
     items = bench_items(max(n, machine_items))
-    with _workdir() as workdir:
+    with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
+        workdir = Path(tmp)
         bench = partial(
             Bench,
             bootstrap,
@@ -331,6 +327,7 @@ async def run_bench(
     machine_items: int = MACHINE_ITEMS,
     tier: str = "online",
     machine_rounds: int = 3,
+    duplicates: float = 0.0,
 ) -> list[Result]:
     """`tier` batch: the baseline, then each window online and in the batch tier, side
     by side (cost per item is the point; docs/batch.md). `variants`: settings such as
@@ -342,6 +339,8 @@ async def run_bench(
         bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model, machine_items
     )
     async with session as bench:
+        if duplicates:  # only the runs that show what answering them once saves
+            return await duplicate_runs(bench, endpoint, max(windows), duplicates, partitions)
         if tier == "batch":
             await _tiers(bench, windows, endpoint, partitions, variants)
             return bench.results

@@ -31,6 +31,7 @@ __all__ = [
     "Line",
     "ProduceReport",
     "TopicRow",
+    "budget_line",
     "format_record",
     "parse_lines",
     "produce",
@@ -422,4 +423,20 @@ def render_topics(rows: list[TopicRow]) -> str:
         )
         + (f"  {row[4]}" if row[4] else "")
         for row in table
+    )
+
+
+def budget_line(budget: dict[str, Any] | None, page: str) -> str:
+    """The spend ceiling as a processor keeps it: its rate, what is left, when it is met."""
+    if not budget or budget.get("usd_per_hour") is None:
+        return f"budget: no processor page answered at {page}"
+    met = budget.get("met_in_s")
+    when = (
+        "paced now: input held"
+        if budget.get("paced") or met == 0
+        else ("not at this rate" if met is None else f"met in {met:.0f} s at this rate")
+    )
+    return (
+        f"budget: spend {budget['spend_usd_per_hour']:.4f} USD/h of "
+        f"{budget['usd_per_hour']:.4f}, left {budget['headroom_usd_per_hour']:.4f} USD/h; {when}"
     )

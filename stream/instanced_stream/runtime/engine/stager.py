@@ -26,7 +26,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import PromptBuilder
-from instanced_stream.core.solve import Solver
+from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.core.validate import Validator
@@ -50,6 +50,8 @@ from instanced_stream.runtime.steps.records import (
     position,
 )
 from instanced_stream.runtime.steps.size_guard import refused
+from instanced_stream.runtime.steps.spend import Spend
+from instanced_stream.runtime.steps.twins import Twins
 from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
@@ -143,6 +145,18 @@ def _where(code: str, source: SourcePosition) -> dict[str, Any]:
     }
 
 
+def _log_letter(exc: BadRecord, source: SourcePosition) -> None:
+    log.warning(
+        "dead letter %s at %s/%d/%d: %s",
+        exc.code,
+        source.topic,
+        source.partition,
+        source.offset,
+        exc.message,
+        extra=_where(exc.code, source),
+    )
+
+
 def _tokens_of(tokenizer: Tokenizer, item: Staged) -> int:
     if item.tokens is None:
         item.tokens = tokenizer.count(item.text.decode("utf-8", "replace"))
@@ -190,9 +204,12 @@ class Stager:
             on_close=self.launch,
             tokens_of=functools.partial(_tokens_of, self.tokenizer),
             bound_of=functools.partial(_bound_of, self.tokenizer),
+            free=lambda item: self.twins.free(item.instance),
         )
         # quality.*: the shadow sample (its controller moves the size), second opinions.
         self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, self.size, second)
+        self.twins = Twins(spec, self.solver.prompt.system)  # dedupe: twins asked once
+        self.spend = Spend(spec.budget, metrics)  # budget: paced to the spend ceiling
         self.batches = 0
         self.tasks: dict[asyncio.Task[None], list[Staged]] = {}  # batches in flight
         self.draining = False
@@ -204,6 +221,7 @@ class Stager:
         self.size.reconfigure(spec, solver.prompt.system)
         self.solver = solver
         self.quality.reconfigure(spec)
+        self.twins.reconfigure(spec, solver.prompt.system)
         self.builder.spec = spec
         if self.flows is not None:  # a finish advisor from the context is heard too
             self.flows.workflow.spec = spec
@@ -212,8 +230,7 @@ class Stager:
         self.windower.start()
 
     async def drain(self, deadline_s: float) -> int:
-        """Stops taking records, launches the open window, gives the batches in flight
-        `deadline_s` to be staged; returns how many did not make it."""
+        """Launches the open window, gives batches `deadline_s`; returns how many missed."""
         self.draining = True
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
@@ -257,15 +274,7 @@ class Stager:
                     "(window.max_input_tokens less the instructions, tools and advisors)",
                 )
         except BadRecord as exc:
-            log.warning(
-                "dead letter %s at %s/%d/%d: %s",
-                exc.code,
-                source.topic,
-                source.partition,
-                source.offset,
-                exc.message,
-                extra=_where(exc.code, source),
-            )
+            _log_letter(exc, source)
             letter = self.builder.letter(bad_record(exc, source, value))
             self.count(letter)
             unit.finish(slot, letter.records)
@@ -291,7 +300,9 @@ class Stager:
         await self.windower.add(item)
 
     async def launch(self, items: list[Staged], reason: str) -> None:
+        self.twins.closed()
         await self.limiter.acquire()
+        await self.spend.wait()  # held here, the windower and the intake hold too
         self.batches += 1
         batch_id = f"{self.worker}-{self.batches}"
         self.metrics.observe_batch(len(items), reason)
@@ -317,16 +328,16 @@ class Stager:
             self._queued_turns.done(items)  # staged, or never to be (its unit dropped)
             self.limiter.release()
             self.metrics.batch_ended()
+            self.spend.ended()
 
     async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
 
         async def solve() -> Planned:
-            outcome = await self.solver.solve(instances)
+            # Each content asked once: twins and cached answers are not asked again.
+            outcome = await self.twins.answered(instances, self._ask)
             self.probe.at("solved")
-            self.size.learn(outcome, len(instances))
-            await self.quality.after(outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,
@@ -342,6 +353,12 @@ class Stager:
         if isinstance(planned, Exception):
             return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
         return planned
+
+    async def _ask(self, instances: list[Instance]) -> Outcome:
+        outcome = await self.solver.solve(instances)
+        self.size.learn(outcome, len(instances))
+        await self.quality.after(outcome)
+        return outcome
 
     def _stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
         """Each item's records onto its own slot; a record too large for the broker is
@@ -391,8 +408,7 @@ class Stager:
             )
 
     def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
-        """A record the broker refused for itself (`said`): its item's dead letter, to
-        write instead (the units' `Refusals.replace`)."""
+        """Its item's dead letter, written instead of a record the broker refused (`said`)."""
         letters = refused([record], self.settings.max_output_bytes, self.builder, said)
         self.count(letters)
         return letters.records

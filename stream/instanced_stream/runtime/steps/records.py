@@ -165,6 +165,7 @@ class RecordBuilder:
                 llm_requests=outcome.requests,
                 consults=outcome.consults,
                 stray_opinions=outcome.stray_opinions,
+                dedupe_spared=outcome.spared,
             )
         )
         # Keep input order: answers arrive grouped by ask, not by offset.

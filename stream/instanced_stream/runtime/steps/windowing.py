@@ -24,6 +24,9 @@ __all__ = ["FixedSize", "Size", "Windower"]
 
 T = TypeVar("T")
 
+# Items a window holds at most, free ones included: the protocol numbers at most 500.
+_MOST = 500
+
 Flush = Callable[[list[T], str], Awaitable[None]]
 
 
@@ -58,12 +61,16 @@ class Windower(Generic[T]):
         on_close: Flush[T],
         tokens_of: Callable[[T], int],
         bound_of: Callable[[T], int] | None = None,
+        free: Callable[[T], bool] | None = None,
     ) -> None:
         self.size = size
         self.max_wait_s = max_wait_s
         self._on_close = on_close
         self._tokens_of = tokens_of
         self._bound_of = bound_of or tokens_of
+        # An item that will not be asked (a twin, runtime/steps/twins.py) takes no place.
+        self._free = free
+        self._spared = 0  # free items in the open window
         self._items: list[T] = []
         self._tokens = 0  # of the open window: exact, or an upper bound while `_loose`
         self._loose = False
@@ -87,8 +94,9 @@ class Windower(Generic[T]):
             self._items.append(item)
             self._tokens += cost
             self._loose = self._loose or not exact
+            self._spared += bool(self._free and self._free(item))
             most, reason = self.size.limit()
-            if len(self._items) >= most:
+            if len(self._items) - self._spared >= most or len(self._items) >= _MOST:
                 await self._close(reason)
 
     def _cost(self, item: T) -> tuple[int, bool]:
@@ -111,6 +119,7 @@ class Windower(Generic[T]):
 
     async def _close(self, reason: str) -> None:
         items, self._items, self._tokens, self._loose = self._items, [], 0, False
+        self._spared = 0
         self._opened.clear()
         await self._on_close(items, reason)
 

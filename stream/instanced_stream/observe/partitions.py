@@ -1,0 +1,51 @@
+"""The metrics of the input partitions assigned to this process: their lag, their unit's
+state (open, restoring, failing), and the units that failed (runtime/engine/opening.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["PartitionMetrics"]
+
+_P = "instanced_stream_"  # every series of the product starts with it (see metrics.py)
+
+
+class PartitionMetrics:
+    """The assigned input partitions: their lag, their unit's state, the units that failed."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
+        self._lagging: set[int] = set()
+        self.states = Gauge(
+            f"{_P}partitions",
+            "Input partitions assigned here, by their unit's state (open, restoring, failing)",
+            ["state"],
+            registry=r,
+        )
+        self.failures = Counter(
+            f"{_P}partition_failures",
+            "Units that failed to open or failed while open (each is opened again after a"
+            " back-off)",
+            ["partition"],
+            registry=r,
+        )
+
+    def failed(self, partition: int) -> None:
+        self.failures.labels(str(partition)).inc()
+
+    def set_lag(self, lags: Mapping[int, int]) -> None:
+        """Lag of the partitions assigned now; a revoked partition's series is removed, so
+        no stale figure stays behind for the new owner's to double."""
+        for gone in self._lagging - lags.keys():
+            self.lag.remove(str(gone))
+        for partition, lag in lags.items():
+            self.lag.labels(str(partition)).set(lag)
+        self._lagging = set(lags)
+
+    def set(self, states: Mapping[int, Mapping[str, Any]]) -> None:
+        """Each assigned partition's unit state (`Membership.states`)."""
+        for state in ("open", "restoring", "failing"):
+            self.states.labels(state).set(sum(1 for v in states.values() if v["state"] == state))
