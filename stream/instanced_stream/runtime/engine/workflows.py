@@ -130,6 +130,7 @@ class Flows:
                 scope="item",
                 instance=inst.id,
                 source=inst.source,
+                turn=inst.turn,
             )
         )
 
