@@ -53,9 +53,13 @@ class WebServer:
         host: str,
         port: int,
         model_ok: Callable[[], bool] | None = None,
+        units: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ready = ready
+        # /api/live's `units`: per partition owned here, its consumed records not yet
+        # committed (what a crash there leaves to be redone; fault tests aim by it).
+        self.units = units
         # Said in /readyz's body, never in its status: an LLM outage is the same for
         # every pod, so a readiness that followed it would make every pod unready at once
         # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
@@ -100,7 +104,10 @@ class WebServer:
         return web.json_response(body, status=200 if ok else 503)
 
     async def _live(self, _: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(self.metrics.live()), content_type="application/json")
+        live = self.metrics.live()
+        if self.units is not None:
+            live["units"] = self.units()
+        return web.Response(body=orjson.dumps(live), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:
         page = resources.files("instanced_stream.observe").joinpath("live.html").read_text()

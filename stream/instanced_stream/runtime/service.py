@@ -43,7 +43,7 @@ from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.stager import Stager
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.tier import ONLINE
-from instanced_stream.runtime.engine.unit import Unit, oldest_open_since
+from instanced_stream.runtime.engine.unit import Unit, oldest_open_since, uncommitted
 from instanced_stream.runtime.engine.workflows import Flows
 from instanced_stream.runtime.steps.intake import source_of
 from instanced_stream.runtime.steps.records import RecordBuilder
@@ -158,6 +158,7 @@ class _Service(mode.Service):
             settings.web_host,
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
+            units=lambda: uncommitted(self.membership.units),
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
