@@ -24,7 +24,14 @@ from instanced_stream.testing.samples import tickets
 from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess
 
-from tests.conftest import Deployment, committed_offsets, demo_json, stuck_report
+from tests.conftest import (
+    Deployment,
+    committed_offsets,
+    demo_json,
+    kill_with_work,
+    stuck_report,
+    with_work,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -32,6 +39,9 @@ Deploy = Callable[..., Awaitable[Deployment]]
 EO = {"STREAM_DELIVERY": "exactly_once"}
 TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets"
 TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
+# SIGKILLs per churn test, each one counted only when it found uncommitted work (20 kills
+# at random moments before, many of them between batches or during a rebalance).
+KILLS = int(os.environ.get("STREAM_CHAOS_KILLS") or 8)
 
 
 def _items(n: int, tag: str) -> list[dict[str, Any]]:
@@ -86,22 +96,24 @@ Step = Callable[[list[ProcessorProcess], random.Random], Awaitable[bool]]
 async def _churn(
     dep: Deployment, make: Callable[[int], list[dict[str, Any]]], rounds: int, step: Step
 ) -> int:
-    """Items produced in `rounds` waves while `step` kills, stops or starts processors of
-    one group between them; returns how many items were produced."""
+    """Items produced in waves while `step` kills, stops or starts processors of one group
+    between them, until `rounds` steps counted (a kill counts when its precondition held);
+    returns how many items were produced."""
     rng = random.Random(_seed())
     dep.sim.config.latency_ms = 120  # several batches in flight at every step
     procs = [dep.proc, _second(dep, "second")]
     procs[1].start()
-    produced, done = 0, 0
-    deadline = time.monotonic() + 240
+    produced, done, tried = 0, 0, 0
+    deadline = time.monotonic() + 300
     try:
         while done < rounds:
             assert time.monotonic() < deadline, f"only {done} of {rounds} steps in time"
-            items = make(done)
+            items = make(tried)
             await dep.produce_items(items)
             produced += len(items)
-            await asyncio.sleep(rng.uniform(0.5, 2.5))
+            tried += 1
             done += await step(procs, rng)
+        print(f"{done} steps counted of {tried} tried")
         for proc in procs:
             if proc.proc is None or proc.proc.poll() is not None:
                 proc.start()  # the survivors finish what is left
@@ -111,23 +123,27 @@ async def _churn(
 
 
 async def _kill(procs: list[ProcessorProcess], rng: random.Random) -> bool:
+    """SIGKILLs a processor (drawn at random) while it owns partitions with uncommitted
+    records and a batch at the model, then restarts it. A step without such a moment
+    within a few seconds kills nobody and does not count."""
     victim = procs[rng.randrange(len(procs))]
-    assert victim.proc is not None
-    killed = victim.proc.poll() is None
-    if killed:
-        victim.kill()
-        assert victim.proc.returncode == -signal.SIGKILL
+    units = await kill_with_work(victim, 15)
+    if units is None:
+        return False
+    assert victim.proc is not None and victim.proc.returncode == -signal.SIGKILL
+    print(f"SIGKILL with uncommitted records per partition {units}")
     victim.start()
-    return killed
+    return True
 
 
 async def test_random_sigkills_of_two_processors(deploy: Deploy) -> None:
-    """At least 20 SIGKILLs, at random moments, of two processors in one group while
-    items flow (each kill also rebalances the survivor); then every input has exactly
-    one outcome on the read_committed topics."""
+    """SIGKILLs of two processors in one group while items flow, each aimed at a moment
+    the victim owns partitions with uncommitted records and a batch at the model (each
+    kill also rebalances the survivor); then, once nothing arrives any more, every input
+    has exactly one outcome on the read_committed topics."""
     dep = await deploy(**EO)
-    produced = await _churn(dep, lambda k: _items(15, f"k{k}"), 20, _kill)
-    report = await dep.settle(produced, 150)
+    produced = await _churn(dep, lambda k: _items(25, f"k{k}"), KILLS, _kill)
+    report = await dep.settle_quiet(produced, 150)
     print(report.summary())
     _exactly_once(report)
 
@@ -147,7 +163,7 @@ async def _workflows_under(dep: Deployment, tag: str, rounds: int, step: Step) -
 
     try:
         produced = await _churn(dep, wave, rounds, step)
-        report = await dep.settle(produced, 150)
+        report = await dep.settle_quiet(produced, 150)
         done = await _all_done(dep, {i["_instance"] for i in made}, 180)
     finally:
         stop.set()
@@ -163,16 +179,20 @@ async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
     """The same on the stateful tickets example (two turns, awaited calls answered by a
     worker): no turn asked twice into the outputs, every workflow ended exactly once."""
     dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
-    await _workflows_under(dep, "w", 20, _kill)
+    await _workflows_under(dep, "w", KILLS, _kill)
 
 
 async def _toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
+    """Starts or stops (SIGTERM, a graceful leave) the second processor while the first
+    owns partitions with work in flight, so they move under it; counts only then."""
+    work = await with_work(procs[0], 15)
     second = procs[1]
     if second.proc is not None and second.proc.poll() is None:
-        await asyncio.to_thread(second.stop)  # SIGTERM: a graceful leave
+        await asyncio.to_thread(second.stop)
     else:
         second.start()
-    return True
+    print(f"toggled with the owner's uncommitted records per partition {work}")
+    return work is not None
 
 
 async def test_scale_out_and_in_mid_workflow(deploy: Deploy) -> None:
