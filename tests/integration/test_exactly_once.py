@@ -29,6 +29,7 @@ from tests.conftest import (
     committed_offsets,
     demo_json,
     kill_with_work,
+    live_of,
     stuck_report,
     with_work,
 )
@@ -183,15 +184,22 @@ async def test_random_sigkills_mid_workflow(deploy: Deploy) -> None:
 
 
 async def _toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
-    """Starts or stops (SIGTERM, a graceful leave) the second processor while the first
-    owns partitions with work in flight, so they move under it; counts only then."""
-    work = await with_work(procs[0], 15)
+    """Starts the second processor while the first owns partitions with work in flight,
+    or stops it (SIGTERM, a graceful leave) while it does; counts only when that held and
+    the partitions moved: a started second holds some, read from its live API."""
     second = procs[1]
     if second.proc is not None and second.proc.poll() is None:
+        work = await with_work(second, 15)
         await asyncio.to_thread(second.stop)
-    else:
-        second.start()
-    print(f"toggled with the owner's uncommitted records per partition {work}")
+        print(f"stopped the second with uncommitted records per partition {work}")
+        return work is not None
+    work = await with_work(procs[0], 15)
+    second.start()
+    deadline = time.monotonic() + 60
+    while not ((await live_of(second)) or {}).get("units"):
+        assert time.monotonic() < deadline, f"the second never got partitions\n{second.tail()}"
+        await asyncio.sleep(0.2)
+    print(f"started the second under uncommitted records per partition {work}")
     return work is not None
 
 
@@ -276,6 +284,10 @@ def test_demo_chaos_reports_exactly_once(
     result = demo_json(bootstrap, *args, "--chaos", "6", timeout=300)
     assert result["unaccounted"] == 0
     assert result["chaos"]["kills_done"] == 6 and result["chaos"]["processors"] == 2
+    # Each kill waits (a while) for its victim to own uncommitted records; those that
+    # found it are the ones that cost a redo. Most must have.
+    print(f"kills with uncommitted records: {result['chaos']['kills_with_work']} of 6")
+    assert result["chaos"]["kills_with_work"] >= 4, result["chaos"]
     assert result["exactly_once"] == {
         "outcomes_per_input_max": 1,
         "duplicate_call_ids": 0,
