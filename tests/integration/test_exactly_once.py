@@ -40,9 +40,9 @@ Deploy = Callable[..., Awaitable[Deployment]]
 EO = {"STREAM_DELIVERY": "exactly_once"}
 TICKETS = Path(__file__).resolve().parents[2] / "examples" / "tickets"
 TOOLS = ["lookupCustomer", "assessUrgency", "routeTicket"]
-# SIGKILLs per churn test, each one counted only when it found uncommitted work (20 kills
+# SIGKILLs per churn test, each counted only when it found uncommitted work (it was 20 kills
 # at random moments before, many of them between batches or during a rebalance).
-KILLS = int(os.environ.get("STREAM_CHAOS_KILLS") or 8)
+KILLS = int(os.environ.get("STREAM_CHAOS_KILLS") or 5)
 
 
 def _items(n: int, tag: str) -> list[dict[str, Any]]:
@@ -205,9 +205,11 @@ async def _toggle(procs: list[ProcessorProcess], rng: random.Random) -> bool:
 
 async def test_scale_out_and_in_mid_workflow(deploy: Deploy) -> None:
     """A live owner losing partitions (a second processor started, later stopped with
-    SIGTERM, several times) while turns are in flight: no turn runs twice."""
+    SIGTERM, twice each) while turns are in flight: no turn runs twice. Each move is
+    counted only when work was in flight and the partitions did move (it was 8 toggles,
+    some stopping a second that had not yet joined)."""
     dep = await deploy(spec_path=TICKETS / "agent.yaml", **EO)
-    await _workflows_under(dep, "s", 8, _toggle)
+    await _workflows_under(dep, "s", 4, _toggle)
 
 
 async def _all_done(

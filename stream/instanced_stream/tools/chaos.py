@@ -41,7 +41,7 @@ class Chaos:
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**32))
     first_s: float = 3.0
     between_s: tuple[float, float] = (6.0, 12.0)
-    aim_s: float = 10.0
+    aim_s: float = 5.0
     done: list[float] = field(default_factory=list)  # seconds into the run of each kill
     with_work: int = 0  # kills that found the victim owning uncommitted records
 
