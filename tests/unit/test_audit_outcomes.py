@@ -25,6 +25,7 @@ class _Rec:
     value: bytes
     timestamp: int = 0
     key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def _source(offset: int) -> dict[str, Any]:
