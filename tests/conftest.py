@@ -7,24 +7,29 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.kafka.security import options_for
-from instanced_stream.kafka.topics import read_json, read_topic, state_changelog
+from instanced_stream.kafka.topics import partitions, read_json, read_topic, state_changelog
 from instanced_stream.settings import Settings
 from instanced_stream.testing.broker import kafka_bootstrap
 from instanced_stream.testing.sim.server import Faults, Simulator, running_simulator
 from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
+
+# How long no outcome may arrive before a report says "no duplicates" (settle_quiet).
+QUIET_S = 2.0
 
 
 def _free_port() -> int:
@@ -85,6 +90,39 @@ class Deployment:
         return await wait_accounted(
             self.bootstrap, self.settings, self.spec, expected, wait_s, self.proc
         )
+
+    async def settle_quiet(
+        self,
+        expected: int,
+        wait_s: float = 90,
+        quiet_s: float = QUIET_S,
+        watch: ProcessorProcess | None = None,
+    ) -> AuditReport:
+        """`settle`, then until the group has committed to the end of every topic it reads
+        and no outcome arrived for `quiet_s`: only such a report may say "no duplicates"
+        (a redo still under way would add them after an early look). `watch`: the
+        processor whose exit fails the wait (the deployment's own by default)."""
+        deadline = time.monotonic() + wait_s
+        proc = watch or self.proc
+
+        async def accounted() -> AuditReport:
+            left = max(deadline - time.monotonic(), 1)
+            return await wait_accounted(
+                self.bootstrap, self.settings, self.spec, expected, left, proc
+            )
+
+        report = await accounted()
+        while True:
+            if await caught_up(self.bootstrap, self.settings):
+                await asyncio.sleep(quiet_s)
+                again = await accounted()
+                # (not `==`: the instance list follows the read order across partitions)
+                if again.model_dump() == report.model_dump():
+                    return again
+                report = again
+            else:
+                await asyncio.sleep(0.5)
+            assert time.monotonic() < deadline, f"never quiet: {report.summary()}"
 
     async def records(self, topic: str) -> list[dict[str, Any]]:
         return await read_json(self.bootstrap, topic)
@@ -147,6 +185,27 @@ async def deploy(
     sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
 
 
+async def caught_up(bootstrap: str, settings: Settings) -> bool:
+    """The group committed every record of the topics it reads (input, results, approvals):
+    nothing is left for anyone to redo."""
+    topics = [settings.topics.input, settings.topics.results, settings.topics.approvals]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await admin.start()
+    await consumer.start()
+    try:
+        group = settings.topic_prefix + settings.app_id
+        done = {
+            tp: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(group)).items()
+        }
+        tps = [TopicPartition(t, p) for t in topics for p in await partitions(bootstrap, t)]
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    return all(done.get(tp, 0) >= end for tp, end in ends.items() if end > 0)
+
+
 async def committed_offsets(bootstrap: str, settings: Settings) -> dict[int, int]:
     """The processors' committed offsets on the input topic, by partition."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
@@ -201,3 +260,45 @@ async def stuck_report(dep: Deployment, tools: list[str]) -> str:
         dep.proc.proc.send_signal(signal.SIGUSR1)  # the processor logs every task's stack
         await asyncio.sleep(2)
     return f"records {counts}; states {states}; results {seen}\n{dep.proc.tail(400)}"
+
+
+def web_of(proc: ProcessorProcess) -> str:
+    return f"http://127.0.0.1:{proc.env['STREAM_WEB_PORT']}"
+
+
+async def live_of(proc: ProcessorProcess) -> dict[str, Any] | None:
+    """The processor's /api/live, or None while it is not serving."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
+            http.get(f"{web_of(proc)}/api/live") as resp,
+        ):
+            live: dict[str, Any] = await resp.json()
+            return live
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def with_work(proc: ProcessorProcess, wait_s: float = 30) -> dict[str, int] | None:
+    """As soon as `proc`'s live API shows it owning a partition with consumed records not
+    yet committed and a batch at the model: those units (per partition, the records). None
+    when it had no such work within `wait_s`, or is not running."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        live = await live_of(proc)
+        if proc.proc is None or proc.proc.poll() is not None:
+            return None
+        if live and live["in_flight"] > 0 and sum(live.get("units", {}).values()) > 0:
+            units: dict[str, int] = live["units"]
+            return units
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def kill_with_work(proc: ProcessorProcess, wait_s: float = 30) -> dict[str, int] | None:
+    """SIGKILLs `proc` once it has work that a kill must cost (`with_work`): returns that
+    work (the precondition held, for the test to count), or None, killing nobody."""
+    units = await with_work(proc, wait_s)
+    if units is not None:
+        proc.kill()  # milliseconds after the reading: the batch is still at the model
+    return units

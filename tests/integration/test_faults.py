@@ -12,9 +12,9 @@ import aiohttp
 import orjson
 import pytest
 from instanced_stream.kafka.topics import read_topic
-from instanced_stream.tools.demo import ProcessorProcess, wait_accounted
+from instanced_stream.tools.demo import ProcessorProcess
 
-from tests.conftest import Deployment
+from tests.conftest import Deployment, kill_with_work
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -49,7 +49,7 @@ async def test_rebalance_mid_run_loses_nothing(deploy: Deploy, tmp_path: Any) ->
         await dep.produce_items(_items(150, "rb2"))
         dep.proc.stop()  # the first leaves mid-flow: its partitions move again
         # the first exited on purpose: watch the second
-        report = await wait_accounted(dep.bootstrap, dep.settings, dep.spec, 300, 150, second)
+        report = await dep.settle_quiet(300, 150, watch=second)
     finally:
         second.stop()
     assert report.unaccounted == 0, report.missing[:5]
@@ -76,8 +76,12 @@ async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
         await _logged(second, JOINED, "the second processor never joined the group")
         joined = second.tail(2000).count(JOINED)
         await dep.produce_items(_items(100, "k2"))
-        dep.proc.kill()  # kill -9: no goodbye; the group notices after the session timeout
-        report = await wait_accounted(dep.bootstrap, dep.settings, dep.spec, 200, 150, second)
+        # kill -9 while it owns partitions with uncommitted records: no goodbye; the group
+        # notices after the session timeout, and the second redoes what it left open.
+        work = await kill_with_work(dep.proc)
+        assert work, f"the first never had uncommitted work to leave:\n{dep.proc.tail()}"
+        print(f"killed the first with uncommitted records per partition {work}")
+        report = await dep.settle_quiet(200, 150, watch=second)
         # The second takes the dead member's partitions in a later rebalance, once the
         # group notices the death (the first may have finished everything before it).
         for _ in range(120):
@@ -90,6 +94,8 @@ async def test_first_member_killed_9_the_second_takes_over_and_loses_nothing(
         second.stop()
     assert report.unaccounted == 0, report.missing[:5]
     assert report.unexpected == 0 and report.item_dead_letters == 0
+    # The default delivery is exactly once: the take-over repeats nothing.
+    assert report.duplicate_calls == 0 and report.outcomes_per_input_max == 1, report.summary()
 
 
 def _free_port() -> int:

@@ -99,26 +99,43 @@ def _one_call_one_item(calls: list[dict[str, Any]]) -> None:
 
 # Inside a transaction (its state, outputs and offsets sent, not committed), right after a
 # commit, between a result's change and its commit; an approval's below.
-@pytest.mark.parametrize("point", ["mid_commit", "after_commit", "after_result"])
-async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, point: str) -> None:
-    dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_CRASH_AT=f"{point}:{_nth()}")
+POINTS = ("mid_commit", "after_commit", "after_result")
+
+
+async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy) -> None:
+    """One processor killed at each point in turn, each time with a fresh wave of
+    workflows in flight (and the last wave's redo, if any, still under way), restarted
+    each time: one deployment and one settling for three kills."""
+    nth = _nth()
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", STREAM_CRASH_AT=f"{POINTS[0]}:{nth}")
     registry = load_activities(str(TICKETS / "activities.py"))
     stop = asyncio.Event()
     worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
     asked = dep.sim.stats["completions"]
-    items = tickets(ITEMS)
+    items: list[dict[str, Any]] = []
     try:
-        await dep.produce_items(items)
-        await _killed(dep)
+        for k, point in enumerate(POINTS):
+            if k:
+                dep.proc.env["STREAM_CRASH_AT"] = f"{point}:{nth}"
+                dep.proc.start()
+            wave = [{**t, "_instance": f"{point}-{t['_instance']}"} for t in tickets(ITEMS)]
+            items += wave
+            await dep.produce_items(wave)
+            await _killed(dep)
+            assert f"SIGKILL at {point} (hit {nth})" in dep.proc.tail(400)
+        fired = dep.proc.log_path.read_text(errors="replace").count("fault injection: SIGKILL at")
+        print(f"{fired} kills, each at its point with workflows in flight")
+        assert fired == len(POINTS)
         dep.proc.env.pop("STREAM_CRASH_AT")
         dep.proc.start()
-        done = await _done(dep, ITEMS)
+        done = await _done(dep, len(items))
         # Nothing can loop: every stored workflow is done, owes nothing and awaits
         # nothing (a turn is offered only to a `ready` workflow), and no batch is in
         # flight; read from the changelog and the processor, not waited out.
         stored = await _all_ended(dep, {i["_instance"] for i in items})
         assert all(s["status"] == "done" and not s["pending"] for s in stored.values())
         settled = dep.sim.stats["completions"]
+        done = await dep.records(dep.settings.topics.done)  # all of them, now nothing flies
     finally:
         stop.set()
         await worker
@@ -128,8 +145,9 @@ async def test_kill_9_mid_workflow_every_workflow_ends_once(deploy: Deploy, poin
         assert rec["status"] == "done", rec
         assert [t["turn"] for t in rec["trace"]] == [1, 2], rec["trace"]  # none lost or redone
         assert "customer" in rec["state"]
-    # Two turns of six items, asked again at most once per kill: bounded, not a loop.
-    assert dep.sim.stats["completions"] - asked <= 12
+    assert len(done) == len(items)  # each workflow ended once
+    # Two turns of six items a wave, asked again at most once per kill: bounded, not a loop.
+    assert dep.sim.stats["completions"] - asked <= 12 * len(POINTS)
     calls = await _calls(dep)
     _one_call_one_item(calls)
     assert len(calls) == len({c["call_id"] for c in calls}), "a call was published twice"

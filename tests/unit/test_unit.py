@@ -13,7 +13,7 @@ from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.runtime.engine.changes import ChangeOrder, next_change
 from instanced_stream.runtime.engine.store import UnitStore
-from instanced_stream.runtime.engine.unit import Slot, Unit, UnitGone
+from instanced_stream.runtime.engine.unit import Slot, Unit, UnitGone, uncommitted
 
 from tests.fakes import FakeProducer
 
@@ -241,3 +241,17 @@ def test_the_change_order_forgets_only_keys_no_change_to_come_can_beat() -> None
     for i in range(3100):
         order([_change(f"later{i}")], [])
     assert len(order.written) < 3000  # without forgetting: 6102
+
+
+async def test_uncommitted_counts_consumed_records_until_their_commit() -> None:
+    """What /api/live's `units` shows, and what a fault test reads before a kill counts."""
+    producer = FakeProducer()
+    unit, other = _unit(producer), Unit(5, FakeProducer(), group_id="g", transactional=True)
+    slots = [unit.track(IN, offset) for offset in (0, 1, 2)]
+    unit.finish(slots[0])
+    unit.finish(slots[1])
+    assert uncommitted({3: unit, 5: other}) == {"3": 3, "5": 0}
+    await unit.commit()
+    assert uncommitted({3: unit}) == {"3": 1}  # offset 2 still open
+    unit.fail(RuntimeError("gone"))
+    assert uncommitted({3: unit}) == {}  # a dropped unit owns nothing

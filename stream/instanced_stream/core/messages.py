@@ -224,6 +224,7 @@ class NoActionRecord(_Record):
     reason: str
     source: SourcePosition
     batch: BatchRef
+    turn: int = Field(1, description="The instance's turn that decided it needs no call")
     latent: list[dict[str, Any]] = Field(
         default_factory=list,
         description="The latent calls the model answered for it, with their outputs: in a "
@@ -299,3 +300,4 @@ class DeadLetter(_Record):
     call: dict[str, Any] | None = Field(None, description="The refused call, as the model wrote it")
     attempts: int = 0
     batch_id: str | None = None
+    turn: int = Field(1, description="The instance's turn whose answer was refused or failed")

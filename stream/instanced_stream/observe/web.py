@@ -54,12 +54,16 @@ class WebServer:
         port: int,
         model_ok: Callable[[], bool] | None = None,
         partitions: Callable[[], dict[int, dict[str, Any]]] | None = None,
+        units: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ready = ready
         # Each assigned partition's unit (open, restoring, failing), in /readyz's body and
         # on the live page: which partitions a not-ready processor does not serve yet.
         self.partitions = partitions
+        # /api/live's `units`: per partition owned here, its consumed records not yet
+        # committed (what a crash there leaves to be redone; fault tests aim by it).
+        self.units = units
         # Said in /readyz's body, never in its status: an LLM outage is the same for
         # every pod, so a readiness that followed it would make every pod unready at once
         # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
@@ -109,6 +113,8 @@ class WebServer:
         live = self.metrics.live()
         if self.partitions is not None:
             live["partitions"] = {str(p): v for p, v in self.partitions().items()}
+        if self.units is not None:
+            live["units"] = self.units()
         return web.Response(body=orjson.dumps(live), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:

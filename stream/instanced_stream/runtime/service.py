@@ -45,7 +45,7 @@ from instanced_stream.runtime.engine.restore import Restores
 from instanced_stream.runtime.engine.stager import Stager, orphaned
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.tier import ONLINE
-from instanced_stream.runtime.engine.unit import Unit, oldest_open_since
+from instanced_stream.runtime.engine.unit import Unit, oldest_open_since, uncommitted
 from instanced_stream.runtime.engine.workflows import Flows
 from instanced_stream.runtime.steps.intake import source_of
 from instanced_stream.runtime.steps.records import RecordBuilder
@@ -163,6 +163,7 @@ class _Service(mode.Service):
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
             partitions=self.membership.states,
+            units=lambda: uncommitted(self.membership.units),
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)

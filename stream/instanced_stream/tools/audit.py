@@ -69,10 +69,14 @@ class AuditReport(BaseModel):
     item_dead_letters: int = Field(description="Items that ended in a dead letter")
     outcomes_per_input_max: int = Field(
         0,
-        description="The most copies of one outcome (a call_id, a no-action, an item's dead "
-        "letter) on the topics, read committed: 1 when every outcome was written once",
+        description="The most outcomes of one input (per turn of a workflow), read "
+        "committed: each decision of it (a batch that answered it: its calls, no-action, "
+        "dead letters) counts once, and so does each extra copy of one record; 1 when every "
+        "input was decided once and written once",
     )
-    duplicate_outcomes: int = Field(0, description="Outcome records beyond the first copy")
+    duplicate_outcomes: int = Field(
+        0, description="Outcomes beyond the first per input and turn (decisions and copies)"
+    )
     redriven: int = Field(
         0,
         description="Attempts a re-drive superseded (stream redrive): their input is "
@@ -127,13 +131,21 @@ async def audit(
     duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
     instances: list[str] = []
     lettered: set[tuple[object, object, object]] = set()
-    # Every outcome by what it is, not by its bytes (a redone batch has another batch id):
-    # exactly once means each appears once.
-    copies: Counter[tuple[object, ...]] = Counter()
+    # Per input and turn, its outcome records by the decision that wrote them (the batch
+    # that answered it) and what they are. Exactly once means one decision per input and
+    # turn, each record of it once: a call from one run and a no-action from another are
+    # two outcomes, though neither record repeats the other.
+    decided: dict[tuple[object, ...], Counter[tuple[object, ...]]] = {}
 
     def origin(rec: dict[str, Any]) -> tuple[object, object, object]:
         src = rec.get("source") or {}
         return (src.get("topic"), src.get("partition"), src.get("offset"))
+
+    def outcome(rec: dict[str, Any], decision: object, *what: object) -> None:
+        if not rec.get("source"):
+            return  # no input's outcome (a call for an instance the model invented)
+        key = (*origin(rec), rec.get("turn", 1))
+        decided.setdefault(key, Counter())[decision, *what] += 1
 
     def mark(source: dict[str, object] | None) -> None:
         nonlocal unexpected
@@ -151,7 +163,11 @@ async def audit(
 
     for topic in [*activity_topics, topics.review]:
         async for rec in outcomes(topic):
-            copies["call", rec.get("call_id")] += 1
+            batch = rec.get("batch") or {}
+            # A lazy plan's approved calls carry the approval's batch: they run the
+            # proposal's decision, they are not one.
+            by = None if str(batch.get("id", "")).endswith("-approved") else batch.get("id")
+            outcome(rec, by, "call", rec.get("call_id"))
             if rec.get("call_id") in seen_ids:
                 duplicates += 1
                 continue
@@ -165,16 +181,26 @@ async def audit(
             instances.append(str(rec.get("instance")))
             mark(rec.get("source"))
     async for rec in outcomes(topics.no_action):
-        copies["no_action", *origin(rec), rec.get("instance")] += 1
+        outcome(rec, (rec.get("batch") or {}).get("id"), "no_action", rec.get("instance"))
         no_action += 1
         mark(rec.get("source"))
     async for rec in outcomes(topics.proposals):
         proposals += 1  # a lazy plan's outcome: the proposal waits for a person
+        outcome(rec, (rec.get("batch") or {}).get("id"), "proposal", rec.get("proposal_id"))
         mark(rec.get("source"))
     async for rec in outcomes(topics.dead_letter):
         letters[rec.get("code", "?")] += 1
         call = rec.get("call") or {}
-        copies["letter", *origin(rec), rec.get("code"), rec.get("scope"), orjson.dumps(call)] += 1
+        # A letter from a batch is part of that batch's decision; one without (intake, an
+        # activity's) is its own outcome.
+        outcome(
+            rec,
+            rec.get("batch_id"),
+            "letter",
+            rec.get("code"),
+            rec.get("scope"),
+            orjson.dumps(call),
+        )
         if rec.get("scope") == "item" and rec.get("code") in ITEM_CODES:
             # Items, not records: a batch redone after a crash repeats its dead letters.
             src = rec.get("source") or {}
@@ -201,8 +227,8 @@ async def audit(
         dead_letters=dict(letters),
         item_dead_letters=item_letters,
         instances_in_calls=instances,
-        outcomes_per_input_max=max(copies.values(), default=0),
-        duplicate_outcomes=sum(n - 1 for n in copies.values()),
+        outcomes_per_input_max=max(map(_outcomes, decided.values()), default=0),
+        duplicate_outcomes=sum(_outcomes(d) - 1 for d in decided.values()),
     )
 
 
@@ -220,3 +246,11 @@ def final_attempts(
             final[root] = (count, pos)
     finals = {pos for _, pos in final.values()}
     return finals, inputs - finals
+
+
+def _outcomes(records: Counter[tuple[object, ...]]) -> int:
+    """One input's (and turn's) outcomes: its decisions, and every extra copy of a record.
+    Records that belong to no decision (an approval's calls, an intake letter) count as
+    one decision together when nothing else decided the input."""
+    decisions = {what[0] for what in records if what[0] is not None}
+    return max(len(decisions), 1) + sum(n - 1 for n in records.values())

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaProducer
@@ -44,6 +44,7 @@ __all__ = [
     "Unit",
     "UnitGone",
     "oldest_open_since",
+    "uncommitted",
 ]
 
 log = logging.getLogger("stream.unit")
@@ -354,6 +355,12 @@ class Unit:
                 await self.producer.stop()
             except Exception as exc:  # a fenced producer may refuse to stop cleanly
                 log.debug("partition %d: producer stop: %r", self.partition, exc)
+
+
+def uncommitted(units: Mapping[int, Unit]) -> dict[str, int]:
+    """Per live unit, its consumed records whose offsets are not committed yet (the records
+    of a commit under way excepted): what a crash now would leave to be redone."""
+    return {str(p): sum(map(len, u.slots.values())) for p, u in sorted(units.items()) if u.alive}
 
 
 def oldest_open_since(unit: Unit) -> float | None:

@@ -131,6 +131,7 @@ class Flows:
                 scope="item",
                 instance=inst.id,
                 source=inst.source,
+                turn=inst.turn,
             )
         )
 

@@ -60,6 +60,7 @@ def oversized(
         instance=owner.id if owner else None,
         source=owner.source if owner else None,
         batch_id=batch_id,
+        turn=owner.turn if owner else 1,
         raw_b64=base64.b64encode(record.value[:_RAW_KEEP]).decode(),
         raw_size=len(record.value),
     )

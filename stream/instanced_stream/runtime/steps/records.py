@@ -140,19 +140,8 @@ class RecordBuilder:
             out.turns.append(
                 TurnChange(inst, [], ref, [], failed=("internal_error", repr(error)[:200]))
             )
-            out.add(
-                self.letter(
-                    DeadLetter(
-                        code="internal_error",
-                        reason=f"processing failed: {error!r}"[:2000],
-                        scope="item",
-                        instance=inst.id,
-                        source=inst.source,
-                        attempts=attempts,
-                        batch_id=batch_id,
-                    )
-                )
-            )
+            why = f"processing failed: {error!r}"[:2000]
+            out.add(self.letter(_item_letter(inst, "internal_error", why, attempts, batch_id)))
         return out
 
     # ------------------------------------------------------------------ a solved batch
@@ -183,6 +172,7 @@ class RecordBuilder:
                         call=refusal.call,
                         attempts=attempt,
                         batch_id=batch_id,
+                        turn=owner.turn if owner else 1,
                     )
                 )
             )
@@ -192,19 +182,8 @@ class RecordBuilder:
             out.turns.append(
                 TurnChange(miss.instance, [], ref, [], failed=(miss.code, miss.reason))
             )
-            out.add(
-                self.letter(
-                    DeadLetter(
-                        code=miss.code,
-                        reason=miss.reason,
-                        scope="item",
-                        instance=miss.instance.id,
-                        source=miss.instance.source,
-                        attempts=miss.attempts,
-                        batch_id=batch_id,
-                    )
-                )
-            )
+            letter = _item_letter(miss.instance, miss.code, miss.reason, miss.attempts, batch_id)
+            out.add(self.letter(letter))
         return out
 
     def _answer(self, out: Planned, batch_id: str, answer: Answer, flow: Workflow | None) -> None:
@@ -248,7 +227,7 @@ class RecordBuilder:
             # a thought (no `_outputPath`) is ephemeral: never published, not even here.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
-            ).model_copy(update={"latent": outputs})
+            ).model_copy(update={"latent": outputs, "turn": inst.turn})
             out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
         out.decisions.append(_decision(inst, calls, advice))
         if advice.consensus is not None:
@@ -281,6 +260,7 @@ class RecordBuilder:
                     reason=str(call.arguments.get("reason", "")),
                     source=inst.source,
                     batch=batch,
+                    turn=inst.turn,
                 )
                 out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
                 out.events["no_action"] += 1
@@ -394,13 +374,29 @@ def _unrun(inst: Instance, call: Call, batch: BatchRef, code: str, why: str) -> 
     letter = DeadLetter.model_validate(
         {"code": code, "reason": why, "scope": "call", "instance": inst.id}
     )
-    update = {"source": inst.source, "call": call.wire(), "batch_id": batch.id}
+    update = {"source": inst.source, "call": call.wire(), "batch_id": batch.id, "turn": inst.turn}
     return letter.model_copy(update=update)
 
 
 def _latent_output(spec: AgentSpec, call: Call) -> bool:
     tool = spec.tool(call.tool)
     return tool is not None and tool.kind == "latent" and bool(call.output_path)
+
+
+def _item_letter(
+    inst: Instance, code: str, reason: str, attempts: int, batch_id: str
+) -> DeadLetter:
+    """The dead letter an item of a batch ends in, at its turn."""
+    return DeadLetter(
+        code=code,
+        reason=reason,
+        scope="item",
+        instance=inst.id,
+        source=inst.source,
+        attempts=attempts,
+        batch_id=batch_id,
+        turn=inst.turn,
+    )
 
 
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:

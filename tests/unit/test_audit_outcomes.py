@@ -1,0 +1,131 @@
+"""The audit's exactly-once figure counts outcomes per input, not copies of one record: a
+call from one run and a no-action from another are two outcomes of the same input, though
+neither record repeats the other. A workflow's turns are separate decisions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from instanced_stream.settings import Topics
+from instanced_stream.tools import audit as audit_module
+from instanced_stream.tools.audit import AuditReport, audit
+
+TOPICS = Topics("t.", "t.items")
+TOOL = TOPICS.activity("moderateComment")
+
+
+@dataclass
+class _Rec:
+    partition: int
+    offset: int
+    value: bytes
+    timestamp: int = 0
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def _source(offset: int) -> dict[str, Any]:
+    return {"topic": TOPICS.input, "partition": 0, "offset": offset}
+
+
+def _call(offset: int, batch: str, turn: int = 1, ordinal: int = 0) -> dict[str, Any]:
+    return {
+        "call_id": f"{TOPICS.input}/0/{offset}/moderateComment/{ordinal}/{turn}",
+        "tool": "moderateComment",
+        "instance": f"i{offset}",
+        "call": {"_tool": "moderateComment", "_instance": f"i{offset}"},
+        "source": _source(offset),
+        "batch": {"id": batch, "size": 1, "token": "①", "attempt": 1},
+        "turn": turn,
+    }
+
+
+def _no_action(offset: int, batch: str) -> dict[str, Any]:
+    return {
+        "instance": f"i{offset}",
+        "reason": "fine",
+        "source": _source(offset),
+        "batch": {"id": batch, "size": 1, "token": "①", "attempt": 1},
+    }
+
+
+async def _audit(
+    monkeypatch: pytest.MonkeyPatch, inputs: int, outcomes: dict[str, list[dict[str, Any]]]
+) -> AuditReport:
+    topics: dict[str, list[_Rec]] = {
+        TOPICS.input: [_Rec(0, i, b"{}") for i in range(inputs)],
+        **{
+            t: [_Rec(0, k, orjson.dumps(v)) for k, v in enumerate(recs)]
+            for t, recs in outcomes.items()
+        },
+    }
+
+    async def read_topic(bootstrap: str, topic: str, *args: Any) -> AsyncIterator[_Rec]:
+        for rec in topics.get(topic, []):
+            yield rec
+
+    monkeypatch.setattr(audit_module, "read_topic", read_topic)
+    return await audit("unused:9092", TOPICS, [TOOL])
+
+
+async def test_each_input_decided_once_is_one_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two calls of one decision, a no-action, and a workflow's two turns (two batches).
+    report = await _audit(
+        monkeypatch,
+        3,
+        {
+            TOOL: [
+                _call(0, "w1-1"),
+                _call(0, "w1-1", ordinal=1),
+                _call(2, "w1-1"),
+                _call(2, "w1-7", turn=2),
+            ],
+            TOPICS.no_action: [_no_action(1, "w1-1")],
+        },
+    )
+    assert report.unaccounted == 0
+    assert report.outcomes_per_input_max == 1 and report.duplicate_outcomes == 0
+
+
+async def test_a_call_and_a_no_action_from_two_runs_are_two_outcomes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No record repeats another: counting copies saw nothing wrong here.
+    report = await _audit(
+        monkeypatch, 1, {TOOL: [_call(0, "w1-1")], TOPICS.no_action: [_no_action(0, "w2-1")]}
+    )
+    assert report.duplicate_calls == 0
+    assert report.outcomes_per_input_max == 2 and report.duplicate_outcomes == 1
+
+
+async def test_a_redone_decision_and_a_repeated_record_each_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Input 0 redone by another run (same call_id, another batch); input 1's record
+    # written twice by one decision.
+    report = await _audit(
+        monkeypatch,
+        2,
+        {TOOL: [_call(0, "w1-1"), _call(0, "w2-3"), _call(1, "w1-1"), _call(1, "w1-1")]},
+    )
+    assert report.duplicate_calls == 2
+    assert report.outcomes_per_input_max == 2 and report.duplicate_outcomes == 2
+
+
+async def test_a_dead_letter_of_another_run_is_another_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    letter = {
+        "code": "unanswered",
+        "reason": "never answered",
+        "scope": "item",
+        "instance": "i0",
+        "source": _source(0),
+        "batch_id": "w2-4",
+    }
+    report = await _audit(monkeypatch, 1, {TOOL: [_call(0, "w1-1")], TOPICS.dead_letter: [letter]})
+    assert report.outcomes_per_input_max == 2 and report.duplicate_outcomes == 1
