@@ -8,7 +8,10 @@ splits settle what the first answer did not, prefix caching is reported.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +20,24 @@ import orjson
 import pytest
 import pytest_asyncio
 import yaml
+from instanced_stream.activities.worker import load_activities
 from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.plan_graph import RAN_ON_MISSING_INPUT, SKIPPED_BRANCH
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
+from instanced_stream.core.state import InstanceState
 from instanced_stream.core.validate import Validator
-from instanced_stream.kafka.topics import activity_topics, read_json
+from instanced_stream.kafka.topics import activity_topics, read_json, read_topic, state_changelog
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.local import running_local_llm
-from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.samples import comments
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
+from instanced_stream.testing.samples import comments, tickets
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
 from instanced_stream.tools.seeds import run_example
 from instanced_stream.tools.target import Target
+from instanced_stream.tools.workflow_audit import audit_workflows
 from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]
@@ -284,3 +291,167 @@ async def test_the_lazy_plan_example_runs_on_the_real_model(
     assert plans["ended"] == out["items"], out  # a done record or an item's dead letter
     # The closed schema leaves the model no way to name a path or scope the spec lacks.
     assert not {"bad_output_path", "bad_scopes"} & set(out["dead_letter_codes"]), out
+
+
+def _tickets_spec(tmp: Path, items: int) -> Path:
+    """The tickets example (eager plan, pageOnCall reading only `†state.urgent`) sized for
+    this model: one window of the items, a request may take minutes, no reasoning text,
+    and the keyed answer (one required key per ticket; paths and scopes closed to what
+    the spec declares)."""
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "tickets" / "agent.yaml").read_bytes())
+    spec["model"] = {**spec["model"], "timeout_s": 300, "answer": "keyed", "reasoning": "off"}
+    spec["window"] = {**spec["window"], "max_items": items, "max_wait_ms": 500}
+    path = tmp / f"tickets-{secrets.token_hex(2)}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Two `†state` paths where one holds the other (`†state.c` and `†state.c.plan`)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+async def _by_call_id(bootstrap: str, topics: list[str]) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Each call id's first record on `topics`, with the time it was written."""
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    for topic in topics:
+        async for rec in read_topic(bootstrap, topic):
+            value = orjson.loads(rec.value or b"{}")
+            out.setdefault(value["call_id"], (rec.timestamp, value))
+    return out
+
+
+async def _states(bootstrap: str, settings: Settings) -> dict[str, InstanceState]:
+    """Each instance's latest state, its plan (the model's steps in answer order) included."""
+    latest: dict[bytes, bytes | None] = {}
+    async for rec in read_topic(bootstrap, state_changelog(settings)):
+        if rec.key is not None:
+            latest[rec.key] = rec.value
+    return {
+        k.decode(): InstanceState.model_validate_json(v) for k, v in latest.items() if v is not None
+    }
+
+
+def _plan_order(
+    states: dict[str, InstanceState],
+    published: dict[str, tuple[int, dict[str, Any]]],
+    results: dict[str, tuple[int, dict[str, Any]]],
+) -> tuple[Counter[str], list[str]]:
+    """Read from the topics, not from the runtime's counters: every published step that
+    reads what an earlier awaited step of the same answer writes went out after that
+    result was written, and only when the result wrote what it reads (its branch); a step
+    skipped for its branch was never published. Returns what the plans held, and the
+    breaches."""
+    seen: Counter[str] = Counter()
+    breaches: list[str] = []
+    for inst, st in states.items():
+        for k, step in enumerate(st.plan):
+            seen["steps"] += 1
+            producers = [
+                p
+                for p in st.plan[:k]
+                if p.turn == step.turn
+                and p.kind == "activity"
+                and p.output
+                and any(_overlap(i, o.strip()) for i in step.inputs for o in p.output.split("||"))
+            ]
+            if not producers:
+                continue
+            seen[f"readers:{step.tool}"] += 1
+            out = published.get(step.call_id)
+            if step.status == "skipped":
+                seen[f"skipped_{step.skipped_for}:{step.tool}"] += 1
+                if out is not None:
+                    breaches.append(f"{inst}: skipped {step.tool} was published")
+                continue
+            if out is None:
+                continue  # latent, or not run
+            seen[f"published:{step.tool}"] += 1
+            for p in producers:
+                result = results.get(p.call_id)
+                if result is None or result[1].get("error"):
+                    breaches.append(f"{inst}: {step.tool} published without {p.tool}'s result")
+                    continue
+                if result[0] > out[0]:
+                    breaches.append(f"{inst}: {step.tool} published before {p.tool}'s result")
+                    continue
+                wrote = str(result[1].get("path") or p.output)
+                if not any(_overlap(i, wrote) for i in step.inputs):
+                    breaches.append(f"{inst}: {step.tool} ran on the branch {p.tool} did not take")
+    return seen, breaches
+
+
+@pytest.mark.timeout(1500)
+async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
+    bootstrap: str, local_model: tuple[str, str], tmp_path: Path
+) -> None:
+    """#38 on the real model: the eager dependency order and the branch rule are the
+    processor's, so they hold whatever the model plans. Asserted on what any answer must
+    give: no step started without an input its producer writes (counted by the runtime),
+    no step published before the result it reads nor on the branch not taken (read from
+    the topics' records and times), every workflow ended, every item accounted for. Whether
+    the model writes the branch reader at all (pageOnCall scoped to `†state.urgent` in the
+    answer that assesses urgency) is its own: printed, not asserted."""
+    n = 6
+    url, model = local_model
+    settings, spec, proc = await launch_processor(
+        bootstrap,
+        url,
+        f"realtickets{secrets.token_hex(3)}.",
+        "stream-real-",
+        _tickets_spec(tmp_path, n),
+        STREAM_LLM_MODEL=model,
+        STREAM_WEB_PORT="0",
+        STREAM_DELIVERY="exactly_once",
+    )
+    registry = load_activities(str(EXAMPLES / "tickets" / "activities.py"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(settings, spec, bootstrap, stop))
+    items = tickets(n)
+    done: list[dict[str, Any]] = []
+    started = time.monotonic()
+    try:
+        await produce(
+            bootstrap,
+            settings.topics.input,
+            [(i["_instance"].encode(), orjson.dumps(i)) for i in items],
+        )
+        report = await wait_accounted(bootstrap, settings, spec, n, 900, proc)
+        # Ended: a done record, or a dead letter that ends the item (seeds.py's rule).
+        ended: set[str] = set()
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            done = await read_json(bootstrap, settings.topics.done)
+            letters = await read_json(bootstrap, settings.topics.dead_letter)
+            ended = {d["instance"] for d in done} | {
+                d["instance"] for d in letters if d.get("scope") == "item"
+            }
+            if len(ended) >= n:
+                break
+            await asyncio.sleep(1.0)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        proc.stop()
+        await asyncio.gather(worker, return_exceptions=True)
+    flows = await audit_workflows(bootstrap, settings)
+    report = await wait_accounted(bootstrap, settings, spec, n, 10)
+    states = await _states(bootstrap, settings)
+    published = await _by_call_id(bootstrap, activity_topics(settings, spec))
+    results = await _by_call_id(bootstrap, [settings.topics.results])
+    seen, breaches = _plan_order(states, published, results)
+    print(
+        f"tickets on {model}: {n} items in {elapsed:.0f} s; calls {report.calls_by_tool}, "
+        f"no-action {report.no_action}, dead letters {report.dead_letters}; workflows "
+        f"{flows.summary()}; done {dict(Counter(d['status'] for d in done))}, turns "
+        f"{sorted(Counter(d['turns'] for d in done).items())}; plans {dict(seen)}"
+    )
+    assert report.unaccounted == 0, report.missing[:5]
+    assert ended == {i["_instance"] for i in items}, proc.tail(20)
+    assert not flows.pending, flows.pending
+    assert flows.started > 0  # the model's answers reached the plan runtime
+    assert flows.plan_counts.get(RAN_ON_MISSING_INPUT, 0) == 0, flows.plan_counts
+    assert not breaches, breaches
+    # The runtime's count and the plans' skipped steps tell the same story.
+    skipped = sum(v for k, v in seen.items() if k.startswith("skipped_branch:"))
+    assert flows.plan_counts.get(SKIPPED_BRANCH, 0) >= skipped
