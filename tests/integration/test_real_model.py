@@ -299,7 +299,9 @@ def _tickets_spec(tmp: Path, items: int) -> Path:
     and the keyed answer (one required key per ticket; paths and scopes closed to what
     the spec declares)."""
     spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "tickets" / "agent.yaml").read_bytes())
-    spec["model"] = {**spec["model"], "timeout_s": 300, "answer": "keyed", "reasoning": "off"}
+    # One ticket's first turn took 77 s for 120 answer tokens on the loaded two cores
+    # (~2 tokens/s): a window of four may take minutes.
+    spec["model"] = {**spec["model"], "timeout_s": 600, "answer": "keyed", "reasoning": "off"}
     spec["window"] = {**spec["window"], "max_items": items, "max_wait_ms": 500}
     path = tmp / f"tickets-{secrets.token_hex(2)}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
@@ -381,7 +383,7 @@ def _plan_order(
     return seen, breaches
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     bootstrap: str, local_model: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -392,7 +394,7 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     the topics' records and times), every workflow ended, every item accounted for. Whether
     the model writes the branch reader at all (pageOnCall scoped to `†state.urgent` in the
     answer that assesses urgency) is its own: printed, not asserted."""
-    n = 6
+    n = 4
     url, model = local_model
     settings, spec, proc = await launch_processor(
         bootstrap,
@@ -416,10 +418,13 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
             settings.topics.input,
             [(i["_instance"].encode(), orjson.dumps(i)) for i in items],
         )
-        report = await wait_accounted(bootstrap, settings, spec, n, 900, proc)
-        # Ended: a done record, or a dead letter that ends the item (seeds.py's rule).
+        report = await wait_accounted(bootstrap, settings, spec, n, 1500, proc)
+        # Ended: a done record, or a dead letter that ends the item (seeds.py's rule). One
+        # budget for both waits: in one run all four items had their first outcome after
+        # about 10 minutes, and the last workflow still waited for its second turn's
+        # answer (a re-ask after a duplicate call) 600 s later.
         ended: set[str] = set()
-        deadline = time.monotonic() + 600
+        deadline = started + 2100
         while time.monotonic() < deadline:
             done = await read_json(bootstrap, settings.topics.done)
             letters = await read_json(bootstrap, settings.topics.dead_letter)
@@ -444,7 +449,8 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
         f"tickets on {model}: {n} items in {elapsed:.0f} s; calls {report.calls_by_tool}, "
         f"no-action {report.no_action}, dead letters {report.dead_letters}; workflows "
         f"{flows.summary()}; done {dict(Counter(d['status'] for d in done))}, turns "
-        f"{sorted(Counter(d['turns'] for d in done).items())}; plans {dict(seen)}"
+        f"{sorted(Counter(d['turns'] for d in done).items())}; plans {dict(seen)}; "
+        f"breaches {breaches}"
     )
     assert report.unaccounted == 0, report.missing[:5]
     assert ended == {i["_instance"] for i in items}, proc.tail(20)
