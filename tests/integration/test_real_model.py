@@ -383,6 +383,7 @@ def _plan_order(
     return seen, breaches
 
 
+@pytest.mark.long_model
 @pytest.mark.timeout(2400)
 async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     bootstrap: str, local_model: tuple[str, str], tmp_path: Path
