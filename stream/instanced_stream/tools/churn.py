@@ -100,6 +100,8 @@ class ChurnPlan:
     steady_s: float = 45.0  # items of the steady run: rate * steady_s
     ready_wait_s: float = 120.0  # the first member's first assignment, at most
     budget_s: float = 600.0
+    moves: int = 4  # 1 -> 3 -> 1 -> 3 -> 1
+    settle_s: float = 120.0  # after the flow, for the last outcomes, at most
     processors: int = 3
     latency_ms: float = 300.0
     started: float = field(default_factory=time.monotonic)
@@ -396,6 +398,74 @@ class _Watch:
         if src.get("topic") != self.input:
             return
         self.first.setdefault((int(src["partition"]), int(src["offset"])), now)
+
+
+class _Roll:
+    """The group as the broker describes it, polled: which processes (by the pid in
+    their client id) were members when. A member that leaves the group while its process
+    runs and is not being stopped was expelled (a callback past the session timeout, a
+    blocked event loop), whatever the process's own log managed to say."""
+
+    def __init__(self, bootstrap: str, group: str, origin: float) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.origin = origin
+        self.polls: list[tuple[float, set[int]]] = []  # (seconds since origin, pids)
+        self.failed = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Roll:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        admin = clients.admin(self.bootstrap, request_timeout_ms=5000)
+        await admin.start()
+        try:
+            while True:
+                try:
+                    found = await admin.describe_consumer_groups([self.group])
+                    pids = set()
+                    for response in found:
+                        for described in response.to_object()["groups"]:
+                            for member in described["members"]:
+                                pid = _pid_of(str(member["client_id"]))
+                                if pid is not None:
+                                    pids.add(pid)
+                    self.polls.append((time.monotonic() - self.origin, pids))
+                except Exception:  # a busy broker: this poll is lost, the next may answer
+                    self.failed += 1
+                await asyncio.sleep(1.0)
+        finally:
+            await admin.close()
+
+    def expelled(self, lives: list[_Life]) -> list[dict[str, Any]]:
+        """Each time a process left the group while it ran and was not being stopped."""
+        by_pid = {life.proc.proc.pid: life for life in lives if life.proc.proc is not None}
+        out = []
+        before: set[int] = set()
+        for at, pids in self.polls:
+            for pid in before - pids:
+                life = by_pid.get(pid)
+                if life is None:
+                    continue
+                stopping = life.stopped_s is not None and at >= life.stopped_s - 1.0
+                if not stopping:
+                    out.append({"processor": life.name, "left_at_s": round(at, 1)})
+            before = pids
+        return out
+
+
+def _pid_of(client_id: str) -> int | None:
+    """The processor's group client id is `<group>-<host>-<pid>-<worker>`."""
+    parts = client_id.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 async def _produce(
@@ -702,7 +772,9 @@ async def _steady(
             before = await sim.stats()
             until = time.monotonic() + plan.steady_s + 30
             sent = await _produce(bootstrap, t.input, items, plan.rate, origin, until)
-            settled = await _settle(watch, len(sent), time.monotonic() + 60, group)
+            settled = await _settle(
+                watch, len(sent), time.monotonic() + min(60, plan.settle_s), group
+            )
             after = await sim.stats()
     finally:
         await group.stop([0])
@@ -752,17 +824,21 @@ async def _churn(
     group.start(0)
     result: dict[str, Any] = {"states_written": wrote}
     try:
-        async with _Watch(bootstrap, d.outcome_topics, t.input, t.done) as watch:
+        roll = _Roll(bootstrap, f"{d.settings.topic_prefix}{d.settings.app_id}", origin)
+        async with (
+            _Watch(bootstrap, d.outcome_topics, t.input, t.done) as watch,
+            roll,
+        ):
             assigned = await _wait_assigned(
                 group, time.monotonic() + min(plan.ready_wait_s, plan.left() / 3)
             )
             result["first_assignment_s"] = round(time.monotonic() - origin, 1)
             result["first_assignment_done"] = assigned
             before = await sim.stats()
-            schedule = [plan.lead_s + k * plan.hold_s for k in range(4)]
-            flow_s = plan.lead_s + 4 * plan.hold_s
+            schedule = [plan.lead_s + k * plan.hold_s for k in range(plan.moves)]
+            flow_s = plan.lead_s + plan.moves * plan.hold_s
             # What is left after the flow: settling and stopping, within the budget.
-            flow_s = min(flow_s, max(10.0, plan.left() - 90))
+            flow_s = min(flow_s, max(10.0, plan.left() - min(90.0, plan.settle_s + 45)))
             flow_start = time.monotonic()
             items = _items(int(plan.rate * flow_s) + 1, "c-")
             producing = asyncio.create_task(
@@ -795,7 +871,8 @@ async def _churn(
                 say(f"churn: move {k + 1} ({moves[-1]['move']}) at {moved_at:.0f} s")
             sent = await producing
             flow_end = time.monotonic() - origin
-            settle_until = time.monotonic() + max(5.0, plan.left() - 60)
+            # Kept for the end: stopping (a SIGTERM's grace), the audit, init_transactions.
+            settle_until = time.monotonic() + max(5.0, min(plan.settle_s, plan.left() - 75))
             settled = await _settle(watch, len(sent), settle_until, group)
             crashes += [life.name for life in group.exited()]
             end = time.monotonic() - origin
@@ -821,6 +898,13 @@ async def _churn(
     result.update(_resume(sent, first, moves, end, plan.partitions))
     result["moves"] = moves
     result.update(_from_logs(group, wall_origin))
+    # The broker's view and the processors' own (a new member id after an expulsion):
+    # the larger count stands, both are shown.
+    expelled = roll.expelled(group.lives)
+    result["expelled"] = expelled
+    result["group_polls"] = {"answered": len(roll.polls), "failed": roll.failed}
+    result["expulsions_in_logs"] = result["expulsions"]
+    result["expulsions"] = max(result["expulsions"], len(expelled))
     _rebalance_times(moves, group, wall_origin)
     result["audit"] = await _audit(bootstrap, d, len(sent))
     return result
@@ -1018,13 +1102,16 @@ async def run_churn(
     # Against the steady run; honest only once every workflow of both runs ended (a
     # stranded one asks nothing more): `settled` says whether they did.
     ratio = asks = None
-    if steady["requests_per_item"]:
+    audit_ = churn.pop("audit")
+    # Items never decided ask nothing: a ratio over them would flatter a stuck run.
+    if audit_["missing"]:
+        pass
+    elif steady["requests_per_item"]:
         ratio = round(churn["requests_per_item"] / steady["requests_per_item"], 3)
-    if steady["item_asks"]:
+    if steady["item_asks"] and not audit_["missing"]:
         asks = round(
             churn["item_asks"] / churn["items"] / (steady["item_asks"] / steady["items"]), 3
         )
-    audit_ = churn.pop("audit")
     return {
         "partitions": plan.partitions,
         "states": plan.states,
