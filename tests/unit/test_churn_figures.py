@@ -43,10 +43,10 @@ def test_the_log_gives_expulsions_and_restore_times(tmp_path: Path) -> None:
                 _line(t + 1, "Revoking previously assigned partitions set() for group g"),
                 _line(t + 2, "Setting newly assigned partitions {TopicPartition(...)} for group g"),
                 _line(
-                    t + 5, "partition 3: 900 states restored, 0 workflows resume their next turn"
+                    t + 5, "partition 3: 900 states restored, 0 workflows resume"
                 ),
                 _line(
-                    t + 9, "partition 1: 800 states restored, 2 workflows resume their next turn"
+                    t + 9, "partition 1: 800 states restored, 2 workflows resume"
                 ),
                 _line(t + 9.5, "rebalance: partitions [1, 3] assigned"),
                 _line(t + 30, "Heartbeat failed: local member_id was not recognized;", "WARNING"),
