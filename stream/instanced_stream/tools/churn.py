@@ -77,6 +77,7 @@ __all__ = [
     "init_transactions",
     "parse_log",
     "per_input_outcomes",
+    "processor_moves",
     "run_churn",
     "stalls",
     "write_states",
@@ -698,6 +699,37 @@ async def init_transactions(bootstrap: str, partitions: int, rounds: int = 2) ->
     return out
 
 
+async def processor_moves(bootstrap: str, partitions: int, moves: int = 3) -> dict[str, Any]:
+    """One `stream process` owning every partition, no states, restarted `moves` times:
+    each start takes all of them over from the last (its producers fence the earlier
+    ones). Its assignment callback is what a move costs the process, init_transactions
+    for each partition's producer included."""
+    with _workdir() as workdir:
+        sim = SimProcess(workdir)
+        sim.start()
+        try:
+            await sim.ready()
+            d = await _deploy(bootstrap, sim, workdir, partitions)
+            group = _Group(d.env, d.run_dir, time.monotonic())
+            for _ in range(moves):
+                group.start(0)
+                await _wait_assigned(group, time.monotonic() + 120)
+                await group.stop([0])
+            callbacks = [
+                a["ended"] - a["began"]
+                for life in group.lives
+                for a in parse_log(life.proc.log_path).assignments
+                if a["ended"] is not None
+            ]
+        finally:
+            sim.stop()
+    return {
+        "partitions": partitions,
+        "moves": moves,
+        "callback_s": [round(c, 2) for c in callbacks],
+    }
+
+
 # ---------------------------------------------------------------------- the run
 
 
@@ -1159,6 +1191,7 @@ def churn_command(args: Any, settings: Settings) -> int:
     with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
         if args.init_transactions:
             found = asyncio.run(init_transactions(bootstrap, plan.partitions, rounds=3))
+            found["processor"] = asyncio.run(processor_moves(bootstrap, plan.partitions))
             (out / "init_transactions.json").write_bytes(
                 orjson.dumps(found, option=orjson.OPT_INDENT_2)
             )
