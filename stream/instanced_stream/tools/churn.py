@@ -78,6 +78,7 @@ __all__ = [
     "parse_log",
     "per_input_outcomes",
     "processor_moves",
+    "resume",
     "run_churn",
     "stalls",
     "write_states",
@@ -927,7 +928,12 @@ async def _churn(
         workflows_unended=unended,
         crashed=crashes,
     )
-    result.update(_resume(sent, first, moves, end, plan.partitions))
+    result.update(resume(sent, first, moves, end, plan.partitions))
+    # The raw timeline (seconds since the churn run's start), to recompute any figure.
+    result["timeline"] = {
+        "sent": [[p, o, round(at, 3)] for (p, o), at in sorted(sent.items())],
+        "first_outcome": [[p, o, round(at, 3)] for (p, o), at in sorted(first.items())],
+    }
     result["moves"] = moves
     result.update(_from_logs(group, wall_origin))
     # The broker's view and the processors' own (a new member id after an expulsion):
@@ -952,19 +958,23 @@ async def _first_records(bootstrap: str, topic: str, n: int = 5) -> Any:
             return
 
 
-def _resume(
+def resume(
     sent: dict[tuple[int, int], float],
     first: dict[tuple[int, int], float],
     moves: list[dict[str, Any]],
     end: float,
     partitions: int,
 ) -> dict[str, Any]:
-    """Per move, the partitions' longest stall that reached past the move: the time
-    from the move until each partition decided again (its stall's end minus the move),
-    and the throughput inside and outside those windows."""
+    """Per move and partition, the longest stall within the move's window (until the
+    next move): if it is longer than the noise of the steady flow before the first
+    move (twice its longest stall, 3 s at least), the partition stopped, and it resumed
+    at that stall's end; `resume_s` is the latest such end minus the move. A partition
+    still waiting at the end never resumed (None). Also the throughput inside and
+    outside those windows."""
     gaps = stalls(sent, first, end)
+    before = [b - a for p in gaps for a, b in gaps[p] if moves and b <= moves[0]["at_s"]]
+    noise = max(3.0, 2 * max(before, default=0.0))
     windows: list[tuple[float, float]] = []
-    per_move: list[dict[str, Any]] = []
     worst: float | None = 0.0
     for k, move in enumerate(moves):
         m = move["at_s"]
@@ -973,19 +983,16 @@ def _resume(
         stuck: list[int] = []
         for p in range(partitions):
             spans = [(a, b) for a, b in gaps.get(p, []) if b > m and a < nxt]
-            if not spans:
-                resumed[p] = 0.0
-                continue
-            stop = max(b for _, b in spans)
-            if stop >= end and any(b >= end for _, b in spans):
+            if any(b >= end for _, b in spans):
                 stuck.append(p)
-            resumed[p] = round(stop - m, 1)
+                continue
+            a, b = max(spans, key=lambda s: min(s[1], nxt) - max(s[0], m), default=(m, m))
+            resumed[p] = round(b - m, 1) if min(b, nxt) - max(a, m) > noise else 0.0
         longest = max(resumed.values(), default=0.0)
         move["resume_s"] = None if stuck else longest
         move["partitions_stuck"] = stuck
         move["slowest"] = sorted(resumed, key=lambda p: -resumed[p])[:3]
-        per_move.append(move)
-        windows.append((m, min(m + longest, nxt)))
+        windows.append((m, nxt if stuck else min(m + longest, nxt)))
         if stuck:
             worst = None
         elif worst is not None:
@@ -1003,20 +1010,13 @@ def _resume(
         for v in outcomes
         if flow_start <= v < flow_end and not any(a <= v < b for a, b in windows)
     )
-    steady = max(
-        (b for p in gaps for a, b in gaps[p] if moves and a < moves[0]["at_s"]), default=None
-    )
     return {
         "max_resume_s": worst,
         "items_per_s_during_moves": round(during / inside, 2) if inside > 0 else None,
         "items_per_s_outside_moves": round(outside / max(total - inside, 1e-6), 2),
         "moves_window_s": round(inside, 1),
-        "longest_stall_before_first_move_s": None
-        if steady is None
-        else round(
-            max((b - a for p in gaps for a, b in gaps[p] if a < moves[0]["at_s"]), default=0.0),
-            1,
-        ),
+        "longest_stall_before_first_move_s": round(max(before, default=0.0), 1),
+        "stall_noise_s": round(noise, 1),
     }
 
 
@@ -1198,6 +1198,8 @@ def churn_command(args: Any, settings: Settings) -> int:
             print(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
             return 0
         report = asyncio.run(run_churn(bootstrap, plan, say, keep_logs=out / "logs"))
+    timeline = report["churn"].pop("timeline")
+    (out / "churn-timeline.json").write_bytes(orjson.dumps(timeline))
     text = orjson.dumps(report, option=orjson.OPT_INDENT_2)
     (out / "churn.json").write_bytes(text)
     keys = ("partitions", "states", "expulsions", "max_resume_s", "requests_per_item_ratio")
