@@ -58,6 +58,7 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
     # Exactly once, by a per-input count read_committed.
     assert report["missing"] == 0
     assert report["duplicate_outcomes"] == 0
+    assert report["audit"]["outcome_copies"] == 0 and report["audit"]["duplicate_done"] == 0
     assert report["audit"]["inputs"] == churn["items"]
     assert report["requests_per_item_ratio"] is not None
     assert report["init_transactions"]["rounds"][1]["fencing"]

@@ -10,7 +10,9 @@ from typing import Any
 
 import orjson
 from instanced_stream.core.state import InstanceState
-from instanced_stream.tools.churn import done_state, parse_log, resume, stalls
+from instanced_stream.tools.changelog_states import done_state
+from instanced_stream.tools.rebalances import parse_log
+from instanced_stream.tools.timeline import resume, stalls
 
 
 def test_a_stall_runs_from_the_oldest_waiting_input_to_the_next_outcome() -> None:
