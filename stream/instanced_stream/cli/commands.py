@@ -30,6 +30,10 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         tokens_per_minute=args.tpm,
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.churn:
+        from instanced_stream.tools.churn import churn_command
+
+        return churn_command(args, settings)
     if args.soak:
         return soak(args, endpoint, settings)
     windows = tuple(args.windows)
@@ -41,7 +45,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
             run_bench(
                 bootstrap,
                 items=args.items,
-                partitions=args.partitions,
+                partitions=args.partitions or 4,
                 windows=windows,
                 endpoint=endpoint,
                 cap_s=args.cap_s,

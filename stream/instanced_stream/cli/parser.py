@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
     bn = add("bench", help="measure windows against the per-item baseline, one run")
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
-    bn.add_argument("--partitions", type=int, default=4, help="input partitions (default 4)")
+    bn.add_argument(
+        "--partitions", type=int, default=None, help="input partitions (default 4; --churn 24)"
+    )
     bn.add_argument(
         "--windows",
         type=window_sizes,
@@ -200,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         "llama.cpp) or an endpoint URL",
     )
     bn.add_argument("--endpoint", default=None, metavar="URL", help="same as --llm URL")
+    bn.add_argument(
+        "--churn",
+        action="store_true",
+        help="instead: scale processors 1 -> 3 -> 1 twice on a changelog of --states "
+        "workflow states (rebalances at size; DIR/churn.json)",
+    )
+    bn.add_argument(
+        "--states", type=int, default=100_000, help="--churn: states pre-written (100000)"
+    )
+    bn.add_argument(
+        "--init-transactions",
+        action="store_true",
+        help="--churn: only what a move costs in init_transactions at --partitions",
+    )
     ev = add("eval", help="decisions, tokens and cost per window size, no Kafka")
     ev.add_argument("file", help="JSONL file: one item per line, optional _label")
     ev.add_argument(

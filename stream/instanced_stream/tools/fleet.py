@@ -1,0 +1,172 @@
+"""The processes of a churn run: processors of one group started and stopped by slot
+(each start a new life, with its own log and peak RSS), the tickets example's activity
+worker, and the topics and settings they run on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from instanced_stream.core.spec import load_spec
+from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, ensure_topics
+from instanced_stream.settings import EXAMPLES, Settings
+from instanced_stream.testing.broker import free_port
+from instanced_stream.testing.sim.server import MODEL_NAME
+from instanced_stream.tools.demo import ProcessorProcess
+from instanced_stream.tools.load import rss_mb
+from instanced_stream.tools.target import SimProcess
+
+__all__ = ["ACTIVITIES", "SPEC", "Deploy", "Group", "Life", "Worker", "deploy"]
+
+SPEC = EXAMPLES / "tickets" / "agent.yaml"
+
+
+ACTIVITIES = EXAMPLES / "tickets" / "activities.py"
+
+
+_STOP_GRACE_S = 40.0  # SIGTERM, then SIGKILL: the processor drains up to drain_s (25 s)
+
+
+class Worker:
+    """The example's activity worker, `stream activities`, as its own process."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "instanced_stream", "activities", str(ACTIVITIES)],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@dataclass(slots=True)
+class Life:
+    """One processor process from start to exit: its own log, its peak RSS."""
+
+    name: str
+    proc: ProcessorProcess
+    started_s: float
+    stopped_s: float | None = None
+    peak_rss_mb: float = 0.0
+    exit_code: int | None = None
+    killed: bool = False  # needed SIGKILL after its grace
+
+
+class Group:
+    """Processors of one group, started and stopped by slot; each start is a new life."""
+
+    def __init__(self, env: dict[str, str], run_dir: Path, origin: float) -> None:
+        self.env = env
+        self.run_dir = run_dir
+        self.origin = origin
+        self.lives: list[Life] = []
+        self.running: dict[int, Life] = {}
+
+    def start(self, slot: int) -> Life:
+        n = sum(1 for life in self.lives if life.name.startswith(f"p{slot}."))
+        env = {**self.env, "STREAM_WEB_PORT": str(free_port())}
+        proc = ProcessorProcess(env, self.run_dir / f"processor{slot}.{n}.log")
+        proc.start()
+        life = Life(f"p{slot}.{n}", proc, time.monotonic() - self.origin)
+        self.lives.append(life)
+        self.running[slot] = life
+        return life
+
+    async def stop(self, slots: Iterable[int]) -> None:
+        lives = [self.running.pop(s) for s in slots if s in self.running]
+        await asyncio.gather(*(asyncio.to_thread(self._stop, life) for life in lives))
+
+    def _stop(self, life: Life) -> None:
+        proc = life.proc.proc
+        if proc is None:
+            return
+        life.stopped_s = time.monotonic() - self.origin
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                life.killed = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        life.exit_code = proc.returncode
+
+    def sample(self) -> None:
+        for life in self.running.values():
+            if life.proc.proc is not None:
+                rss = rss_mb(life.proc.proc.pid)
+                if rss is not None:
+                    life.peak_rss_mb = max(life.peak_rss_mb, rss)
+
+    def exited(self) -> list[Life]:
+        """Lives that ended on their own (a crash), noted and let go."""
+        out = []
+        for slot, life in list(self.running.items()):
+            if life.proc.proc is not None and life.proc.proc.poll() is not None:
+                life.exit_code = life.proc.proc.returncode
+                life.stopped_s = time.monotonic() - self.origin
+                del self.running[slot]
+                out.append(life)
+        return out
+
+
+@dataclass(slots=True)
+class Deploy:
+    settings: Settings
+    env: dict[str, str]
+    outcome_topics: list[str]
+    tools: list[str]
+    run_dir: Path
+
+
+async def deploy(bootstrap: str, sim: SimProcess, workdir: Path, partitions: int) -> Deploy:
+    prefix = f"churn-{secrets.token_hex(3)}."
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
+    settings = Settings(
+        bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=partitions, spec=SPEC
+    )
+    spec = load_spec(SPEC)
+    await ensure_product_topics(bootstrap, settings, spec)
+    tools = activity_topics(settings, spec)
+    # The review topic is read by the audit whether or not the spec reviews calls.
+    await ensure_topics(bootstrap, [settings.topics.review], partitions)
+    env = {
+        "STREAM_BOOTSTRAP_SERVERS": bootstrap,
+        "STREAM_TOPIC_PREFIX": prefix,
+        "STREAM_PARTITIONS": str(partitions),
+        "STREAM_LLM_BASE_URL": f"{sim.url}/v1",
+        "STREAM_LLM_MODEL": MODEL_NAME,
+        "STREAM_SPEC": str(SPEC),
+        "STREAM_DATA_DIR": str(run_dir / "data"),
+        "STREAM_LOG_LEVEL": "INFO",
+        "STREAM_LOG_FORMAT": "json",
+        "STREAM_DELIVERY": "exactly_once",
+    }
+    outcome = [*tools, settings.topics.review, settings.topics.no_action]
+    outcome.append(settings.topics.dead_letter)
+    return Deploy(settings, env, outcome, tools, run_dir)
