@@ -19,7 +19,7 @@ from tests.conftest import Deployment, kill_with_work
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
-JOINED = "] assigned"  # "rebalance: partitions [..] assigned": a member was given partitions
+JOINED = ": unit open in"  # "partition p: unit open in Ns": a member holds a partition
 
 
 def _items(n: int, tag: str) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """What the processors' JSON logs say about rebalances: aiokafka's "Setting newly
 assigned partitions" opens an assignment, the processor's "N states restored" line closes
-each partition's restore and "rebalance: partitions [...] assigned" the callback; a member
+each partition's restore and "rebalance: partitions [...] assigned" (or "resumed, ...
+opening") the callback; a member
 put out of the group rejoins under a new member id."""
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ _ASSIGNING = "Setting newly assigned partitions"
 _RESTORED = re.compile(r"partition (\d+): (\d+) states restored")
 
 
-_ASSIGNED = re.compile(r"rebalance: partitions \[([\d, ]*)\] assigned")
+# The callback's last line: "... [..] assigned" (restores inside it, engines before issue
+# 37) or "... [..] resumed, [..] closed, [..] opening" (restores as tasks after it).
+_ASSIGNED = re.compile(r"rebalance: partitions \[([\d, ]*)\] (?:assigned|resumed)")
 
 
 _JOINED = re.compile(r"with member_id (\S+)")
