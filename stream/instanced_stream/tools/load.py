@@ -10,7 +10,7 @@ import random
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import orjson
@@ -25,6 +25,7 @@ _MIN_SPAN_S = 2.0  # outcomes spread over less than this: too few waves for a sl
 
 __all__ = [
     "Tally",
+    "TopicReader",
     "all_ready",
     "bench_items",
     "cpu_s",
@@ -65,36 +66,25 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-class Tally:
-    """Reads the outcome topics as they fill: which inputs ended, and how late."""
+class TopicReader:
+    """Reads `topics` read_committed from the start in a background task while the body of
+    `async with` runs, handing each fetch to `_take`: what a user's consumer sees, so an
+    aborted transaction's records never count."""
+
+    fetch_max_wait_ms = 100
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
-        self.done: set[tuple[int, int]] = set()
-        self.first_at: float | None = None
-        self.last_at = 0.0
-        self.latency_ms: dict[tuple[int, int], float] = {}
-        self.base = 0  # outcomes before the clock (re)started
-        self.restarted_at = time.monotonic()
-        self.progress: list[tuple[float, int]] = []  # (when, outcomes) since the restart
         self._task: asyncio.Task[None] | None = None
 
-    def restart(self) -> None:
-        """Starts the throughput clock afresh at the next outcome."""
-        self.base = len(self.done)
-        self.first_at = None
-        self.progress = []
-        self.restarted_at = time.monotonic()
-
-    async def __aenter__(self) -> Tally:
+    async def __aenter__(self) -> Self:
         consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=50,
-            # what a user's consumer sees: an aborted transaction's records never count
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
             isolation_level="read_committed",
         )
         await consumer.start()
@@ -110,15 +100,44 @@ class Tally:
     async def _run(self, consumer: AIOKafkaConsumer) -> None:
         try:
             while True:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-                now = time.monotonic()
-                for records in batches.values():
-                    for rec in records:
-                        self._count(rec, now)
-                if batches and self.first_at is not None:
-                    self.progress.append((now, len(self.done)))
+                found = await consumer.getmany(timeout_ms=200, max_records=5000)
+                self._take(found, time.monotonic())
         finally:
             await consumer.stop()
+
+    def _take(self, found: dict[Any, list[Any]], now: float) -> None:
+        """One fetch's records, by topic-partition, read at `now`."""
+        raise NotImplementedError
+
+
+class Tally(TopicReader):
+    """Reads the outcome topics as they fill: which inputs ended, and how late."""
+
+    fetch_max_wait_ms = 50
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        super().__init__(bootstrap, topics)
+        self.done: set[tuple[int, int]] = set()
+        self.first_at: float | None = None
+        self.last_at = 0.0
+        self.latency_ms: dict[tuple[int, int], float] = {}
+        self.base = 0  # outcomes before the clock (re)started
+        self.restarted_at = time.monotonic()
+        self.progress: list[tuple[float, int]] = []  # (when, outcomes) since the restart
+
+    def restart(self) -> None:
+        """Starts the throughput clock afresh at the next outcome."""
+        self.base = len(self.done)
+        self.first_at = None
+        self.progress = []
+        self.restarted_at = time.monotonic()
+
+    def _take(self, found: dict[Any, list[Any]], now: float) -> None:
+        for records in found.values():
+            for rec in records:
+                self._count(rec, now)
+        if found and self.first_at is not None:
+            self.progress.append((now, len(self.done)))
 
     def _count(self, rec: Any, now: float) -> None:
         try:

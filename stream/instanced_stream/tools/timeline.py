@@ -12,56 +12,30 @@ from collections import defaultdict
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from instanced_stream.kafka import clients
 from instanced_stream.tools.fleet import Life
+from instanced_stream.tools.load import TopicReader
 
 __all__ = ["Roll", "Watch", "produce_paced", "resume", "stalls"]
 
 
-class Watch:
+class Watch(TopicReader):
     """Reads the outcome and done topics read_committed as they fill: when each input's
     first outcome became visible, and which workflows ended."""
 
     def __init__(self, bootstrap: str, topics: list[str], input_topic: str, done: str) -> None:
-        self.bootstrap = bootstrap
-        self.topics = [*topics, done]
+        super().__init__(bootstrap, [*topics, done])
         self.input = input_topic
         self.done_topic = done
         self.first: dict[tuple[int, int], float] = {}
         self.ended: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> Watch:
-        consumer = AIOKafkaConsumer(
-            *self.topics,
-            bootstrap_servers=self.bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=100,
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        self._task = asyncio.create_task(self._run(consumer))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
-        try:
-            while True:
-                found = await consumer.getmany(timeout_ms=200, max_records=5000)
-                now = time.monotonic()
-                for tp, records in found.items():
-                    for rec in records:
-                        self._seen(tp.topic, rec.value, now)
-        finally:
-            await consumer.stop()
+    def _take(self, found: dict[Any, list[Any]], now: float) -> None:
+        for tp, records in found.items():
+            for rec in records:
+                self._seen(tp.topic, rec.value, now)
 
     def _seen(self, topic: str, value: bytes | None, now: float) -> None:
         try:
