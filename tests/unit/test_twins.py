@@ -113,11 +113,13 @@ def test_the_cache_is_bounded_least_recently_used_first() -> None:
     assert len(cache) == 2 and cache.get("a") is None and cache.get("c") is not None
 
 
-def test_off_by_default_and_for_stateful_specs_unless_asked() -> None:
+def test_on_by_default_off_for_stateful_specs_unless_asked() -> None:
     plain = {k: v for k, v in SPEC.items() if k != "dedupe"}
     items = [_inst(0, "a"), _inst(1, "a")]
-    assert _twins(plain).split(items).asked == items
-    stateful = {**SPEC, "plan": {"mode": "eager", "steps": ["decide"]}}
+    assert len(_twins(plain).split(items).asked) == 1
+    off = {**plain, "dedupe": {"enabled": False}}
+    assert _twins(off).split(items).asked == items
+    stateful = {**plain, "plan": {"mode": "eager", "steps": ["decide"]}}
     assert _twins(stateful).split(items).asked == items
     opted = {**stateful, "dedupe": {**SPEC["dedupe"], "stateful": True}}
     assert len(_twins(opted).split(items).asked) == 1

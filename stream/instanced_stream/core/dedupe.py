@@ -23,11 +23,11 @@ class Dedupe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        False,
+        True,
         description="Items whose content is identical (the fields the prompt shows, "
         "whitespace folded) are asked once: within a window one stands for all its twins, "
         "across windows an answer is reused from the cache; every twin still gets its own "
-        "records and call_ids",
+        "records and call_ids. On by default; a spec with a plan only with `stateful`",
     )
     cache_ttl_s: float = Field(
         600.0, ge=0, description="How long an answer is reused for later twins (0: no cache)"

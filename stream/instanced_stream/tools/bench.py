@@ -78,7 +78,8 @@ class Bench:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
         spec["model"] = {**self.spec.get("model", {}), **model}
         spec["quality"] = spec["model"].pop("quality", self.spec.get("quality", {}))
-        spec["dedupe"] = spec["model"].pop("dedupe", self.spec.get("dedupe", {}))
+        # Off unless a run asks (windows measured alone; tools/duplicates.py compares).
+        spec["dedupe"] = spec["model"].pop("dedupe", {"enabled": False})
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
         if spec["model"].get("tier") == "batch":  # a short turnaround: the simulator's
             spec["batch"] = {"flush_s": 1.0, "poll_s": 0.5, "max_requests": 1000}
