@@ -28,6 +28,9 @@ from instanced_stream.testing.sim.server import Faults, Simulator, running_simul
 from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, wait_accounted
 
+# The xdist groups hook, in its own module for its own test (tests/unit/test_xdist_groups.py).
+from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401
+
 # How long no outcome may arrive before a report says "no duplicates" (settle_quiet).
 QUIET_S = 2.0
 
@@ -302,16 +305,3 @@ async def kill_with_work(proc: ProcessorProcess, wait_s: float = 30) -> dict[str
     if units is not None:
         proc.kill()  # milliseconds after the reading: the batch is still at the model
     return units
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`./dev test` runs on two xdist workers (`--dist loadgroup`). The tests that load the
-    machine (the real model's llama.cpp, the fault campaigns' kills and rebalances) all
-    go to one worker, one at a time, so none of them shares the two cores with another
-    and a heartbeat or a model's answer is never starved by a second one; the light
-    tests run beside them. The install tests build in one source tree: one worker."""
-    for item in items:
-        if item.get_closest_marker("local_model") or item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("heavy"))
-        elif item.path.name == "test_install.py":
-            item.add_marker(pytest.mark.xdist_group("install"))

@@ -1,0 +1,25 @@
+"""The suite's xdist groups (`./dev test` runs `-n 2 --dist loadgroup`), kept apart from
+tests/conftest.py so tests/unit/test_xdist_groups.py can load them without a broker's
+imports."""
+
+from __future__ import annotations
+
+import pytest
+
+__all__ = ["pytest_collection_modifyitems"]
+
+
+# tryfirst: xdist's own hook turns the xdist_group marks into node ids, so they must be
+# on the items before it runs (tests/unit/test_xdist_groups.py pins it).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`./dev test` runs on two xdist workers (`--dist loadgroup`). The tests that load the
+    machine (the real model's llama.cpp, the fault campaigns' kills and rebalances) all
+    go to one worker, one at a time, so none of them shares the two cores with another
+    and a heartbeat or a model's answer is never starved by a second one; the light
+    tests run beside them. The install tests build in one source tree: one worker."""
+    for item in items:
+        if item.get_closest_marker("local_model") or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
+        elif item.path.name == "test_install.py":
+            item.add_marker(pytest.mark.xdist_group("install"))
