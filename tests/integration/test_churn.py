@@ -37,6 +37,7 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
         settle_s=25.0,
         budget_s=150.0,
         latency_ms=100.0,
+        window_wait_ms=500,  # the workflows' turns end within the small run's budget
     )
     report = await run_churn(bootstrap, plan, say=lambda _: None)
     assert set(report) >= KEYS
@@ -46,9 +47,7 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
     # and both moves happened while items flowed.
     assert churn["states_written"]["states"] == 400 and churn["states_written"]["store_format"]
     assert [m["move"] for m in churn["moves"]] == ["1 -> 3", "3 -> 1"]
-    assert churn["items"] >= 60
-    assert [run["processors"] for run in report["steady"]] == [1, 3]
-    assert all(run["items"] >= 20 for run in report["steady"])
+    assert churn["items"] >= 60 and report["steady"]["items"] >= 20
     # Restores were seen in the logs: the first member restored all 400 states.
     first = report["restore_s"][0]
     assert first["partitions"] == 4 and first["states"] == 400
@@ -63,8 +62,4 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
     assert report["audit"]["outcome_copies"] == 0 and report["audit"]["duplicate_done"] == 0
     assert report["audit"]["inputs"] == churn["items"]
     assert report["requests_per_item_ratio"] is not None
-    assert report["requests_per_item_vs_one_processor"] is not None
-    # Items were sent under both group sizes, so both steady runs price some of them.
-    shares = churn["items_sent_under"]
-    assert 0 < shares["1"] < 1 and abs(shares["1"] + shares["3"] - 1) < 1e-3
     assert report["init_transactions"]["rounds"][1]["fencing"]

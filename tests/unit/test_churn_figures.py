@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 from instanced_stream.core.state import InstanceState
 from instanced_stream.tools.changelog_states import done_state
-from instanced_stream.tools.churn import fleet_shares
 from instanced_stream.tools.rebalances import parse_log
 from instanced_stream.tools.timeline import resume, stalls
 
@@ -89,12 +88,3 @@ def test_resume_is_the_end_of_the_stall_a_move_caused() -> None:
     # An item never decided: the partition never resumed.
     stuck = {k: v for k, v in calm.items() if k != (0, 25)}
     assert resume(sent, stuck, [{"at_s": 10.0}], end=40.0, partitions=1)["max_resume_s"] is None
-
-
-def test_each_item_is_priced_at_the_group_size_it_was_sent_under() -> None:
-    # Moves at 10 (1 -> 3) and 20 (3 -> 1): items at 5 and 25 went to one processor,
-    # those at 12, 15 and 19 to three.
-    sent = [[0, k, t] for k, t in enumerate([5.0, 12.0, 15.0, 19.0, 25.0])]
-    moves = [{"at_s": 20.0}, {"at_s": 10.0}]
-    assert fleet_shares(sent, moves) == (0.4, 0.6)
-    assert fleet_shares(sent, []) == (1.0, 0.0)

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from instanced_stream.core.spec import load_spec
 from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, ensure_topics
 from instanced_stream.settings import EXAMPLES, Settings
@@ -144,13 +146,26 @@ class Deploy:
     run_dir: Path
 
 
-async def deploy(bootstrap: str, sim: SimProcess, workdir: Path, partitions: int) -> Deploy:
+async def deploy(
+    bootstrap: str,
+    sim: SimProcess,
+    workdir: Path,
+    partitions: int,
+    window_wait_ms: int | None = None,
+) -> Deploy:
+    """Fresh topics and the environment of the tickets example's processors; with
+    `window_wait_ms`, its windows wait that long for their items."""
     prefix = f"churn-{secrets.token_hex(3)}."
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
+    data = yaml.safe_load(SPEC.read_text())
+    if window_wait_ms is not None:
+        data["window"] = {**data.get("window", {}), "max_wait_ms": window_wait_ms}
+    spec_path = run_dir / "agent.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     settings = Settings(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=partitions, spec=SPEC
+        bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=partitions, spec=spec_path
     )
-    spec = load_spec(SPEC)
+    spec = load_spec(spec_path)
     await ensure_product_topics(bootstrap, settings, spec)
     tools = activity_topics(settings, spec)
     # The review topic is read by the audit whether or not the spec reviews calls.
@@ -161,7 +176,7 @@ async def deploy(bootstrap: str, sim: SimProcess, workdir: Path, partitions: int
         "STREAM_PARTITIONS": str(partitions),
         "STREAM_LLM_BASE_URL": f"{sim.url}/v1",
         "STREAM_LLM_MODEL": MODEL_NAME,
-        "STREAM_SPEC": str(SPEC),
+        "STREAM_SPEC": str(spec_path),
         "STREAM_DATA_DIR": str(run_dir / "data"),
         "STREAM_LOG_LEVEL": "INFO",
         "STREAM_LOG_FORMAT": "json",
