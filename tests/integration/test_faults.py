@@ -16,7 +16,7 @@ from instanced_stream.tools.demo import ProcessorProcess
 
 from tests.conftest import Deployment, kill_with_work
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 Deploy = Callable[..., Awaitable[Deployment]]
 JOINED = ": unit open in"  # "partition p: unit open in Ns": a member holds a partition
