@@ -3,13 +3,14 @@
 One broker, the LLM simulator and the tickets example's activity worker as their own
 processes. First a steady run: one processor, tickets paced at a fixed rate, its LLM
 requests per item counted by the simulator. In both runs a window closes on its item
-count (20), not on its wait, as under the backlog that makes ops scale out: at this rate
-a 200 ms wait would close windows on time, and requests per item would then measure how
+count (20; it waits up to 6 s), as under the backlog that makes ops scale out: at this
+rate a 200 ms wait would close windows on time, and requests per item would measure how
 many processors share the flow (three carry fewer items a request: 1.15 requests a
 ticket against one processor's 0.58, measured), not what the moves cost. Then the churn
 run on fresh topics whose state changelog already holds `states` finished workflow
 states (about 3 KB each, written in the store's own record format before any processor
-starts): the same tickets flow at the same rate while the group is scaled 1 -> 3 -> 1 -> 3 -> 1.
+starts): the same tickets flow at the same rate while the group is scaled
+1 -> 3 -> 1 -> 3 -> 1.
 
 Measured, and written to DIR/churn.json:
 - expulsions: a member the group put out rejoins under a new member id (aiokafka resets
@@ -77,7 +78,8 @@ class ChurnPlan:
     settle_s: float = 120.0  # after the flow, for the last outcomes, at most
     processors: int = 3
     latency_ms: float = 300.0
-    window_wait_ms: int = 3000  # long enough for 20 items at a third of the rate
+    # Long enough for 20 items at a third of the rate (about 8 asks a second), with room.
+    window_wait_ms: int = 6000
     started: float = field(default_factory=time.monotonic)
 
     def left(self) -> float:
@@ -132,6 +134,7 @@ async def _steady(
         "items": len(sent),
         "requests": int(asked),
         "item_asks": int(instances),
+        "asks_per_request": round(instances / max(asked, 1), 2),  # how full the windows were
         "requests_per_item": round(asked / max(len(sent), 1), 4),
         "settled": settled,
     }
@@ -224,6 +227,7 @@ async def _churn(
         settle_s=round(end - flow_end, 1),
         requests=int(asked),
         item_asks=int(instances),
+        asks_per_request=round(instances / max(asked, 1), 2),
         requests_per_item=round(asked / max(len(sent), 1), 4),
         workflows_unended=unended,
         crashed=crashes,
