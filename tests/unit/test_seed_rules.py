@@ -12,9 +12,13 @@ from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Ask, PromptBuilder
-from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator, output_path_problem, scopes_problem
+from instanced_stream.runtime.steps.intake import parse_item
 from instanced_stream.runtime.steps.scopes import imported
+from instanced_stream.runtime.steps.twins import Twins
+from instanced_stream.settings import EXAMPLES
+from instanced_stream.tools.seeds import seed_items
 
 # The Advisor seed (Russian text), verbatim: registration and the model's response.
 SEED_ADVISOR: dict[str, Any] = {
@@ -179,3 +183,19 @@ def test_the_instancing_seed_s_manager_answer_names_a_shown_id() -> None:
     assert [r.code for r in shown.refusals] == ["unknown_instance"]
     hidden = Validator(_spec()).check(answer, ["①", "②"], names=names)
     assert not hidden.calls and [r.code for r in hidden.refusals] == ["unknown_instance"] * 2
+
+
+def test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request() -> None:
+    """The Instancing seed's point: 100 comments in ONE request. With dedupe on by default
+    (a spec without a plan), twins among the demo's comments would be asked once and the
+    request would hold fewer (61 of 100 before the comments were made distinct)."""
+    spec = load_spec(EXAMPLES / "seeds" / "moderation.yaml")
+    assert spec.window.max_items == 100 and spec.dedupe.enabled
+    items = [
+        parse_item(
+            orjson.dumps(item), None, SourcePosition(topic="in", partition=0, offset=k), 4096
+        )
+        for k, item in enumerate(seed_items("moderation"))
+    ]
+    split = Twins(spec, PromptBuilder(spec).system).split(items)
+    assert len(items) == 100 and len(split.asked) == 100 and split.asked == items

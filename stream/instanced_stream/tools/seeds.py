@@ -75,9 +75,11 @@ def seed_items(example: str) -> list[dict[str, Any]]:
         return [dict(r) for r in _RELEASES]
     if example == "lazy":
         return seed_items("moderation")[:10]
-    # The seed's first three comments, then 97 more of the same kind.
+    # The seed's first three comments, then 97 more of the same kind, each different: the
+    # seed's point is 100 instances in one request, and twins (the same comment twice)
+    # would be asked once (dedupe, on by default for a spec without a plan).
     first = ["This is a great post!", "I disagree with this...", "This is spam."]
-    rest = [c["comment"] for c in comments(97)]
+    rest = list(dict.fromkeys(c["comment"] for c in comments(400)))[:97]
     return [
         {"type": "input", "_instance": f"c-{k + 1:03d}", "comment": text}
         for k, text in enumerate(first + rest)
