@@ -9,7 +9,7 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import Ask, PromptBuilder, token_for
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import SpecError
-from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
 
 
 def _inst(i: int, text: str) -> Instance:
@@ -137,3 +137,31 @@ def test_advisors_come_before_calls_and_only_active_ones_speak() -> None:
     assert "# Advisors" in builder.system
     assert '"scopes":["input.comment"]' in builder.system  # soft focus, nothing hidden
     assert "weighs its scopes first" in builder.system
+
+
+def test_what_changes_per_batch_goes_after_the_same_system_prefix() -> None:
+    """#38's prompt additions (the eager order sentence, pageOnCall, advisors' weights and
+    what they mean) are static: a later turn's state, plan statuses and rejected versions,
+    and a re-ask's `heard` opinions, go after a system message of the same bytes."""
+    tickets = load_spec(EXAMPLES / "tickets" / "agent.yaml")
+    builder = PromptBuilder(tickets)
+    first = builder.messages([_inst(0, "my site is down")], builder.ask_for(1))
+    later = Instance(
+        id="producer-id-1",
+        payload={"comment": "still down"},
+        source=SourcePosition(topic="items", partition=0, offset=1),
+        size=40,
+        state={"urgent": {"why": "outage"}},
+        turn=2,
+        plan=[{"tool": "pageOnCall", "status": "skipped", "skippedFor": "branch"}],
+        rejected=[{"proposal_id": "p-1", "reason": "page later"}],
+    )
+    second = builder.messages([later], builder.ask_for(2, replanning=True))
+    assert "pageOnCall" in first[0]["content"] and "urgent" in second[1]["content"]
+    assert first[0] == second[0] and PromptBuilder(tickets).system == first[0]["content"]
+    council = PromptBuilder(load_spec(DEFAULT_SPEC))
+    asked = council.messages([_inst(2, "hello")])
+    heard = [{"id": "communityManager", "calls": '{"approve": 70}'}]
+    again = council.messages([_inst(3, "world")], council.ask_for(2), heard=heard)
+    assert '"weight":2.0' in asked[0]["content"] and '"heard"' in again[-1]["content"]
+    assert asked[0] == again[0]
