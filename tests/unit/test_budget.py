@@ -4,6 +4,7 @@ and the figures the live page shows."""
 
 from __future__ import annotations
 
+import pytest
 from instanced_stream.core.budget import Budget, Pacer
 
 
@@ -78,3 +79,19 @@ def test_stream_topics_says_the_rate_what_is_left_and_when_the_ceiling_is_met() 
         "paced now: input held"
     )
     assert budget_line(None, "http://x") == "budget: no processor page answered at http://x"
+
+
+def test_each_member_of_a_group_keeps_its_partitions_share_of_the_ceiling() -> None:
+    # Three processors on 24 partitions: one owning 8 spends at a third of the ceiling,
+    # so together they keep to it; alone again, it keeps to all of it.
+    clock = Clock()
+    pacer = Pacer(Budget(usd_per_hour=3.6, burst_s=2), clock)  # 0.001 USD a second
+    pacer.owns(8, of=24)
+    pacer.started()
+    pacer.ended(0.001)  # one second's worth of the whole ceiling: three of its third
+    assert pacer.delay() == pytest.approx(1.0)  # 3 s ahead of its pace, 2 s of burst
+    assert pacer.usd_per_s == pytest.approx(0.001 / 3)
+    pacer.owns(24, of=24)
+    assert pacer.usd_per_s == 0.001
+    pacer.owns(0, of=24)  # owns nothing: a trickle, never a division by zero
+    assert pacer.usd_per_s is not None and pacer.usd_per_s > 0

@@ -254,7 +254,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
     print(render_topics(rows))
-    if spec.budget.usd_per_s is not None:  # the spend ceiling, as this host's processor keeps it
+    if spec.budget.usd_per_s is not None:  # this host's processor's share of the ceiling
         page = f"http://127.0.0.1:{settings.web_port}"
         print(budget_line(asyncio.run(_page_quality(page, "budget")), page))
     return 0

@@ -57,14 +57,28 @@ class Pacer:
         self._flying = 0  # requests started, cost not yet recorded
         self._mean = 0.0  # a request's cost, learnt
         self._history: deque[tuple[float, float]] = deque()  # (when, cumulative spend)
+        # This processor's part of the group's ceiling: the share of the input partitions
+        # it owns, so the processors of a group together keep to the spec's ceiling.
+        self.share = 1.0
 
     @property
     def limited(self) -> bool:
         return self.budget.usd_per_s is not None
 
+    @property
+    def usd_per_s(self) -> float | None:
+        """The rate this processor keeps to: its share of the ceiling (None: no ceiling)."""
+        rate = self.budget.usd_per_s
+        return None if rate is None else rate * self.share
+
+    def owns(self, partitions: int, of: int) -> None:
+        """The processor owns `partitions` of the `of` input partitions now. A share of
+        none leaves a trickle (a thousandth), so a pacer never divides by zero."""
+        self.share = max(partitions / of, 1e-3) if of > 0 else 1.0
+
     def delay(self) -> float:
         """Seconds until the next request may start (0: now)."""
-        rate = self.budget.usd_per_s
+        rate = self.usd_per_s
         if rate is None:
             return 0.0
         now = self.clock()
@@ -84,7 +98,7 @@ class Pacer:
         spent, self._spent = max(0.0, total_usd - self._spent), max(total_usd, self._spent)
         if spent:
             self._mean = spent if not self._mean else 0.8 * self._mean + 0.2 * spent
-        rate = self.budget.usd_per_s
+        rate = self.usd_per_s
         if rate is not None:
             self._due = max(self._due, now) + spent / rate
         self._history.append((now, self._spent))
@@ -100,13 +114,13 @@ class Pacer:
 
     def headroom_per_hour(self) -> float | None:
         """The ceiling's rate less the spend rate now, USD per hour (None: no ceiling)."""
-        rate = self.budget.usd_per_s
+        rate = self.usd_per_s
         return None if rate is None else max(0.0, 3600 * rate - self.rate_per_hour())
 
     def met_in_s(self) -> float | None:
         """When the ceiling will be met at the spend rate now: 0 while paced; None when
         there is no ceiling or the spend is within it."""
-        rate = self.budget.usd_per_s
+        rate = self.usd_per_s
         if rate is None:
             return None
         if self.delay() > 0:

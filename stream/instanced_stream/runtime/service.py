@@ -143,6 +143,8 @@ class _Service(mode.Service):
             client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
             group_instance_id=settings.group_instance_id,
             on_rebalance=self.metrics.rebalances.inc,
+            # The spend ceiling is the group's: each member keeps its partitions' share.
+            on_assigned=lambda n: self.stager.spend.owns(n, settings.partitions),
             on_failed=lambda p, _exc: self.metrics.partitions.failed(p),
             progress=self.restores.progress if self.restores else lambda _p: 0,
             on_open=self._opened if self.flows or self.submissions else None,

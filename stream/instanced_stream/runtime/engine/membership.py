@@ -88,6 +88,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         client_id: str | None = None,
         group_instance_id: str | None = None,
         on_rebalance: Callable[[], None] = lambda: None,
+        on_assigned: Callable[[int], None] = lambda _n: None,
         on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
         progress: Callable[[int], int] = lambda _p: 0,
         max_uncommitted: int = MAX_UNCOMMITTED,
@@ -100,6 +101,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance = on_rebalance
+        self.on_assigned = on_assigned  # how many input partitions are this member's now
         self.suspended = Suspended()
         abandon = functools.partial(self._close, commit=False)  # a unit that never served
         self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
@@ -171,6 +173,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 log.info("rebalance: assignment not taken, the processor is stopping")
                 return
             mine = {tp.partition for tp in assigned if tp.topic == self.input}
+            self.on_assigned(len(mine))
             back, gone = self.suspended.settle(mine)
             for unit in back:
                 self._resumed(unit)

@@ -47,9 +47,14 @@ class Spend:
         self.pacer.ended(self.metrics.cost)
         self._show(self.pacer.delay() > 0)
 
+    def owns(self, partitions: int, of: int) -> None:
+        """After a rebalance: the processor paces to its share of the ceiling."""
+        self.pacer.owns(partitions, of)
+        self._show(self.pacer.delay() > 0)
+
     def _show(self, paced: bool) -> None:
         pacer, gauges = self.pacer, self.metrics.spend
-        rate = pacer.budget.usd_per_s
+        rate = pacer.usd_per_s  # its share of the ceiling: summed over a group, the ceiling
         headroom, met_in = pacer.headroom_per_hour(), pacer.met_in_s()
         gauges.rate.set(pacer.rate_per_hour())
         gauges.ceiling.set(3600 * rate if rate else 0)
