@@ -296,14 +296,27 @@ async def test_the_lazy_plan_example_runs_on_the_real_model(
 
 def _tickets_spec(tmp: Path, items: int) -> Path:
     """The tickets example (eager plan, pageOnCall reading only `†state.urgent`) sized for
-    this model: one window of the items, a request may take minutes, no reasoning text,
-    and the keyed answer (one required key per ticket; paths and scopes closed to what
-    the spec declares)."""
+    this model: one window of the items, no reasoning text, the keyed answer (one required
+    key per ticket; paths and scopes closed to what the spec declares), two turns."""
     spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "tickets" / "agent.yaml").read_bytes())
-    # One ticket's first turn took 77 s for 120 answer tokens on the loaded two cores
-    # (~2 tokens/s): a window of four may take minutes.
-    spec["model"] = {**spec["model"], "timeout_s": 600, "answer": "keyed", "reasoning": "off"}
+    # This model writes ~250-320 answer tokens per ticket and turn, every tool once, and
+    # lookupCustomer and assessUrgency again on every turn (so each workflow runs to its
+    # turn limit): two tickets over two turns are three or four requests, 120-210 s from
+    # the first input to the last done record on cores shared at load 7-10. The rules are
+    # about one answer's steps, which the first turn shows; the second shows the plan and
+    # state carried over. The start-up probe (a whole one-item answer, ~340 tokens) proves
+    # the request's shape, which the other tests here do: the shape is set instead. A
+    # request's deadline follows the endpoint's measured pace (llm/deadline.py); before
+    # any answer it is timeout_s, which holds a two-ticket answer at ~3 tokens/s.
+    spec["model"] = {
+        **spec["model"],
+        "timeout_s": 300,
+        "answer": "keyed",
+        "reasoning": "off",
+        "request": {"response_format": "json_schema_strict"},
+    }
     spec["window"] = {**spec["window"], "max_items": items, "max_wait_ms": 500}
+    spec["plan"] = {**spec["plan"], "maxTurns": 2}
     path = tmp / f"tickets-{secrets.token_hex(2)}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
     return path
@@ -384,8 +397,6 @@ def _plan_order(
     return seen, breaches
 
 
-@pytest.mark.long_model
-@pytest.mark.timeout(2400)
 async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     bootstrap: str, local_model: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -396,7 +407,7 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     the topics' records and times), every workflow ended, every item accounted for. Whether
     the model writes the branch reader at all (pageOnCall scoped to `†state.urgent` in the
     answer that assesses urgency) is its own: printed, not asserted."""
-    n = 4
+    n = 2
     url, model = local_model
     settings, spec, proc = await launch_processor(
         bootstrap,
@@ -420,13 +431,11 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
             settings.topics.input,
             [(i["_instance"].encode(), orjson.dumps(i)) for i in items],
         )
-        report = await wait_accounted(bootstrap, settings, spec, n, 1500, proc)
-        # Ended: a done record, or a dead letter that ends the item (seeds.py's rule). One
-        # budget for both waits: in one run all four items had their first outcome after
-        # about 10 minutes, and the last workflow still waited for its second turn's
-        # answer (a re-ask after a duplicate call) 600 s later.
+        # One budget for both waits, inside the test's 600 s (210 s at load 10).
+        deadline = started + 480
+        report = await wait_accounted(bootstrap, settings, spec, n, deadline - started, proc)
+        # Ended: a done record, or a dead letter that ends the item (seeds.py's rule).
         ended: set[str] = set()
-        deadline = started + 2100
         while time.monotonic() < deadline:
             done = await read_json(bootstrap, settings.topics.done)
             letters = await read_json(bootstrap, settings.topics.dead_letter)
@@ -447,12 +456,14 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     published = await _by_call_id(bootstrap, activity_topics(settings, spec))
     results = await _by_call_id(bootstrap, [settings.topics.results])
     seen, breaches = _plan_order(states, published, results)
+    pages = [s for st in states.values() for s in st.plan if s.tool == "pageOnCall"]
+    urgent = sum(1 for s in pages if "†state.urgent" in s.inputs)
     print(
         f"tickets on {model}: {n} items in {elapsed:.0f} s; calls {report.calls_by_tool}, "
         f"no-action {report.no_action}, dead letters {report.dead_letters}; workflows "
         f"{flows.summary()}; done {dict(Counter(d['status'] for d in done))}, turns "
         f"{sorted(Counter(d['turns'] for d in done).items())}; plans {dict(seen)}; "
-        f"breaches {breaches}"
+        f"pageOnCall steps {len(pages)}, {urgent} reading †state.urgent; breaches {breaches}"
     )
     assert report.unaccounted == 0, report.missing[:5]
     assert ended == {i["_instance"] for i in items}, proc.tail(20)

