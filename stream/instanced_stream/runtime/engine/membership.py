@@ -100,8 +100,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.session_timeout_s = session_timeout_s
         self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
-        self.on_rebalance = on_rebalance
-        self.on_assigned = on_assigned  # how many input partitions are this member's now
+        self.on_rebalance, self.on_assigned = on_rebalance, on_assigned
         self.suspended = Suspended()
         abandon = functools.partial(self._close, commit=False)  # a unit that never served
         self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
