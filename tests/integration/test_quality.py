@@ -61,7 +61,12 @@ async def test_drifting_decisions_shrink_the_window(deploy: Deploy) -> None:
     assert quality["shadowed"] >= 10 and quality["agreement"] < 0.8
     # The next items are asked in windows no larger than the controller's.
     window, seen = quality["window_now"], dep.sim.seen_total
-    await dep.produce_items([{**c, "_instance": f"second-{c['_instance']}"} for c in first[:50]])
+    # New content, not the first wave's twins (dedupe would answer those from its cache).
+    second = [
+        {**c, "_instance": f"second-{c['_instance']}", "comment": f"{c['comment']} Again."}
+        for c in first[:50]
+    ]
+    await dep.produce_items(second)
     report = await dep.settle(150)
     assert report.unaccounted == 0
     later = list(dep.sim.seen)[-(dep.sim.seen_total - seen) :]
