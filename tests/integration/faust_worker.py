@@ -52,7 +52,8 @@ def main() -> None:
     try:
         app.main()
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else 1
+        # sys.exit() and sys.exit(None) are a success; a message or other object is not.
+        code = 0 if done.code is None else done.code if isinstance(done.code, int) else 1
     finally:
         # faust-streaming 0.15.3 under exactly_once sometimes fails its last commit on stop
         # (IllegalOperation "Not in the middle of a transaction"); its consumer thread is
