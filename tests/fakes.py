@@ -12,6 +12,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
+from instanced_stream.runtime.engine.recall import Recall
 from instanced_stream.testing.sim.judge import read_request
 from instanced_stream.testing.sim.server import SimRequest, Simulator
 
@@ -99,6 +100,13 @@ class FakePublisher:
 
 
 @dataclass(frozen=True, slots=True)
+class Written:
+    """Where the fake put a record (the broker's RecordMetadata, in what the unit reads)."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sent:
     topic: str
     key: bytes | None
@@ -125,6 +133,7 @@ class FakeProducer:
         self.committed: dict[TopicPartition, int] = {}
         self._open: list[Sent] | None = None
         self._offsets: dict[TopicPartition, int] = {}
+        self.at: list[Sent] = []  # every send, committed or not, at its offset
 
     async def start(self) -> None:
         self.calls.append(("start",))
@@ -133,11 +142,11 @@ class FakeProducer:
         self.calls.append(("begin",))
         self._open, self._offsets = [], {}
 
-    async def send(self, topic: str, value: bytes | None, **kw: Any) -> asyncio.Future[None]:
+    async def send(self, topic: str, value: bytes | None, **kw: Any) -> asyncio.Future[Written]:
         if self.fail_send is not None:
             raise self.fail_send
         self.calls.append(("send", topic, value, kw.get("headers")))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
         key = kw.get("key")
         limit = self.limits.get(topic)
         if limit is not None and len(value or b"") + len(key or b"") + self.OVERHEAD > limit:
@@ -145,7 +154,8 @@ class FakeProducer:
             return fut
         sent = Sent(topic, key, value, kw.get("partition"))
         (self.records if self._open is None else self._open).append(sent)
-        fut.set_result(None)
+        fut.set_result(Written(len(self.at)))  # an offset per send, as a log of them all
+        self.at.append(sent)
         return fut
 
     async def send_offsets_to_transaction(self, offsets: dict[Any, int], group: str) -> None:
@@ -214,3 +224,20 @@ class FakeConsumer:
 
     async def stop(self) -> None:
         self.stopped = True
+
+
+class FakeRecall(Recall):
+    """Reads a state back from what `producer` was sent, by the offset it gave."""
+
+    def __init__(self, producer: FakeProducer) -> None:
+        super().__init__("unused:9092", "changelog")
+        self.producer = producer
+
+    async def read(self, partition: int, offset: int, key: str) -> bytes:
+        sent = self.producer.at[offset]
+        assert sent.key == key.encode() and sent.value, (sent, key)
+        self.reads += 1
+        return sent.value
+
+    async def stop(self) -> None:
+        return None

@@ -22,13 +22,13 @@ from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.engine.stager import Stager
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.unit import Refusals, Slot, Unit
-from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.engine.workflows import Flows, instance_of, recalled
 from instanced_stream.runtime.service import limiter_for
 from instanced_stream.runtime.steps.intake import source_of
 from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
 
-from tests.fakes import FakeLLM, FakeProducer, Sent
+from tests.fakes import FakeLLM, FakeProducer, FakeRecall, Sent
 
 __all__ = ["TICKETS", "Rig", "lazy", "tickets_spec"]
 
@@ -102,6 +102,8 @@ class Rig:
             flows=self.flows,
         )
         self.producer = FakeProducer(limits=limits)
+        # Finished states retire once committed, and are read back from what was sent.
+        self.stores.reader = self.stores.reader or FakeRecall(self.producer)
         self.units: dict[int, Unit] = {}
         self._next: dict[tuple[str, int], int] = {}  # the next offset per topic, partition
 
@@ -126,6 +128,7 @@ class Rig:
             unit = Unit(partition, producer, group_id="g", transactional=True, refusals=refusals)
             if self.flows is not None:
                 self.flows.store_for(partition)
+                unit.written = self.stores.written  # as the unit's restore wires it
             self.units[partition] = unit
         return self.units[partition]
 
@@ -156,9 +159,15 @@ class Rig:
         assert self.flows is not None
         slot, _ = self._slot_at(topic, partition, None)
         unit = self.unit(partition)
+        assert await recalled(self.stores, unit, instance_of(value))
         ready = self.flows.answer(unit, slot, value, result=topic == self.topics.results)
         await self.commit()
         await self.turns([(unit, inst) for inst in ready])
+
+    async def state(self, instance: str) -> InstanceState | None:
+        """The stored state of `instance`, read back first if it is retired (finished)."""
+        await self.stores.recall(instance)
+        return self.stores.get(instance)
 
     async def expire(self, now: float) -> list[Instance]:
         """The service's expiry tick at `now`; returns the next turns it offered."""

@@ -1,17 +1,24 @@
 """A unit's store restored again reads only the changelog's delta (issue 37): it keeps
 the offset it applied, and what it changed without a commit since is undone, so a
-reopened unit sees exactly what the changelog holds, however its last unit ended."""
+reopened unit sees exactly what the changelog holds, however its last unit ended. And
+finished states are kept out of memory, read back by offset when needed."""
 
 from __future__ import annotations
 
+import gc
+import random
 import secrets
+import time
+import tracemalloc
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.security import options_for
-from instanced_stream.runtime.engine.store import UnitStore
+from instanced_stream.runtime.engine.recall import Recall
+from instanced_stream.runtime.engine.store import Stores, UnitStore
+from instanced_stream.tools.changelog_states import done_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -54,3 +61,52 @@ async def test_a_store_restored_again_reads_the_delta_and_undoes_what_was_not_co
     assert store.restored == 2  # the delta only
     turns = {st.instance: st.turn for st in store.states()}
     assert turns == {"a": 0, "b": 0, "c": 2, "e": 0}
+
+
+async def test_finished_states_restore_out_of_memory_and_are_read_back_by_offset(
+    bootstrap: str,
+) -> None:
+    """Issue 37: finished states stayed in memory (compressed, ~880 B each) until their
+    retention ended. A restore now keeps of each only its record's offset and when it
+    ended, and one is read back from the changelog when an answer or input needs it."""
+    topic = f"retired-{secrets.token_hex(4)}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    rng = random.Random(7)
+    n = 3000
+    written = {f"done-{i:05d}": done_state(f"done-{i:05d}", 0, time.time(), rng) for i in range(n)}
+    live = ("live", _state("live").model_dump_json().encode())
+    await _write(bootstrap, topic, [*written.items(), live])
+    store = UnitStore(topic, 0, 1_000_000)
+    tracemalloc.start()
+    try:
+        # pydantic keeps a bounded cache of the strings it parsed (about 850 KB here, for
+        # every model of the process): a first restore fills it, the second one measures
+        # what the store itself keeps.
+        await UnitStore(topic, 0, 1_000_000).restore(bootstrap)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        assert await store.restore(bootstrap) == n + 1
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    per_state = kept / n
+    print(f"retained after restoring {n} finished states of ~3 KB: {per_state:.0f} B each")
+    assert per_state < 400, per_state  # ~3 KB parsed, ~880 B compressed before
+    stores = Stores(Recall(bootstrap, topic))
+    stores.add(store)
+    try:
+        assert stores.held() == (1, n, 0)
+        assert [st.instance for st in stores.items()] == ["live"]
+        for name in ("done-00000", "done-01234", f"done-{n - 1:05d}"):
+            await stores.recall(name)
+            found = stores.get(name)
+            assert found is not None and found.model_dump_json().encode() == written[name]
+        assert stores.held() == (1, n, 3)
+    finally:
+        await stores.close()

@@ -16,7 +16,7 @@ from instanced_stream.activities.worker import Activities, load_activities
 from instanced_stream.kafka.topics import read_json, read_topic, state_changelog
 from instanced_stream.testing.samples import tickets
 
-from tests.conftest import Deployment, demo_json, stuck_report, workflow_states
+from tests.conftest import Deployment, demo_json, live_of, stuck_report, workflow_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -321,3 +321,58 @@ def test_demo_runs_the_stateful_example(bootstrap: str) -> None:
     paged = result["calls"].get("pageOnCall", 0)
     assert flows["skipped_branch"] > 0 and paged > 0
     assert flows["skipped_branch"] + paged == 26 and flows["ran_on_missing_input"] == 0
+
+
+async def test_finished_workflows_leave_memory_and_are_read_back_when_asked(
+    deploy: Deploy,
+) -> None:
+    """Issue 37: a finished workflow's state stayed in the processor's memory until its
+    retention ended (a day). Now only its changelog offset stays; the same answer again
+    and a new input of its instance read it back (a restart continues its trace)."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml")
+    _, stop, task = await _worker(dep)
+    items = tickets(3)
+    names = {i["_instance"] for i in items}
+    topics = dep.settings.topics
+    try:
+        await dep.produce_items(items)
+        done = await _done(dep, 3)
+        assert set(done) == names, await stuck_report(dep, TOOLS)
+        held: dict[str, int] = {}
+        for _ in range(60):  # the live figures are renewed every 5 s
+            live = await live_of(dep.proc)
+            held = (live or {}).get("workflow_states", {})
+            if held.get("retired", 0) >= 3:
+                break
+            await asyncio.sleep(0.5)
+        assert held.get("retired") == 3 and held.get("live") == 0, held  # the precondition
+        first = items[0]["_instance"]
+        answer = None
+        async for rec in read_topic(dep.bootstrap, topics.results):
+            if orjson.loads(rec.value or b"{}")["instance"] == first:
+                answer = (rec.key, rec.value)
+        assert answer is not None
+        await dep.produce_to(topics.results, [answer])  # the same answer again
+        await dep.produce_items([{**items[0], "body": items[0]["body"] + " (reopened)"}])
+        runs: list[dict[str, Any]] = []
+        for _ in range(120):
+            runs = [d for d in await dep.records(topics.done) if d["instance"] == first]
+            if len(runs) == 2:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await task
+    assert len(runs) == 2, await stuck_report(dep, TOOLS)
+    # Its state was read back, not started afresh: the trace goes on from the first run.
+    turns = [t["turn"] for t in runs[1]["trace"]]
+    assert turns[:3] == [1, 2, 1], runs[1]["trace"]  # the first run's turns, then the new
+    letters = [x for x in await dep.records(topics.dead_letter) if x["scope"] == "call"]
+    assert letters == []  # the repeated answer was a repeat, not an unexpected one
+    for _ in range(30):  # renewed every 5 s
+        held = ((await live_of(dep.proc)) or {}).get("workflow_states", {})
+        if held.get("recalled", 0) >= 1:
+            break
+        await asyncio.sleep(0.5)
+    # Read back once: the new input found it still parsed from the repeat's read-back.
+    assert held.get("recalled") == 1, held

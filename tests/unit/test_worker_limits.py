@@ -110,7 +110,7 @@ async def test_a_last_result_over_the_limit_is_refused_and_the_workflow_ends() -
     (letter,) = rig.on("deadletter")
     assert letter["code"] == "too_large" and str(LIMIT) in letter["reason"]
     assert "state of t-1" in letter["reason"] and letter["call"]["call_id"] == "c1"
-    st = rig.stores.get("t-1")
+    st = await rig.state("t-1")
     assert st is not None and st.status == "done"  # it ended all the same
     assert str(LIMIT) in st.state["errors"]["c1"] and "customer" not in st.state
     (done,) = rig.on("stream.done")

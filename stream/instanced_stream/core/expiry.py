@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from instanced_stream.core.state import InstanceState
+from instanced_stream.core.state import InstanceState, StateStore
 
-__all__ = ["DueIndex"]
+__all__ = ["DueIndex", "forget_retired"]
 
 
 class DueIndex:
@@ -36,11 +36,40 @@ class DueIndex:
     def drop(self, instance: str) -> None:
         self._due.pop(instance, None)
 
-    def rebuild(self, states: Iterable[InstanceState]) -> None:
+    def partition_of(self, instance: str) -> int | None:
+        found = self._due.get(instance)
+        return found[1] if found is not None else None
+
+    def rebuild(
+        self, states: Iterable[InstanceState], retired: Iterable[tuple[str, float, int]] = ()
+    ) -> None:
+        """From the live states and the retired ones (instance, ended at, partition)."""
         self._due = {}
         for st in states:
             self.update(st)
+        for retiree in retired:
+            self.retire(*retiree)
         self.built = True
+
+    def retire(self, instance: str, ended_at: float, partition: int) -> None:
+        self._due[instance] = (ended_at + self.retention_s, partition)
 
     def due(self, now: float, owns: Callable[[int], bool]) -> list[str]:
         return [name for name, (when, part) in self._due.items() if when < now and owns(part)]
+
+
+def forget_retired(
+    store: StateStore, index: DueIndex, name: str, now: float, owns: Callable[[int], bool]
+) -> bool:
+    """A due state the store keeps out of memory (a finished workflow's): deleted once its
+    retention is over, without reading it back. False: `name` is not such a state."""
+    ended_at = store.retired_at(name)
+    if ended_at is None:
+        return False
+    partition = index.partition_of(name)
+    if partition is None or not owns(partition):
+        index.drop(name)  # a moved workflow is its new owner's
+    elif ended_at < now - index.retention_s:
+        store.delete(name, partition)
+        index.drop(name)
+    return True

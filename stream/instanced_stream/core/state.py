@@ -181,6 +181,15 @@ class StateStore(Protocol):
 
     def delete(self, instance: str, partition: int) -> None: ...
 
+    def retired(self) -> Iterator[tuple[str, float, int]]:
+        """The finished states kept out of memory (not in `items`): each one's instance,
+        when it ended, and its partition."""
+        ...
+
+    def retired_at(self, instance: str) -> float | None:
+        """When the workflow of `instance` ended, if its state is kept out of memory."""
+        ...
+
     async def flush(self) -> None:
         """Returns once every write so far is durable (a no-op where writes are)."""
 
@@ -203,6 +212,12 @@ class MemoryStore:
 
     def delete(self, instance: str, partition: int) -> None:
         self.data.pop(instance, None)
+
+    def retired(self) -> Iterator[tuple[str, float, int]]:
+        return iter(())  # every state is kept in the dict
+
+    def retired_at(self, instance: str) -> float | None:
+        return None
 
     async def flush(self) -> None:
         return None
@@ -233,6 +248,12 @@ class StagedStore:
 
     def delete(self, instance: str, partition: int) -> None:
         self.staged.pop(instance, None)
+
+    def retired(self) -> Iterator[tuple[str, float, int]]:
+        return self.base.retired()
+
+    def retired_at(self, instance: str) -> float | None:
+        return None if instance in self.staged else self.base.retired_at(instance)
 
     async def flush(self) -> None:
         return None

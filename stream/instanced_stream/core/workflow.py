@@ -23,7 +23,7 @@ from instanced_stream.core import binding, lazy, plan_graph
 from instanced_stream.core.advice import Vote as _Vote
 from instanced_stream.core.advice import aggregate, parse_votes
 from instanced_stream.core.binding import Unbound
-from instanced_stream.core.expiry import DueIndex
+from instanced_stream.core.expiry import DueIndex, forget_retired
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import TurnEffects
 from instanced_stream.core.lazy import finish as _finish
@@ -162,7 +162,7 @@ class Workflow:
     def due(self, now: float, owns: Callable[[int], bool] = lambda _: True) -> list[str]:
         """Owned instances past a deadline or their retention (`owing` rebuilds the index)."""
         if not self.index.built:
-            self.index.rebuild(self.store.items())
+            self.index.rebuild(self.store.items(), self.store.retired())
         return self.index.due(now, owns)
 
     def paid(self, instance: str, *, theirs: bool = False) -> None:
@@ -177,8 +177,8 @@ class Workflow:
     def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
         """States of owned partitions left by another processor (a restart, a rebalance)
         that owe records or wait for a turn nobody will offer."""
-        states = list(self.store.items())
-        self.index.rebuild(states)  # the same scan: recovery runs after every restore
+        states = list(self.store.items())  # the index is rebuilt in the same scan (restores)
+        self.index.rebuild(states, self.store.retired())
         return [st for st in states if owns(st.partition) and st.left(self.owner)]
 
     def next_turn(self, st: InstanceState) -> Instance | None:
@@ -264,6 +264,8 @@ class Workflow:
         only the states `due`, or `only` those (a rehearsal has no index of its own)."""
         out = []
         for name in self.due(now, owns) if only is None else only:
+            if forget_retired(self.store, self.index, name, now, owns):
+                continue
             st = self.store.get(name)
             if st is None or not owns(st.partition):
                 self.index.drop(name)

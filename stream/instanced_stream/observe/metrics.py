@@ -350,6 +350,7 @@ class Metrics:
             "decisions": list(self.decisions)[::-1],
             "quality": self.agreement.live(),
             "budget": self.spend.live,
+            "workflow_states": self.partitions.held,
         }
 
 

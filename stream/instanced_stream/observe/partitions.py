@@ -1,5 +1,6 @@
 """The metrics of the input partitions assigned to this process: their lag, their unit's
-state (open, restoring, failing), and the units that failed (runtime/engine/opening.py)."""
+state (open, restoring, failing), the units that failed (runtime/engine/opening.py), and
+the workflow states their stores hold: in memory, or finished and on the changelog only."""
 
 from __future__ import annotations
 
@@ -32,6 +33,28 @@ class PartitionMetrics:
             ["partition"],
             registry=r,
         )
+
+        self.workflows = Gauge(
+            f"{_P}workflow_states",
+            "Workflow states held here: live (in memory) or retired (finished; only where"
+            " their changelog record is, and when they ended)",
+            ["held"],
+            registry=r,
+        )
+        self.recalls = Counter(
+            f"{_P}states_recalled",
+            "Finished states read back from the changelog (a repeated answer or a new input"
+            " of their instance)",
+            registry=r,
+        )
+        self.held = {"live": 0, "retired": 0, "recalled": 0}  # for the live page
+
+    def set_held(self, live: int, retired: int, recalled: int) -> None:
+        """The stores' figures now (`Stores.held`)."""
+        self.recalls.inc(max(0, recalled - self.held["recalled"]))
+        self.held = {"live": live, "retired": retired, "recalled": recalled}
+        self.workflows.labels("live").set(live)
+        self.workflows.labels("retired").set(retired)
 
     def failed(self, partition: int) -> None:
         self.failures.labels(str(partition)).inc()

@@ -41,12 +41,13 @@ from instanced_stream.runtime.batch.submissions import Submissions
 from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.engine.recall import Recall
 from instanced_stream.runtime.engine.restore import Restores
 from instanced_stream.runtime.engine.stager import Stager, orphaned
 from instanced_stream.runtime.engine.store import Stores
 from instanced_stream.runtime.engine.tier import ONLINE
 from instanced_stream.runtime.engine.unit import Unit, oldest_open_since, uncommitted
-from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.engine.workflows import Flows, instance_of, recalled
 from instanced_stream.runtime.steps.intake import source_of
 from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
@@ -105,7 +106,7 @@ class _Service(mode.Service):
         # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
         # store, no changelog and no workflow: nothing of an instance outlives its request.
         if merged.plan is not None:
-            stores = Stores()
+            stores = Stores(Recall(bootstrap, state_changelog(settings)))
             workflow = Workflow(
                 merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
             )
@@ -246,9 +247,7 @@ class _Service(mode.Service):
         await self.membership.stop()
         await self.follower.stop()
         await self.web.stop()
-        await self.llm.close()
-        if self.escalate_llm is not None:
-            await self.escalate_llm.close()
+        await _closed(self.llm, self.escalate_llm, self.flows.stores if self.flows else None)
 
     async def _fetch_loop(self) -> None:
         while not self.stopping.is_set():
@@ -263,11 +262,10 @@ class _Service(mode.Service):
                 if got.record.topic == self.membership.input:
                     inputs.append(got)
                 else:
-                    self._other(got)
+                    await self._other(got)
             if inputs:
-                # The input was held before this fetch whenever the queue was full, and
-                # only this loop fills it: the put does not wait, so the consumer keeps
-                # polling (a member that stops polling is put out of the group).
+                # Held before this fetch if the queue was full (only this loop fills it):
+                # the put does not wait; a member that stops polling is put out.
                 await self.queue.put(inputs)
 
     async def _intake(self) -> None:
@@ -286,7 +284,7 @@ class _Service(mode.Service):
             if unit.alive and not self.stager.draining:
                 await self.stager.offer_turn(unit, inst)
 
-    def _other(self, got: Fetched) -> None:
+    async def _other(self, got: Fetched) -> None:
         """A result or an approval: its change staged on its slot. A stateless spec has
         nothing awaiting them: they are read and committed, never decided."""
         if self.flows is None:
@@ -294,6 +292,8 @@ class _Service(mode.Service):
             got.unit.finish(got.slot)
             return
         result = got.record.topic == self.settings.topics.results
+        if not await recalled(self.flows.stores, got.unit, instance_of(got.record.value)):
+            return  # its unit failed: the partition is reopened and the record redone
         ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
         self._ready(got.unit, ready)
         # Staged on its unit, not yet committed.
@@ -307,6 +307,8 @@ class _Service(mode.Service):
 
     async def _lag(self) -> None:
         self.metrics.partitions.set(self.membership.states())
+        if self.flows is not None:
+            self.metrics.partitions.set_held(*self.flows.stores.held())
         self.metrics.partitions.set_lag(await self.membership.lag())
         opened = [oldest_open_since(u) for u in self.membership.units.values()]
         oldest = min((at for at in opened if at is not None), default=None)
@@ -321,6 +323,12 @@ class _Service(mode.Service):
             len(self.stager.tasks),
             self.membership.rebalances,
         )
+
+
+async def _closed(*clients: LLM | BatchModel | Stores | None) -> None:
+    for client in clients:
+        if client is not None:
+            await client.close()
 
 
 def _producers(
@@ -350,11 +358,8 @@ def _tiered(
     """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
     if spec.model.tier == "online":
         limiter = limiter_for(spec, metrics)
-        return (
-            limiter,
-            build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url),
-            None,
-        )
+        online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+        return limiter, online, None
     # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
     # room for a batch being submitted and the next one filling.
     limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)

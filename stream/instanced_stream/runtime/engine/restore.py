@@ -76,6 +76,9 @@ class Restores:
             nxt = workflow.next_turn(st)
             if nxt is not None:
                 ready.append(nxt)
+        for retiree in store.retired():  # finished: due at the end of their retention
+            workflow.index.retire(*retiree)
+        unit.written = self.flows.stores.written
         log.info(
             "partition %d: %d states restored in %.1fs (%s, %d records read, %d quarantined), "
             "%d workflows resume their next turn",

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
-from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.engine.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
 from instanced_stream.runtime.steps.intake import parse_item
 from instanced_stream.runtime.steps.records import (
@@ -232,14 +233,13 @@ class Stager:
     async def drain(self, deadline_s: float) -> int:
         """Launches the open window, gives batches `deadline_s`; returns how many missed."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
+        end = time.monotonic() + deadline_s
         with contextlib.suppress(TimeoutError):  # launching the window waits for a slot
             await asyncio.wait_for(self.windower.flush("drain"), deadline_s)
         pending = set(self.tasks)
         if pending:
             log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
-            _, pending = await asyncio.wait(pending, timeout=max(0.0, end - loop.time()))
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, end - time.monotonic()))
         return len(pending)
 
     async def stop(self) -> None:
@@ -280,6 +280,8 @@ class Stager:
             unit.finish(slot, letter.records)
             return
         if self.flows is not None:
+            if not await recalled(self.flows.stores, unit, instance.id):
+                return  # its unit failed: the partition is reopened and the input redone
             admitted, item.changes = self.flows.admit(instance)
             if admitted is None:  # its turn was committed before: nothing to redo
                 self.metrics.count({"redelivered_skipped": 1})

@@ -9,19 +9,21 @@ not at all. An aborted or fenced unit is dropped with its store; the next owner 
 what was committed. A change whose record would pass the broker's limit is refused before
 anything is stored or staged.
 
-A finished workflow's state (done, owing nothing) leaves memory when it ends: until its
-retention is over (when its tombstone is written, as before) the store keeps it only
-compressed, never parsed; it is read back, rarely, by a repeated answer or a new input of
-the same instance.
+A finished workflow's state (done, owing nothing) leaves memory once its changelog record
+is written: until its retention is over (when its tombstone is written, as before) the
+store keeps only where that record is and when the workflow ended (`Retired`). A repeated
+answer or a new input of the instance reads it back first (`Stores.recall`, one fetch by
+offset); a `get` of a retired state that was not read back is a bug, and raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
@@ -31,25 +33,36 @@ from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.runtime.engine.changes import next_change
+from instanced_stream.runtime.engine.recall import Recall, RecallFailed
 
-__all__ = ["Quarantined", "Stores", "UnitStore", "read_changelog"]
+__all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore", "read_changelog"]
 
 log = logging.getLogger("stream.store")
 
-# A stored value is the state's JSON (an object: it begins with `{`) or, for a finished
-# workflow, that JSON compressed (zlib's stream begins with 0x78, `x`): told apart by the
-# first byte, whoever filled the store (a put, a restore).
-_PACKED = b"x"
+
+def _ended_at(st: InstanceState) -> float | None:
+    """When the workflow ended, if it ended and owes nothing: nothing reads it then but a
+    repeated answer, a new input of its instance, and the deletion at the end of its
+    retention."""
+    if st.status == "done" and st.ended is not None and not st.outbox:
+        return st.ended.at
+    return None
 
 
-def _finished(st: InstanceState) -> bool:
-    """A workflow that ended and owes nothing: nothing reads it but a repeated answer, a
-    new input of its instance, and the deletion at the end of its retention."""
-    return st.status == "done" and st.ended is not None and not st.outbox
+class Retired(NamedTuple):
+    """A finished state kept only on the changelog: its record's offset, when it ended."""
+
+    offset: int
+    ended_at: float
 
 
-def _unpacked(raw: bytes) -> bytes:
-    return zlib.decompress(raw) if raw[:1] == _PACKED else raw
+class NotRecalled(RuntimeError):
+    """A retired state was read without `Stores.recall` first (a bug)."""
+
+
+# Read-back states a store keeps parsed, the latest first out: what a recall is for is
+# read in the same step, so a few suffice; more spare a repeat's second fetch.
+_RECALLED = 256
 
 
 async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
@@ -104,8 +117,13 @@ class UnitStore:
         self.topic = topic
         self.partition = partition
         self.max_bytes = max_bytes
-        self._raw: dict[str, bytes] = {}
-        self._parsed: dict[str, InstanceState] = {}
+        self._raw: dict[str, bytes] = {}  # the live states' JSON
+        self._parsed: dict[str, InstanceState] = {}  # the same, parsed (not the finished)
+        # Finished states put here whose record is not written yet, with when they ended:
+        # once it is (`written`), they retire.
+        self._ending: dict[str, float] = {}
+        self._retired: dict[str, Retired] = {}  # finished states, on the changelog only
+        self._recalled: OrderedDict[str, InstanceState] = OrderedDict()
         self._queued: list[OutRecord] = []
         # The changelog offset up to which this store has applied the partition (the next
         # offset to read): a later restore reads only what came after it.
@@ -117,25 +135,31 @@ class UnitStore:
         # none). A change is committed or not with its unit's transaction; when this store
         # is restored again (its unit reopened), a key the changelog did not change since
         # goes back to that value: nothing uncommitted outlives its unit.
-        self._base: dict[str, bytes | None] | None = {}
+        self._base: dict[str, bytes | Retired | None] | None = {}
 
     def __contains__(self, instance: str) -> bool:
-        return instance in self._raw
+        return instance in self._raw or instance in self._retired
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._raw) + len(self._retired)
+
+    @property
+    def retired_count(self) -> int:
+        return len(self._retired)
 
     async def restore(self, bootstrap: str) -> int:
         """Reads the changelog partition from where this store left it (`applied`: all of
         it the first time, only the delta after) to its last stable offset,
         read_committed; returns the states it holds. Every state is read as it is
         restored: one that cannot be (a cut-off value, another schema) is left out and
-        kept in `quarantined`, so the partition opens without it."""
+        kept in `quarantined`, so the partition opens without it. A finished one retires
+        at once: only its offset stays."""
         if self._base is None:  # too much changed to undo: everything read again
-            self._raw, self._parsed, self._base, self.applied = {}, {}, {}, 0
-        latest = await self._read(bootstrap)
-        for key, raw in self._base.items():  # changed here, not committed since: undone
-            latest.setdefault(key, (-1, raw))
+            self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
+            self.applied = 0
+        latest: dict[str, tuple[int, bytes | Retired | None]] = dict(await self._read(bootstrap))
+        for key, base in self._base.items():  # changed here, not committed since: undone
+            latest.setdefault(key, (-1, base))
         self._base = {}
         for bad in self._staged:  # quarantined before, its tombstone not read back: again
             if bad.key not in latest:
@@ -144,12 +168,14 @@ class UnitStore:
         for n, (key, (offset, raw)) in enumerate(latest.items()):
             if n % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-            self._parsed.pop(key, None)
+            self._forget(key)
             if raw is None:
-                self._raw.pop(key, None)
+                continue
+            if isinstance(raw, Retired):
+                self._retired[key] = raw
                 continue
             try:
-                parsed = InstanceState.model_validate_json(_unpacked(raw))
+                parsed = InstanceState.model_validate_json(raw)
             except ValidationError as exc:
                 reason = f"unreadable state record: {exc.errors()[0]['msg']}"[:500]
                 log.error(
@@ -160,13 +186,13 @@ class UnitStore:
                     reason,
                 )
                 self.quarantined.append(Quarantined(key, self.partition, offset, raw, reason))
-                self._raw.pop(key, None)
                 continue
-            if _finished(parsed):  # kept packed, not parsed (see the module's docstring)
-                self._raw[key] = raw if raw[:1] == _PACKED else zlib.compress(raw, 1)
+            ended = _ended_at(parsed)
+            if ended is not None and offset >= 0:  # see the module's docstring
+                self._retired[key] = Retired(offset, ended)
             else:
-                self._raw[key], self._parsed[key] = _unpacked(raw), parsed
-        return len(self._raw)
+                self._raw[key], self._parsed[key] = raw, parsed
+        return len(self)
 
     async def _read(self, bootstrap: str) -> dict[str, tuple[int, bytes | None]]:
         """Each key's latest record (offset, value; None: a tombstone) after `applied`."""
@@ -202,19 +228,44 @@ class UnitStore:
         return taken
 
     def get(self, instance: str) -> InstanceState | None:
-        raw = self._raw.get(instance)
-        if raw is None:
-            return None
         parsed = self._parsed.get(instance)
         if parsed is None:
-            parsed = InstanceState.model_validate_json(_unpacked(raw))
-            if _finished(parsed):  # read once (a restore's scan): kept packed, not parsed
-                if raw[:1] != _PACKED:
-                    self._raw[instance] = zlib.compress(raw, 1)
-                return parsed  # nobody else holds it: no copy needed
-            self._parsed[instance] = parsed
+            raw = self._raw.get(instance)
+            if raw is not None:  # finished, its record not written yet: read, not kept
+                return InstanceState.model_validate_json(raw)
+            if instance not in self._retired:
+                return None
+            parsed = self._recalled.get(instance)
+            if parsed is None:
+                raise NotRecalled(f"the finished state of {instance!r} was not read back")
         # A copy: the workflow changes what it gets, and puts it back when it means to.
         return parsed.model_copy(deep=True)
+
+    def retired(self) -> Iterator[tuple[str, float, int]]:
+        """Each retired state's instance, when it ended, and this partition."""
+        for instance, (_, ended) in list(self._retired.items()):
+            yield instance, ended, self.partition
+
+    def retired_at(self, instance: str) -> float | None:
+        found = self._retired.get(instance)
+        return found.ended_at if found is not None else None
+
+    def to_recall(self, instance: str) -> int | None:
+        """The offset to read `instance`'s state back from, if it is retired and not read
+        back already."""
+        found = self._retired.get(instance)
+        if found is None or instance in self._recalled:
+            return None
+        return found.offset
+
+    def recalled(self, instance: str, offset: int, raw: bytes) -> None:
+        """The state read back from `offset`; ignored if it changed meanwhile."""
+        found = self._retired.get(instance)
+        if found is None or found.offset != offset:
+            return
+        self._recalled[instance] = InstanceState.model_validate_json(raw)
+        if len(self._recalled) > _RECALLED:
+            self._recalled.popitem(last=False)
 
     def put(self, value: InstanceState) -> None:
         key = value.instance.encode()
@@ -226,41 +277,55 @@ class UnitStore:
                 f"record takes at most {self.max_bytes} (settings.max_output_bytes)",
             )
         self._changing(value.instance)
-        if _finished(value):  # it leaves memory now, not at the end of its retention
-            self._raw[value.instance] = zlib.compress(raw, 1)
-            self._parsed.pop(value.instance, None)
+        self._forget(value.instance)
+        self._raw[value.instance] = raw
+        ended = _ended_at(value)
+        if ended is not None:  # it leaves memory once its record is written
+            self._ending[value.instance] = ended
         else:
-            self._raw[value.instance] = raw
             self._parsed[value.instance] = value.model_copy(deep=True)
         self._queued.append(
             OutRecord(self.topic, key, raw, None, self.partition, seq=next_change())
         )
 
+    def written(self, key: bytes | None, value: bytes, offset: int) -> None:
+        """A changelog record of this store was committed at `offset`: a finished state
+        whose latest value it is retires."""
+        instance = key.decode() if key else ""
+        ended = self._ending.get(instance)
+        if ended is not None and self._raw.get(instance) is value:
+            del self._ending[instance], self._raw[instance]
+            self._retired[instance] = Retired(offset, ended)
+
     def delete(self, instance: str) -> None:
-        if instance in self._raw:
+        if instance in self:
             self._changing(instance)
-            del self._raw[instance]
-            self._parsed.pop(instance, None)
+            self._forget(instance)
             # An empty value: the unit sends it as null, a tombstone.
             tombstone = OutRecord(
                 self.topic, instance.encode(), b"", None, self.partition, seq=next_change()
             )
             self._queued.append(tombstone)
 
+    def _forget(self, instance: str) -> None:
+        for held in (self._raw, self._parsed, self._ending, self._retired, self._recalled):
+            held.pop(instance, None)
+
     def _changing(self, instance: str) -> None:
         if self._base is not None:
-            self._base.setdefault(instance, self._raw.get(instance))
+            self._base.setdefault(instance, self._raw.get(instance) or self._retired.get(instance))
             if len(self._base) > _UNDO_LIMIT:
                 self._base = None
 
     def peek(self) -> Iterator[InstanceState]:
-        """Every state as stored, not copied: for readers that change nothing (a finished
-        one, kept packed, is read for them and not kept parsed)."""
+        """Every live state as stored, not copied: for readers that change nothing (the
+        retired ones are not read: `retired`)."""
         for instance, raw in list(self._raw.items()):
             parsed = self._parsed.get(instance)
-            yield parsed or InstanceState.model_validate_json(_unpacked(raw))
+            yield parsed or InstanceState.model_validate_json(raw)
 
     def states(self) -> Iterator[InstanceState]:
+        """Every live state, copied (the retired ones: `retired`)."""
         for instance in list(self._raw):
             found = self.get(instance)
             if found is not None:
@@ -276,8 +341,51 @@ class Stores:
     """The stores of the units this process owns, as one `StateStore` for the workflow:
     an instance lives in the store of its input's partition."""
 
-    def __init__(self) -> None:
+    def __init__(self, reader: Recall | None = None) -> None:
         self.by_partition: dict[int, UnitStore] = {}
+        self.reader = reader  # reads retired states back (none: nothing retires unread)
+
+    async def recall(self, instance: str) -> None:
+        """Reads back the state of `instance` if an owned store keeps it only on the
+        changelog (a finished workflow), so a `get` in the same step finds it. Raises
+        `RecallFailed` when it cannot be read."""
+        for _ in range(3):  # its store replaced during the read (a unit reopened): again
+            store = self._holding(instance)
+            offset = store.to_recall(instance) if store is not None else None
+            if store is None or offset is None:
+                return
+            if self.reader is None:
+                raise RecallFailed(f"the state of {instance!r} is retired: no reader")
+            store.recalled(
+                instance, offset, await self.reader.read(store.partition, offset, instance)
+            )
+        raise RecallFailed(f"the state of {instance!r} kept changing while read back")
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            await self.reader.stop()
+
+    def held(self) -> tuple[int, int, int]:
+        """States live (in memory) and retired here, and states read back so far."""
+        retired = sum(s.retired_count for s in self.by_partition.values())
+        held = sum(len(s) for s in self.by_partition.values())
+        return held - retired, retired, self.reader.reads if self.reader else 0
+
+    def retired(self) -> Iterator[tuple[str, float, int]]:
+        """Each retired state's instance, when it ended, and its partition."""
+        for store in list(self.by_partition.values()):
+            yield from store.retired()
+
+    def retired_at(self, instance: str) -> float | None:
+        """When the workflow of `instance` ended, if its state is retired."""
+        store = self._holding(instance)
+        return store.retired_at(instance) if store is not None else None
+
+    def written(self, partition: int, record: OutRecord, offset: int) -> None:
+        """A committed changelog record of `partition` (the unit's hook)."""
+        store = self.by_partition.get(partition)
+        if store is not None and record.value:
+            store.written(record.key, record.value, offset)
 
     def add(self, store: UnitStore) -> None:
         self.by_partition[store.partition] = store
@@ -314,6 +422,7 @@ class Stores:
         store.put(value)
 
     def items(self) -> Iterator[InstanceState]:
+        """Every live state (the retired ones: `retired`)."""
         for store in list(self.by_partition.values()):
             yield from store.states()
 

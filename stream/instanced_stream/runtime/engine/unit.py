@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -43,6 +44,7 @@ __all__ = [
     "Slot",
     "Unit",
     "UnitGone",
+    "Written",
     "oldest_open_since",
     "uncommitted",
 ]
@@ -59,6 +61,8 @@ CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 # A record the broker refuses for itself, the replacement to write instead (its item's
 # dead letter), given the broker's words.
 Replace = Callable[[OutRecord, str], list[OutRecord]]
+# A committed state change (a changelog record of the unit's partition) and its offset.
+Written = Callable[[int, OutRecord, int], None]
 # Each topic's record limit as the broker holds it now (`max.message.bytes`).
 Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
 # A fresh producer for the unit in place of the one a refusal left broken (which the
@@ -143,6 +147,7 @@ class Unit:
         self._task: asyncio.Task[None] | None = None
         self.commits = 0
         self.committed_records = 0
+        self.written: Written | None = None  # told of each committed state change
 
     def __repr__(self) -> str:
         return f"Unit(p={self.partition}, alive={self.alive})"
@@ -251,7 +256,7 @@ class Unit:
                 return 0
             tps = {TopicPartition(t, self.partition): o for t, o in offsets.items()}
             try:
-                records = await self._write(records, tps)
+                records, offsets_written = await self._write(records, tps)
             except ProducerFenced:
                 self.alive = False
                 raise
@@ -262,25 +267,27 @@ class Unit:
                 raise
             self.commits += 1
             self.committed_records += len(records)
+            _tell(self.written, self.partition, records, offsets_written)
             self.probe.at("after_commit")
             return len(records)
 
     async def _write(
         self, records: list[OutRecord], offsets: dict[TopicPartition, int]
-    ) -> list[OutRecord]:
+    ) -> tuple[list[OutRecord], list[int]]:
         """Writes the records and the offsets; a record the broker refuses for itself is
         replaced (its item's dead letter) and the whole is written again, so one bad
-        record neither loops the unit nor holds its batch-mates back."""
+        record neither loops the unit nor holds its batch-mates back. Returns the records
+        written and where each one was."""
         for _ in range(3):
             try:
                 if self.transactional:
-                    await self._commit_transaction(records, offsets)
+                    at = await self._commit_transaction(records, offsets)
                 else:
-                    await self._send(records)
+                    at = await self._send(records)
                     self.probe.at("mid_commit")
                     if offsets and self.commit_offsets is not None:
                         await self.commit_offsets(offsets)
-                return records
+                return records, at
             except _Refused as exc:
                 if self.transactional:
                     await self.producer.abort_transaction()
@@ -300,15 +307,17 @@ class Unit:
 
     async def _commit_transaction(
         self, records: list[OutRecord], offsets: dict[TopicPartition, int]
-    ) -> None:
+    ) -> list[int]:
         await self.producer.begin_transaction()
-        await self._send(records)
+        at = await self._send(records)
         if offsets:
             await self.producer.send_offsets_to_transaction(offsets, self.group_id)
         self.probe.at("mid_commit")  # every record sent, the transaction still open
         await self.producer.commit_transaction()
+        return at
 
-    async def _send(self, records: list[OutRecord]) -> None:
+    async def _send(self, records: list[OutRecord]) -> list[int]:
+        """Sends the records; returns each one's offset."""
         # Every send is acknowledged before the commit: the transaction (or the consumer's
         # offset commit) must not be written ahead of the records it vouches for.
         # An empty value is a deletion (every output is JSON): sent as null, the tombstone
@@ -320,14 +329,8 @@ class Unit:
             for r in records
         ]
         if not futures:
-            return
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, REFUSALS)}
-        if refused:
-            raise _Refused(refused)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+            return []
+        return _offsets(await asyncio.gather(*futures, return_exceptions=True))
 
     async def _abort(self) -> None:
         try:
@@ -368,6 +371,26 @@ def oldest_open_since(unit: Unit) -> float | None:
     (monotonic seconds)."""
     firsts = [next((s.at for s in slots if not s.done), None) for slots in unit.slots.values()]
     return min((at for at in firsts if at is not None), default=None)
+
+
+def _offsets(outcomes: list[Any]) -> list[int]:
+    """Each send's offset; raises what the sends failed with (`_Refused`: the records the
+    broker refused for themselves)."""
+    refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, REFUSALS)}
+    if refused:
+        raise _Refused(refused)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [outcome.offset for outcome in outcomes]
+
+
+def _tell(written: Written | None, partition: int, records: list[OutRecord], at: list[int]) -> None:
+    """Tells `written` of each state change among the committed records, and its offset."""
+    if written is not None:
+        for rec, offset in zip(records, at, strict=True):
+            if rec.seq > 0:  # a state change
+                written(partition, rec, offset)
 
 
 def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecord]:

@@ -31,13 +31,14 @@ from instanced_stream.core.workflow import Workflow
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.engine.recall import RecallFailed
 from instanced_stream.runtime.engine.store import Stores, UnitStore
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.steps.letters import bad_record
 from instanced_stream.runtime.steps.records import Planned, RecordBuilder, TurnChange, bad_result
 from instanced_stream.runtime.steps.size_guard import fit
 
-__all__ = ["Flows", "Staging", "misrouted"]
+__all__ = ["Flows", "Staging", "instance_of", "misrouted", "recalled"]
 
 log = logging.getLogger("stream.processor")
 
@@ -305,6 +306,19 @@ class Flows:
             if changes:
                 out.setdefault(partition, Staging()).changes += changes
         return out
+
+
+async def recalled(stores: Stores, unit: Unit, instance: str | None) -> bool:
+    """The state of `instance` read back if it is kept only on the changelog (a finished
+    workflow), before a trigger reads it. False: it could not be, and `unit` failed with
+    that (its partition is reopened; nothing is decided on a state not read)."""
+    if instance is not None:
+        try:
+            await stores.recall(instance)
+        except RecallFailed as exc:
+            unit.fail(exc)
+            return False
+    return True
 
 
 def refusal_letter(
