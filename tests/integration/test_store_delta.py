@@ -103,10 +103,14 @@ async def test_finished_states_restore_out_of_memory_and_are_read_back_by_offset
     try:
         assert stores.held() == (1, n, 0)
         assert [st.instance for st in stores.items()] == ["live"]
+        took = []
         for name in ("done-00000", "done-01234", f"done-{n - 1:05d}"):
+            started = time.monotonic()
             await stores.recall(name)
+            took.append(time.monotonic() - started)
             found = stores.get(name)
             assert found is not None and found.model_dump_json().encode() == written[name]
         assert stores.held() == (1, n, 3)
+        print("read back in", ", ".join(f"{t * 1000:.1f} ms" for t in took))
     finally:
         await stores.close()
