@@ -37,16 +37,22 @@ async def _write(bootstrap: str, topic: str, records: list[tuple[str, bytes | No
         await producer.stop()
 
 
-async def test_a_store_restored_again_reads_the_delta_and_undoes_what_was_not_committed(
-    bootstrap: str,
-) -> None:
-    topic = f"delta-{secrets.token_hex(4)}"
+async def _topic(bootstrap: str, name: str) -> str:
+    """A fresh changelog-like topic of one partition."""
+    topic = f"{name}-{secrets.token_hex(4)}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 1, 1)])
     finally:
         await admin.close()
+    return topic
+
+
+async def test_a_store_restored_again_reads_the_delta_and_undoes_what_was_not_committed(
+    bootstrap: str,
+) -> None:
+    topic = await _topic(bootstrap, "delta")
     await _write(bootstrap, topic, [(n, _state(n).model_dump_json().encode()) for n in "abc"])
     store = UnitStore(topic, 0, 1_000_000)
     assert await store.restore(bootstrap) == 3 and store.restored == 3
@@ -69,13 +75,7 @@ async def test_finished_states_restore_out_of_memory_and_are_read_back_by_offset
     """Issue 37: finished states stayed in memory (compressed, ~880 B each) until their
     retention ended. A restore now keeps of each only its record's offset and when it
     ended, and one is read back from the changelog when an answer or input needs it."""
-    topic = f"retired-{secrets.token_hex(4)}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options_for(bootstrap))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    topic = await _topic(bootstrap, "retired")
     rng = random.Random(7)
     n = 3000
     written = {f"done-{i:05d}": done_state(f"done-{i:05d}", 0, time.time(), rng) for i in range(n)}
