@@ -156,7 +156,7 @@ class UnitStore:
         at once: only its offset stays."""
         if self._base is None:  # too much changed to undo: everything read again
             self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
-            self.applied = 0
+            self._ending, self._recalled, self.applied = {}, OrderedDict(), 0
         latest: dict[str, tuple[int, bytes | Retired | None]] = dict(await self._read(bootstrap))
         for key, base in self._base.items():  # changed here, not committed since: undone
             latest.setdefault(key, (-1, base))
