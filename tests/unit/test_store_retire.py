@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import pytest
+from aiokafka.structs import TopicPartition
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, SourcePosition
 from instanced_stream.core.state import Ended, InstanceState
+from instanced_stream.kafka import clients
 from instanced_stream.runtime.engine.restore import AT_ONCE, Restores
 from instanced_stream.runtime.engine.store import NotRecalled, Stores, UnitStore
 from instanced_stream.runtime.engine.unit import Unit
@@ -120,24 +124,96 @@ async def test_finished_workflows_retire_and_are_read_back_by_a_repeat_and_a_new
     assert again is not None and again.state == {"customer": GOLD}  # its earlier state
 
 
-async def test_restores_read_a_few_partitions_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A restore holds its partition's records until it has parsed them: 24 at once held
-    every partition's together (the churn run's 444 MB peak)."""
+class _Changelog:
+    """The consumer a restore reads a changelog partition with, in memory: `sizes` records
+    per partition, handed out 500 at a time with a round trip's wait; counts the large
+    reads under way."""
+
+    def __init__(self, sizes: dict[int, int], reading: list[int]) -> None:
+        self.sizes, self.reading, self.at = sizes, reading, 0
+        self.tp = TopicPartition("changelog", 0)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        if self.tp.partition in self.reading:
+            self.reading.remove(self.tp.partition)
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        (self.tp,) = tps
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {self.tp: 0}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {self.tp: self.sizes[self.tp.partition]}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.at = offset
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at
+
+    async def getmany(self, tp: TopicPartition, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
+        if self.sizes[tp.partition] > 2000 and tp.partition not in self.reading:
+            self.reading.append(tp.partition)
+        await asyncio.sleep(0.005)
+        n = min(500, self.sizes[tp.partition] - self.at)
+        records = [_Record(f"t-{tp.partition}-{self.at + k}", self.at + k) for k in range(n)]
+        self.at += n
+        return {tp: records}
+
+
+@dataclass
+class _Record:
+    name: str
+    offset: int
+
+    @property
+    def key(self) -> bytes:
+        return self.name.encode()
+
+    @property
+    def value(self) -> bytes:
+        st = InstanceState(instance=self.name, partition=0, status="pending")
+        return st.model_dump_json().encode()
+
+
+async def test_large_restores_read_a_few_at_a_time_and_small_ones_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore holds its partition's records until it has parsed them: 24 large ones at
+    once held every partition's records together (the churn run's 444 MB peak). A small
+    one (a fresh partition, a delta) is round trips, not parsing: it never waits."""
+    sizes = {p: (3000 if p < 12 else 10) for p in range(24)}
     reading: list[int] = []
     most = 0
+    opened: dict[int, float] = {}
 
-    async def restore(self: UnitStore, bootstrap: str) -> int:
-        nonlocal most
-        reading.append(self.partition)
-        most = max(most, len(reading))
-        await asyncio.sleep(0.01)
-        reading.remove(self.partition)
-        return 0
+    def consumer(bootstrap: str) -> _Changelog:
+        return _Changelog(sizes, reading)
 
-    monkeypatch.setattr(UnitStore, "restore", restore)
+    monkeypatch.setattr(clients, "consumer", consumer)
     rig = Rig(tickets_spec())
     assert rig.flows is not None
     restores = Restores(rig.flows, "unused:9092")
-    await asyncio.gather(*(restores.restore(rig.unit(p)) for p in range(24)))
-    assert most == AT_ONCE < 24
-    assert sorted(rig.stores.by_partition) == list(range(24))
+    started = time.monotonic()
+
+    async def restore(p: int) -> None:
+        await restores.restore(rig.unit(p))
+        opened[p] = time.monotonic() - started
+
+    async def peak() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(reading))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(peak())
+    await asyncio.gather(*(restore(p) for p in range(24)))
+    watcher.cancel()
+    assert most == AT_ONCE  # large reads: never more at once
+    assert sorted(len(rig.stores.by_partition[p]) for p in range(24)) == [10] * 12 + [3000] * 12
+    slowest_small = max(opened[p] for p in range(12, 24))
+    assert slowest_small < sorted(opened[p] for p in range(12))[AT_ONCE - 1]  # none waited

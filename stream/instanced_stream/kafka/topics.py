@@ -30,6 +30,7 @@ __all__ = [
     "ensure_topics",
     "partitions",
     "product_topics",
+    "read_changelog",
     "read_json",
     "read_topic",
     "record_limits",
@@ -266,3 +267,29 @@ async def record_limits(bootstrap: str, topics: set[str]) -> dict[str, int]:
                 if entry[0] == "max.message.bytes" and entry[1] is not None:
                     found[str(resource[3])] = int(entry[1])
     return found
+
+
+async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
+    """A compacted changelog partition as it stands: read read_committed to its last
+    stable offset, each key's latest value, deleted keys (tombstones) left out."""
+    tp = TopicPartition(topic, partition)
+    out: dict[str, bytes] = {}
+    consumer = clients.consumer(bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            found = await consumer.getmany(tp, timeout_ms=1000)
+            for rec in found.get(tp, []):
+                key = rec.key.decode() if rec.key else None
+                if key is None:
+                    continue
+                if rec.value:
+                    out[key] = rec.value
+                else:
+                    out.pop(key, None)
+    finally:
+        await consumer.stop()
+    return out

@@ -24,10 +24,10 @@ __all__ = ["AT_ONCE", "KEEP_S", "Restores"]
 log = logging.getLogger("stream.store")
 
 KEEP_S = 300.0  # how long a closed unit's store is kept for its partition's return
-# Restores that read at once. A restore holds its partition's latest records (about 3 KB
-# a state) until it has parsed them, and parsing takes the one event loop: more at once
-# would finish none sooner, and would hold every partition's records together (24
-# partitions of 100,000 states: 290 MB).
+# Large restores that read at once (a small one never waits: `UnitStore.restore`). A
+# restore holds its partition's latest records (about 3 KB a state) until it has parsed
+# them, and parsing takes the one event loop: more at once would finish none sooner, and
+# would hold every partition's records together (24 partitions of 100,000 states: 290 MB).
 AT_ONCE = 4
 
 
@@ -66,8 +66,7 @@ class Restores:
         self.running[p] = store
         started = time.monotonic()
         try:
-            async with self._reading:
-                states = await store.restore(self.bootstrap)
+            states = await store.restore(self.bootstrap, self._reading)
         finally:
             self.running.pop(p, None)
         self.flows.stores.add(store)

@@ -19,6 +19,7 @@ offset); a `get` of a retired state that was not read back is a bug, and raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -35,7 +36,7 @@ from instanced_stream.kafka.publish import OutRecord
 from instanced_stream.runtime.engine.changes import next_change
 from instanced_stream.runtime.engine.recall import Recall, RecallFailed
 
-__all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore", "read_changelog"]
+__all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore"]
 
 log = logging.getLogger("stream.store")
 
@@ -65,32 +66,6 @@ class NotRecalled(RuntimeError):
 _RECALLED = 256
 
 
-async def read_changelog(bootstrap: str, topic: str, partition: int) -> dict[str, bytes]:
-    """A compacted changelog partition as it stands: read read_committed to its last
-    stable offset, each key's latest value, deleted keys (tombstones) left out."""
-    tp = TopicPartition(topic, partition)
-    out: dict[str, bytes] = {}
-    consumer = clients.consumer(bootstrap)
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            found = await consumer.getmany(tp, timeout_ms=1000)
-            for rec in found.get(tp, []):
-                key = rec.key.decode() if rec.key else None
-                if key is None:
-                    continue
-                if rec.value:
-                    out[key] = rec.value
-                else:
-                    out.pop(key, None)
-    finally:
-        await consumer.stop()
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class Quarantined:
     """A changelog record the store could not read: where it is, and why."""
@@ -110,6 +85,11 @@ _UNDO_LIMIT = 10_000
 # Restored records between two yields to the event loop: a restore runs beside the
 # consumer's heartbeats and the other units' work, never blocking them for long.
 _YIELD_EVERY = 500
+
+# Records past which a restore waits for its turn (`Restores`): a few large restores at
+# once, each holding its records until parsed; a small one (a fresh or quiet partition,
+# a delta) starts at once, as its time is the broker's round trips, not the parsing.
+_LARGE = 2_000
 
 
 class UnitStore:
@@ -147,20 +127,28 @@ class UnitStore:
     def retired_count(self) -> int:
         return len(self._retired)
 
-    async def restore(self, bootstrap: str) -> int:
+    async def restore(self, bootstrap: str, gate: asyncio.Semaphore | None = None) -> int:
         """Reads the changelog partition from where this store left it (`applied`: all of
         it the first time, only the delta after) to its last stable offset,
         read_committed; returns the states it holds. Every state is read as it is
         restored: one that cannot be (a cut-off value, another schema) is left out and
         kept in `quarantined`, so the partition opens without it. A finished one retires
-        at once: only its offset stays."""
+        at once: only its offset stays. A read of more than `_LARGE` records holds `gate`
+        until its records are parsed (they are held until then)."""
         if self._base is None:  # too much changed to undo: everything read again
             self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
             self._ending, self._recalled, self.applied = {}, OrderedDict(), 0
-        latest: dict[str, tuple[int, bytes | Retired | None]] = dict(await self._read(bootstrap))
-        for key, base in self._base.items():  # changed here, not committed since: undone
+        undo, self._base = self._base, {}
+        async with contextlib.AsyncExitStack() as gated:
+            return await self._apply(dict(await self._read(bootstrap, gate, gated)), undo)
+
+    async def _apply(
+        self,
+        latest: dict[str, tuple[int, bytes | Retired | None]],
+        undo: dict[str, bytes | Retired | None],
+    ) -> int:
+        for key, base in undo.items():  # changed here, not committed since: undone
             latest.setdefault(key, (-1, base))
-        self._base = {}
         for bad in self._staged:  # quarantined before, its tombstone not read back: again
             if bad.key not in latest:
                 self.quarantined.append(bad)
@@ -194,7 +182,9 @@ class UnitStore:
                 self._raw[key], self._parsed[key] = raw, parsed
         return len(self)
 
-    async def _read(self, bootstrap: str) -> dict[str, tuple[int, bytes | None]]:
+    async def _read(
+        self, bootstrap: str, gate: asyncio.Semaphore | None, gated: contextlib.AsyncExitStack
+    ) -> dict[str, tuple[int, bytes | None]]:
         """Each key's latest record (offset, value; None: a tombstone) after `applied`."""
         tp = TopicPartition(self.topic, self.partition)
         latest: dict[str, tuple[int, bytes | None]] = {}
@@ -206,6 +196,8 @@ class UnitStore:
             start = (await consumer.beginning_offsets([tp]))[tp]
             consumer.seek(tp, max(start, self.applied))
             end = (await consumer.end_offsets([tp]))[tp]
+            if gate is not None and end - await consumer.position(tp) > _LARGE:
+                await gated.enter_async_context(gate)
             while await consumer.position(tp) < end:
                 found = await consumer.getmany(tp, timeout_ms=1000)
                 for rec in found.get(tp, []):
