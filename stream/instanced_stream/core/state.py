@@ -112,13 +112,6 @@ class InstanceState(BaseModel):
         else:
             self.outbox, self.outbox_owner = owed, owner
 
-    def left(self, owner: str) -> bool:
-        """Whether a processor other than `owner` left this state owing records (an
-        outbox it wrote and never saw acknowledged) or ready for a turn it never offered."""
-        return bool(self.outbox and self.outbox_owner != owner) or (
-            self.status == "ready" and self.owner != owner
-        )
-
     def mark(self, trigger: str) -> bool:
         """Records a trigger; False when it was applied before (a redo)."""
         if trigger in self.applied:

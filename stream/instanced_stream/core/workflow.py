@@ -160,7 +160,8 @@ class Workflow:
         self.index.update(st)
 
     def due(self, now: float, owns: Callable[[int], bool] = lambda _: True) -> list[str]:
-        """Owned instances past a deadline or their retention (`owing` rebuilds the index)."""
+        """Owned instances past a deadline or their retention (the index is built from the
+        store on the first call; each restore adds its partition's states to it)."""
         if not self.index.built:
             self.index.rebuild(self.store.items(), self.store.retired())
         return self.index.due(now, owns)
@@ -173,13 +174,6 @@ class Workflow:
         if st is not None and st.outbox and (theirs or st.outbox_owner == self.owner):
             st.outbox, st.outbox_owner = [], self.owner
             self._put(st)
-
-    def owing(self, owns: Callable[[int], bool]) -> list[InstanceState]:
-        """States of owned partitions left by another processor (a restart, a rebalance)
-        that owe records or wait for a turn nobody will offer."""
-        states = list(self.store.items())  # the index is rebuilt in the same scan (restores)
-        self.index.rebuild(states, self.store.retired())
-        return [st for st in states if owns(st.partition) and st.left(self.owner)]
 
     def next_turn(self, st: InstanceState) -> Instance | None:
         """The instance's next turn, when its workflow is ready for one."""
