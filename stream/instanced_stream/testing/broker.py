@@ -37,7 +37,9 @@ __all__ = [
     "docker_available",
     "ensure_jars",
     "free_port",
+    "free_ports",
     "kafka_bootstrap",
+    "new_cluster_id",
     "run_foreground",
 ]
 
@@ -49,10 +51,11 @@ _T = TypeVar("_T")
 
 def free_port() -> int:
     """A port nobody listens on now, on the loopback address."""
-    return _free_ports(1)[0]
+    return free_ports(1)[0]
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
+    """`count` different ports nobody listens on now, on the loopback address."""
     # All sockets stay open until every port is picked, so the ports differ.
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(count)]
@@ -73,7 +76,8 @@ def _check_free(port: int) -> None:
             raise BrokerError(f"port {port} on {HOST} is in use", retriable=True) from e
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
+    """A KRaft cluster id, as StorageTool's `random-uuid` prints one."""
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         # A leading dash would be read as an option by StorageTool's argument parser.
@@ -122,11 +126,19 @@ class LocalKafka:
         port: int | None = None,
         heap_mb: int = 512,
         tls: Tls | None = None,
+        controller_port: int | None = None,
+        cluster_id: str | None = None,
+        overrides: dict[str, str] | None = None,
     ):
+        """`controller_port`, `cluster_id` and `overrides` (server properties set over
+        the single node's) let one node of a cluster (testing/cluster.py) be started
+        with its peers' voters and replication."""
         self._given_dir = data_dir
         self._dir: Path | None = data_dir
         self._port = port
-        self._cport: int | None = None
+        self._cport: int | None = controller_port
+        self._cluster = cluster_id
+        self._overrides = dict(overrides or {})
         self._tls = tls
         self._tls_ports: tuple[int, int] | None = None  # SSL, SASL_SSL
         self._heap_mb = heap_mb
@@ -166,11 +178,11 @@ class LocalKafka:
         jars = ensure_jars()
         # Ports are fixed on first start so a restart looks like the same broker to clients.
         if self._port is None:
-            self._port = _free_ports(1)[0]
+            self._port = free_ports(1)[0]
         if self._cport is None:
-            self._cport = next(p for p in _free_ports(2) if p != self._port)
+            self._cport = next(p for p in free_ports(2) if p != self._port)
         if self._tls is not None and self._tls_ports is None:
-            spare = [p for p in _free_ports(4) if p not in (self._port, self._cport)]
+            spare = [p for p in free_ports(4) if p not in (self._port, self._cport)]
             self._tls_ports = (spare[0], spare[1])
         for p in (self._port, self._cport):
             _check_free(p)
@@ -194,7 +206,8 @@ class LocalKafka:
         (data / "log4j.properties").write_text(LOG4J)
         classpath = [f"-Dlog4j.configuration=file:{data / 'log4j.properties'}", "-cp", f"{jars}/*"]
         if not (data / "logs" / "meta.properties").exists():
-            cmd = [java, *classpath, "kafka.tools.StorageTool", "format", "-t", _cluster_id()]
+            cluster = self._cluster or new_cluster_id()
+            cmd = [java, *classpath, "kafka.tools.StorageTool", "format", "-t", cluster]
             cmd += ["-c", str(config), "--ignore-formatted"]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -238,6 +251,7 @@ class LocalKafka:
             "broker.heartbeat.interval.ms": "1000",
             "broker.session.timeout.ms": "4000",
         }
+        props.update(self._overrides)
         if self._tls is not None and self._tls_ports is not None:
             props.update(self._tls_properties(props))
         return "".join(f"{k}={v}\n" for k, v in props.items())
