@@ -30,6 +30,10 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         tokens_per_minute=args.tpm,
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.churn and args.restarts:
+        from instanced_stream.tools.storm import storm_command
+
+        return storm_command(args, settings)
     if args.churn:
         from instanced_stream.tools.churn import churn_command
 

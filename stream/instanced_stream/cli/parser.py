@@ -214,6 +214,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--states", type=int, default=100_000, help="--churn: states pre-written (100000)"
     )
     bn.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--churn: instead, a restart storm: three processors, N SIGKILLs and restarts "
+        "while tickets flow (progress while running; DIR/churn.json)",
+    )
+    bn.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        choices=(1, 3),
+        help="--churn --restarts: 3 runs the storm on a local three-broker cluster and also "
+        "kills the group's coordinator broker twice",
+    )
+    bn.add_argument(
         "--init-transactions",
         action="store_true",
         help="--churn: only what a move costs in init_transactions at --partitions",

@@ -152,9 +152,12 @@ async def deploy(
     workdir: Path,
     partitions: int,
     window_wait_ms: int | None = None,
+    replication: int | None = None,
+    min_insync: int | None = None,
 ) -> Deploy:
     """Fresh topics and the environment of the tickets example's processors; with
-    `window_wait_ms`, its windows wait that long for their items."""
+    `window_wait_ms`, its windows wait that long for their items; `replication` and
+    `min_insync` (a cluster's run) for every topic created, theirs too."""
     prefix = f"churn-{secrets.token_hex(3)}."
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     data = yaml.safe_load(SPEC.read_text())
@@ -163,13 +166,21 @@ async def deploy(
     spec_path = run_dir / "agent.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     settings = Settings(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=partitions, spec=spec_path
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        partitions=partitions,
+        spec=spec_path,
+        replication_factor=replication,
+        min_insync_replicas=min_insync,
     )
     spec = load_spec(spec_path)
     await ensure_product_topics(bootstrap, settings, spec)
     tools = activity_topics(settings, spec)
     # The review topic is read by the audit whether or not the spec reviews calls.
-    await ensure_topics(bootstrap, [settings.topics.review], partitions)
+    durable = {"min.insync.replicas": str(min_insync)} if min_insync else None
+    await ensure_topics(
+        bootstrap, [settings.topics.review], partitions, replication or 1, config=durable
+    )
     env = {
         "STREAM_BOOTSTRAP_SERVERS": bootstrap,
         "STREAM_TOPIC_PREFIX": prefix,
@@ -182,6 +193,10 @@ async def deploy(
         "STREAM_LOG_FORMAT": "json",
         "STREAM_DELIVERY": "exactly_once",
     }
+    if replication is not None:
+        env["STREAM_REPLICATION_FACTOR"] = str(replication)
+    if min_insync is not None:
+        env["STREAM_MIN_INSYNC_REPLICAS"] = str(min_insync)
     outcome = [*tools, settings.topics.review, settings.topics.no_action]
     outcome.append(settings.topics.dead_letter)
     return Deploy(settings, env, outcome, tools, run_dir)

@@ -18,7 +18,14 @@ import orjson
 
 from instanced_stream.tools.fleet import Group, Life
 
-__all__ = ["LogFacts", "from_logs", "parse_log", "rebalance_times", "wait_assigned"]
+__all__ = [
+    "LogFacts",
+    "from_logs",
+    "group_facts",
+    "parse_log",
+    "rebalance_times",
+    "wait_assigned",
+]
 
 _ASSIGNING = "Setting newly assigned partitions"
 
@@ -35,6 +42,9 @@ _JOINED = re.compile(r"with member_id (\S+)")
 
 
 _UNKNOWN = "member_id was not recognized"
+
+
+_GENERATION = re.compile(r"Joined group '([^']*)' \(generation (\d+)\)")
 
 
 @dataclass(slots=True)
@@ -91,6 +101,31 @@ def parse_log(path: Path) -> LogFacts:
         elif _ASSIGNED.search(msg) and current is not None:
             current["ended"] = at
     return facts
+
+
+def group_facts(path: Path, group: str) -> tuple[float | None, dict[int, float]]:
+    """From one processor's JSON log, for `group`: when its first assignment began
+    (aiokafka's "Setting newly assigned partitions", epoch seconds; None: never) and each
+    generation it joined, with when (aiokafka's "Joined group 'g' (generation N)")."""
+    first: float | None = None
+    generations: dict[int, float] = {}
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return None, generations
+    for line in lines:
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict) or "ts" not in rec:
+            continue
+        msg = str(rec.get("message", ""))
+        if first is None and msg.startswith(_ASSIGNING) and msg.endswith(f" {group}"):
+            first = _epoch(rec["ts"])
+        elif (joined := _GENERATION.search(msg)) and joined[1] == group:
+            generations.setdefault(int(joined[2]), _epoch(rec["ts"]))
+    return first, generations
 
 
 def rebalance_times(moves: list[dict[str, Any]], lives: list[Life], wall_origin: float) -> None:
