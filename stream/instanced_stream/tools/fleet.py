@@ -89,9 +89,10 @@ class Group:
         self.lives: list[Life] = []
         self.running: dict[int, Life] = {}
 
-    def start(self, slot: int) -> Life:
+    def start(self, slot: int, env: dict[str, str] | None = None) -> Life:
+        """A new life in `slot`; `env` adds to the group's environment for it alone."""
         n = sum(1 for life in self.lives if life.name.startswith(f"p{slot}."))
-        env = {**self.env, "STREAM_WEB_PORT": str(free_port())}
+        env = {**self.env, **(env or {}), "STREAM_WEB_PORT": str(free_port())}
         proc = ProcessorProcess(env, self.run_dir / f"processor{slot}.{n}.log")
         proc.start()
         life = Life(f"p{slot}.{n}", proc, time.monotonic() - self.origin)

@@ -1,8 +1,10 @@
 """The restart storm's kills (tools/storm.py): a random member of a group SIGKILLed and
 started again, by turns aimed inside a commit (its live API shows consumed records not
 yet committed, as the chaos demo aims), at a random moment, and while the restarted
-member joins (its log shows its join request and no assignment yet). Each kill is noted
-with its phase as found; a member that exits on its own is a crash, started again too."""
+member joins (its log shows its join request and no assignment yet); every other aimed
+kill also arms the restarted member's `mid_commit` fault point, so it kills itself inside
+a commit's transaction. Each kill is noted with its phase as found; a member that exits
+on its own otherwise is a crash, started again too."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Kills"]
 
+# What an armed fault point logs as it kills its process (testing/faults.py).
+_FAULT_KILL = b"fault injection: SIGKILL at mid_commit"
+
 Say = Callable[[str], None]
 
 
@@ -38,15 +43,33 @@ class Kills:
         return time.monotonic() - self.origin
 
     def check(self) -> None:
-        """Lives that ended on their own are crashes; their slot starts again."""
+        """Lives that ended on their own are crashes, unless an armed fault point killed
+        them inside a commit (a kill, phase `mid_commit`); their slot starts again."""
         self.group.sample()
         for life in self.group.exited():
-            self.crashes.append(
-                {"processor": life.name, "at_s": round(self.now(), 1), "code": life.exit_code}
-            )
-            self.say(f"storm: {life.name} exited on its own ({life.exit_code}); restarting")
             slot = int(life.name[1:].split(".")[0])
+            if _FAULT_KILL in _read(life.proc.log_path):
+                self._note(life, "mid_commit", {})
+            else:
+                self.crashes.append(
+                    {"processor": life.name, "at_s": round(self.now(), 1), "code": life.exit_code}
+                )
+                self.say(f"storm: {life.name} exited on its own ({life.exit_code}); restarting")
             self.group.start(slot)
+
+    def _note(self, life: Life, phase: str, found: dict[str, int]) -> None:
+        at = self.now() if life.stopped_s is None else life.stopped_s
+        self.kills.append(
+            {
+                "k": len(self.kills) + 1,
+                "at_s": round(at, 2),
+                "processor": life.name,
+                "phase": phase,
+                "age_s": round(at - life.started_s, 2),
+                "uncommitted": found,
+            }
+        )
+        self.say(f"storm: kill {len(self.kills)} {life.name} ({phase}) at {at:.0f} s")
 
     async def wait(self, seconds: float) -> None:
         until = time.monotonic() + seconds
@@ -54,34 +77,29 @@ class Kills:
             self.check()
             await asyncio.sleep(min(0.5, max(0.0, until - time.monotonic())))
 
-    async def kill(self, slot: int, phase: str, found: dict[str, int] | None = None) -> Life:
-        """SIGKILL the slot's life (no drain, no commit) and start it again."""
+    async def kill(
+        self, slot: int, phase: str, found: dict[str, int] | None = None, arm: bool = False
+    ) -> Life:
+        """SIGKILL the slot's life (no drain, no commit) and start it again; `arm`: the
+        new life kills itself at its first to third commit's `mid_commit` fault point
+        (testing/faults.py), inside the transaction."""
         self.check()
         life = self.group.running.get(slot)
-        if life is None or life.proc.proc is None:
-            return self.group.start(slot)
-        started = life.started_s
-        await asyncio.to_thread(life.proc.kill)
-        life.stopped_s = self.now()
-        life.exit_code = life.proc.proc.returncode
-        del self.group.running[slot]
-        self.kills.append(
-            {
-                "k": len(self.kills) + 1,
-                "at_s": round(life.stopped_s, 2),
-                "processor": life.name,
-                "phase": phase,
-                "age_s": round(life.stopped_s - started, 2),
-                "uncommitted": found or {},
-            }
-        )
-        self.say(f"storm: kill {len(self.kills)} {life.name} ({phase}) at {life.stopped_s:.0f} s")
-        return self.group.start(slot)
+        if life is not None and life.proc.proc is not None:
+            await asyncio.to_thread(life.proc.kill)
+            life.stopped_s = self.now()
+            life.exit_code = life.proc.proc.returncode
+            del self.group.running[slot]
+            self._note(life, phase, found or {})
+        env = None
+        if arm and len(self.kills) < self.plan.restarts - 1:
+            env = {"STREAM_CRASH_AT": f"mid_commit:{self.rng.randint(1, 3)}"}
+        return self.group.start(slot, env)
 
-    async def aimed(self, slot: int) -> Life:
+    async def aimed(self, slot: int, arm: bool = False) -> Life:
         life = self.group.running.get(slot)
         found = await uncommitted(life, self.plan.aim_s) if life is not None else {}
-        return await self.kill(slot, "in_commit" if found else "running", found)
+        return await self.kill(slot, "in_commit" if found else "running", found, arm)
 
     async def joining(self, life: Life, slot: int) -> None:
         """Kill `life` (just started) once its log shows its join request and before its
@@ -122,7 +140,8 @@ class Kills:
             manner = turn % 3
             turn += 1
             if manner == 0:
-                await self.aimed(slot)
+                # Every other time, the restarted member is armed to die inside a commit.
+                await self.aimed(slot, arm=turn % 6 == 4)
             elif manner == 1:
                 await self.wait(self.rng.uniform(0, 3))
                 await self.kill(slot, "running")
