@@ -43,7 +43,7 @@ from instanced_stream.testing.cluster import LocalCluster
 from instanced_stream.testing.samples import tickets
 from instanced_stream.tools.audit import audit
 from instanced_stream.tools.changelog_states import write_states
-from instanced_stream.tools.churn import settle, workdir_
+from instanced_stream.tools.churn import workdir_
 from instanced_stream.tools.coordinator import BrokerKiller
 from instanced_stream.tools.fleet import Group, Worker, deploy
 from instanced_stream.tools.kills import Kills
@@ -131,6 +131,18 @@ async def _all_open(owners: Owners, partitions: int, until: float) -> bool:
     return False
 
 
+async def _settle(watch: Watch, inputs: int, until: float, storm: Kills) -> bool:
+    """Until every input has an outcome and every workflow ended, or `until`; a member
+    that exits on its own meanwhile is a crash, started again."""
+    while time.monotonic() < until:
+        storm.check()
+        if len(watch.first) >= inputs and len(watch.ended) >= inputs:
+            return True
+        await asyncio.sleep(0.5)
+    storm.check()
+    return False
+
+
 async def _run(
     bootstrap: str,
     sim: SimProcess,
@@ -181,8 +193,7 @@ async def _run(
             last_sent = max(sent.values(), default=storm.now())
             settle_until = origin + last_sent + plan.bound_s + 5
             settle_until = min(settle_until, time.monotonic() + max(10.0, plan.left() - 150))
-            settled = await settle(watch, len(sent), settle_until, group)
-            storm.check()
+            settled = await _settle(watch, len(sent), settle_until, storm)
             stop_at = storm.now()
             first = {k: v - origin for k, v in watch.first.items()}
             result["workflows_unended_at_stop"] = len(sent) - len(watch.ended)
