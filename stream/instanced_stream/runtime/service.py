@@ -154,23 +154,27 @@ class _Service(mode.Service):
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
-        # Ready: joined the group and serving every partition it was given (what a
-        # rollout and a disruption budget need to know): a unit restoring or failing to
-        # open is not served yet. The model's state is only reported.
+        # Ready: in a stable generation of the group and serving every partition it was
+        # given (what a rollout and a disruption budget need to know): a unit restoring or
+        # failing to open is not served yet, and a group rebalancing more than a few
+        # times a minute serves nothing for long. The model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: (
-                self.serving and not self.membership.rebalancing and not self.membership.opening
-            ),
+            self._ready_now,
             settings.web_host,
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
             partitions=self.membership.states,
             units=lambda: uncommitted(self.membership.units),
+            group=self.membership.group,
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
+
+    def _ready_now(self) -> bool:
+        m = self.membership
+        return self.serving and m.stable() and not m.opening and not m.group()["storm"]
 
     def _unit(self, partition: int) -> Unit | None:
         return self.membership.units.get(partition)
@@ -204,14 +208,16 @@ class _Service(mode.Service):
         self.stager.reconfigure(spec)
 
     async def on_start(self) -> None:
-        await self.membership.start()
-        self.stager.start()
-        if isinstance(self.llm, BatchModel):
-            self.llm.start()
+        # The probes first: a member that cannot get into its group answers them (not
+        # ready, and why) instead of leaving its port closed.
         try:
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
+        await self.membership.start()
+        self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
         await self.follower.start()
 
     async def on_started(self) -> None:
@@ -235,6 +241,7 @@ class _Service(mode.Service):
         """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
         `drain_s` to be staged and committed, then every unit commits and leaves."""
         self.stopping.set()
+        self.membership.leaving()  # a rebalance while draining gives this member nothing
         if self.fetching is not None:
             await asyncio.gather(self.fetching, return_exceptions=True)
         self.serving = False
@@ -307,6 +314,7 @@ class _Service(mode.Service):
 
     async def _lag(self) -> None:
         self.metrics.partitions.set(self.membership.states())
+        self.metrics.partitions.set_group(self.membership.group(), self.membership.partitions())
         if self.flows is not None:
             self.metrics.partitions.set_held(*self.flows.stores.held())
         self.metrics.partitions.set_lag(await self.membership.lag())
