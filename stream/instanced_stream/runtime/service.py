@@ -38,6 +38,7 @@ from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.batch.submissions import Submissions
+from instanced_stream.runtime.engine.lanes import Lanes
 from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.producers import Producers
@@ -134,6 +135,7 @@ class _Service(mode.Service):
             tier=self.submissions or ONLINE,
         )
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
+        self.lanes = Lanes(self._other)
         group = settings.topic_prefix + settings.app_id
         self.membership = Membership(
             bootstrap,
@@ -190,6 +192,7 @@ class _Service(mode.Service):
             self._ready(unit, await self.restores.restore(unit))
 
     def _closed(self, unit: Unit) -> None:
+        self.lanes.drop(unit)
         for task in orphaned(self.stager.tasks):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
@@ -251,6 +254,7 @@ class _Service(mode.Service):
         else:
             log.info("drain: every batch in flight was delivered")
         await self.stager.stop()
+        await self.lanes.stop()
         await self.membership.stop()
         await self.follower.stop()
         await self.web.stop()
@@ -269,7 +273,7 @@ class _Service(mode.Service):
                 if got.record.topic == self.membership.input:
                     inputs.append(got)
                 else:
-                    await self._other(got)
+                    self.lanes.put(got)  # applied by its partition's lane, in order
             if inputs:
                 # Held before this fetch if the queue was full (only this loop fills it):
                 # the put does not wait; a member that stops polling is put out.
