@@ -28,6 +28,7 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.kafka.publish import forwarded, home_partition
 from instanced_stream.kafka.topics import batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
@@ -303,7 +304,18 @@ class _Service(mode.Service):
             got.unit.finish(got.slot)
             return
         result = got.record.topic == self.settings.topics.results
-        if not await recalled(self.flows.stores, got.unit, instance_of(got.record.value)):
+        instance = instance_of(got.record.value)
+        home = None if instance is None else home_partition(instance, self.settings.partitions)
+        if instance is not None and home is not None and home != got.unit.partition:
+            # Applied only where the instance's state is: sent on, in this unit's
+            # transaction with the offset, to the same topic's partition of its instance.
+            self.metrics.count({"forwarded": 1})
+            rec = got.record
+            origin = (rec.topic, rec.partition, rec.offset)
+            record = forwarded(origin, instance, rec.value or b"", home, tuple(rec.headers))
+            got.unit.finish(got.slot, [record])
+            return
+        if not await recalled(self.flows.stores, got.unit, instance):
             return  # its unit failed: the partition is reopened and the record redone
         ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
         self._ready(got.unit, ready)

@@ -34,7 +34,7 @@ from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.publish import OutRecord, forwarded, home_partition
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
@@ -58,7 +58,15 @@ from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "QueuedTurns", "Staged", "Stager", "make_solver", "orphaned", "retried"]
+__all__ = [
+    "BATCH_TRIES",
+    "QueuedTurns",
+    "Staged",
+    "Stager",
+    "make_solver",
+    "orphaned",
+    "retried",
+]
 
 log = logging.getLogger("stream.processor")
 
@@ -281,6 +289,14 @@ class Stager:
             unit.finish(slot, letter.records)
             return
         if self.flows is not None:
+            home = home_partition(instance.id, self.settings.partitions)
+            if home != source.partition:
+                # One instance's state lives in one unit: its input is forwarded, in this
+                # unit's transaction with the offset, to the partition its id keys to.
+                self.metrics.count({"forwarded": 1})
+                origin = (source.topic, source.partition, source.offset)
+                unit.finish(slot, [forwarded(origin, instance.id, value, home, slot.headers)])
+                return
             if not await recalled(self.flows.stores, unit, instance.id):
                 return  # its unit failed: the partition is reopened and the input redone
             admitted, item.changes = self.flows.admit(instance)
