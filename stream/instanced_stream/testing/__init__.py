@@ -1,5 +1,6 @@
 """Test and demo support a user can import too: the OpenAI-compatible LLM simulator
-(`sim`), the local Apache Kafka launcher (`broker`, `jars`), sample items (`samples`) and
+(`sim`), the local Apache Kafka launcher (`broker`, `jars`), the local Schema Registry
+(`schema_registry`), sample items (`samples`) and
 the crash-point injector of the fault campaign (`faults`). Modules are imported where
 used."""
 
@@ -7,6 +8,7 @@ __all__ = [
     "broker",
     "faults",
     "jars",
+    "schema_registry",
     "samples",
     "sim",
 ]
