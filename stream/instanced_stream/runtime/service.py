@@ -82,6 +82,7 @@ class _Service(mode.Service):
         llm_url: str,
         overrides: tuple[Messages, dict[int, int]],
         probe: Probe,
+        frames: dict[str, bytes] | None = None,  # output topics' wire-format prefixes
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -97,7 +98,7 @@ class _Service(mode.Service):
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
         self.worker = secrets.token_hex(3)
-        self.builder = RecordBuilder(merged, topics, self.llm.model)
+        self.builder = RecordBuilder(merged, topics, self.llm.model, frames)
         self.bootstrap = bootstrap
         self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
         self.flows: Flows | None = None
@@ -401,6 +402,7 @@ async def every(
 def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     """`stream process`: checks the endpoint, creates the topics, reads the context
     topic, then runs the units until SIGTERM or SIGINT."""
+    from instanced_stream.kafka.registry import output_frames
     from instanced_stream.kafka.topics import check_partitions, ensure_product_topics
     from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
     from instanced_stream.observe.web import claim_port
@@ -416,18 +418,21 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         arm(settings.crash_at)
         probe = FaultProbe()
 
-    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
+    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]], dict[str, bytes]]:
+        # First: an incompatible output schema refuses the start before anything else.
+        frames = await output_frames(settings, spec)
         probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         if spec.plan is not None:
             await check_partitions(bootstrap, settings)
         # The probed shape becomes the spec's, as if model.request had said it.
-        return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
+        overrides = await load_overrides(bootstrap, settings.topics.context)
+        return probed.pinned(spec), overrides, frames
 
-    pinned, overrides = asyncio.run(prepare())
+    pinned, overrides, frames = asyncio.run(prepare())
     # asyncio.run closed its loop; mode's worker runs on the current one.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
+    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe, frames)
     # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
     # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
     # non-zero exit. Logging stays as the CLI set it up.

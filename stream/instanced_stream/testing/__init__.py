@@ -8,7 +8,7 @@ __all__ = [
     "broker",
     "faults",
     "jars",
-    "schema_registry",
     "samples",
+    "schema_registry",
     "sim",
 ]

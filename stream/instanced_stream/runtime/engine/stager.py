@@ -34,6 +34,7 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.registry import registry_for
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
@@ -42,7 +43,7 @@ from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.intake import parse_item
+from instanced_stream.runtime.steps.intake import as_json, parse_item
 from instanced_stream.runtime.steps.records import (
     Planned,
     RecordBuilder,
@@ -186,6 +187,7 @@ class Stager:
         tier: Tier = ONLINE,
     ) -> None:
         self.settings = settings
+        self.registry = registry_for(settings)  # decodes wire-format input (Avro, JSON Schema)
         self.tier = tier
         self.flows = flows
         self._queued_turns = QueuedTurns()
@@ -255,7 +257,9 @@ class Stager:
         """One consumed input record, tracked on `slot` of its unit. Awaits while every
         batch slot is busy (the caller pauses fetching meanwhile)."""
         self.metrics.items_in.inc()
+        raw = value
         try:
+            value = await as_json(self.registry, value, source.topic)
             instance = parse_item(
                 value,
                 key,
@@ -275,7 +279,7 @@ class Stager:
                 )
         except BadRecord as exc:
             _log_letter(exc, source)
-            letter = self.builder.letter(bad_record(exc, source, value))
+            letter = self.builder.letter(bad_record(exc, source, raw))
             self.count(letter)
             unit.finish(slot, letter.records)
             return

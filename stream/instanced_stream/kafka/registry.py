@@ -1,0 +1,258 @@
+"""The Schema Registry, through confluent-kafka's client and serdes (`confluent_kafka.
+schema_registry`, the `registry` extra): input records in the wire format decoded by their
+schema id, and the output topics' JSON Schemas registered as subjects.
+
+The processor stays on aiokafka: the serdes are used as functions on record bytes. A
+registry that does not answer holds the stream back (retried with back-off, as a broker
+outage is); a record it cannot account for is a dead letter with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.subjects import output_schemas, subject_of
+from instanced_stream.core.wire import prefix, schema_id
+from instanced_stream.errors import BadRecord, StreamError
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.settings import Settings
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
+
+__all__ = [
+    "Incompatible",
+    "Registry",
+    "RegistryError",
+    "client_conf",
+    "output_frames",
+    "registry_for",
+]
+
+log = logging.getLogger("stream.registry")
+
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=15.0)
+_NOT_FOUND = 404
+
+
+class RegistryError(StreamError):
+    """The registry refused a request, or could not be reached (`retriable`)."""
+
+    def __init__(self, message: str, *, retriable: bool = False, **data: Any) -> None:
+        super().__init__(message, **data)
+        self.retriable = retriable
+
+
+class Incompatible(RegistryError):
+    """A new output schema is not backward compatible with its subject's latest version."""
+
+    def __init__(self, subjects: list[str]) -> None:
+        super().__init__(
+            f"output schemas not backward compatible with the registered ones: "
+            f"{', '.join(subjects)} (a consumer of these topics may break; set "
+            "STREAM_SCHEMA_REGISTRY_FORCE=true or pass --force to register them anyway)",
+            subjects=subjects,
+        )
+        self.subjects = subjects
+
+
+def client_conf(settings: Settings) -> dict[str, Any]:
+    """confluent-kafka's registry client configuration from the settings."""
+    if not settings.schema_registry_url:
+        raise RegistryError("STREAM_SCHEMA_REGISTRY_URL is not set")
+    conf: dict[str, Any] = {"url": settings.schema_registry_url}
+    if settings.schema_registry_username:
+        password = settings.schema_registry_password
+        secret = password.get_secret_value() if password else ""
+        conf["basic.auth.user.info"] = f"{settings.schema_registry_username}:{secret}"
+    if settings.schema_registry_cafile:
+        conf["ssl.ca.location"] = str(settings.schema_registry_cafile)
+    return conf
+
+
+def _jsonable(value: Any) -> Any:
+    # Avro's logical types and bytes as fastavro returns them; JSON has no such values.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} has no JSON form")
+
+
+def _transport_error(exc: BaseException) -> bool:
+    # httpx's (or httpx2's) connection and timeout errors, without importing either.
+    return any(c.__name__ in ("TransportError", "TimeoutException") for c in type(exc).__mro__)
+
+
+class Registry:
+    """One registry client and the deserializers by schema type, built once."""
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
+        except ImportError as exc:
+            raise RegistryError(
+                "STREAM_SCHEMA_REGISTRY_URL needs the registry extra: "
+                "pip install 'instanced-stream[registry]'"
+            ) from exc
+        self.url = settings.schema_registry_url
+        self.client: AsyncSchemaRegistryClient = AsyncSchemaRegistryClient(client_conf(settings))
+        self._decoders: dict[str, Callable[..., Any]] = {}
+
+    async def close(self) -> None:
+        # The async client has no close of its own in every release; its HTTP pool ends
+        # with the process.
+        closing = getattr(self.client, "__aexit__", None)
+        if closing is not None:
+            await closing(None, None, None)
+
+    async def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """Await `call()` until the registry answers: an outage holds the stream back."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except Exception as exc:
+                if not _transport_error(exc):
+                    raise
+                attempt += 1
+                delay = _BACKOFF.delay(attempt)
+                log.warning(
+                    "schema registry %s unreachable (%s: %s); %s again in %.1fs",
+                    self.url,
+                    type(exc).__name__,
+                    exc,
+                    what,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    async def _decoder(self, kind: str) -> Callable[..., Any]:
+        found = self._decoders.get(kind)
+        if found is not None:
+            return found
+        conf = {"subject.name.strategy.type": "TOPIC"}
+        made: Callable[..., Any]
+        if kind == "AVRO":
+            from confluent_kafka.schema_registry.avro import AsyncAvroDeserializer
+
+            made = await AsyncAvroDeserializer(self.client, conf=conf)
+        elif kind == "JSON":
+            from confluent_kafka.schema_registry.json_schema import AsyncJSONDeserializer
+
+            made = await AsyncJSONDeserializer(None, schema_registry_client=self.client, conf=conf)
+        else:
+            raise BadRecord(
+                "unknown_schema",
+                f"schema type {kind} is not decoded here (Avro and JSON Schema are); "
+                "publish this topic's items as Avro, JSON Schema or plain JSON",
+            )
+        self._decoders[kind] = made
+        return made
+
+    async def to_json(self, value: bytes, topic: str) -> bytes:
+        """A framed record's value as JSON text, or BadRecord saying why it cannot be."""
+        from confluent_kafka.schema_registry import SchemaRegistryError
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        sid = schema_id(value)
+        assert sid is not None, "to_json is for framed records"
+        try:
+            schema = await self._retrying("lookup", lambda: self.client.get_schema(sid))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == _NOT_FOUND:
+                raise BadRecord(
+                    "unknown_schema",
+                    f"schema id {sid} is not in the schema registry at {self.url}",
+                ) from exc
+            raise RegistryError(f"schema registry refused the lookup of id {sid}: {exc}") from exc
+        kind = schema.schema_type or "AVRO"
+        decode = await self._decoder(kind)
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        try:
+            obj = await self._retrying("decode", lambda: decode(value, ctx))
+        except BadRecord:
+            raise
+        except Exception as exc:  # fastavro, jsonschema and the serdes' own errors
+            raise BadRecord(
+                "undecodable",
+                f"record does not decode with its schema (id {sid}, {kind}): "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+        try:
+            return orjson.dumps(obj, default=_jsonable)
+        except TypeError as exc:
+            raise BadRecord("undecodable", f"schema id {sid} ({kind}): {exc}") from exc
+
+    async def register(self, schemas: Mapping[str, str], *, force: bool) -> dict[str, bytes]:
+        """Register each topic's JSON Schema under `<topic>-value` (BACKWARD compatibility
+        asked of the subject); return each topic's frame prefix. An incompatible schema is
+        refused (nothing registered) unless `force`."""
+        from confluent_kafka.schema_registry import Schema
+
+        async def compatible(subject: str, schema: Schema) -> bool:
+            try:
+                return bool(await self.client.test_compatibility(subject, schema))
+            except Exception as exc:
+                if getattr(exc, "http_status_code", None) == _NOT_FOUND:
+                    return True  # a new subject: nothing to break
+                raise
+
+        wanted = {topic: Schema(text, "JSON") for topic, text in schemas.items()}
+        broken = [
+            subject_of(topic)
+            for topic, schema in wanted.items()
+            if not await self._retrying(
+                "check", functools.partial(compatible, subject_of(topic), schema)
+            )
+        ]
+        if broken and not force:
+            raise Incompatible(broken)
+        for subject in broken:
+            log.warning("registering %s although it is not backward compatible (forced)", subject)
+        frames: dict[str, bytes] = {}
+        for topic, schema in wanted.items():
+            subject = subject_of(topic)
+            if subject in broken:
+                # The subject's rule would refuse the version; forced, the rule goes first.
+                await self.client.set_compatibility(subject, "NONE")
+            sid = await self._retrying(
+                "register", functools.partial(self.client.register_schema, subject, schema)
+            )
+            await self.client.set_compatibility(subject, "BACKWARD")
+            frames[topic] = prefix(int(sid))
+        return frames
+
+
+def registry_for(settings: Settings) -> Registry | None:
+    """The registry the settings name, or None when there is none."""
+    return Registry(settings) if settings.schema_registry_url else None
+
+
+async def output_frames(
+    settings: Settings, spec: AgentSpec, *, force: bool | None = None
+) -> dict[str, bytes]:
+    """STREAM_SCHEMA_REGISTRY_OUTPUTS: register every output topic's schema and return the
+    frame prefixes the processor writes with; {} when outputs stay plain JSON. Raises
+    Incompatible (the processor does not start) unless forced."""
+    if not settings.schema_registry_outputs:
+        return {}
+    if not settings.schema_registry_url:
+        raise RegistryError("STREAM_SCHEMA_REGISTRY_OUTPUTS needs STREAM_SCHEMA_REGISTRY_URL")
+    registry = Registry(settings)
+    try:
+        chosen = settings.schema_registry_force if force is None else force
+        return await registry.register(output_schemas(spec, settings.topics), force=chosen)
+    finally:
+        await registry.close()
