@@ -51,6 +51,10 @@ def activity_schema(tool: Tool) -> dict[str, Any]:
     params = tool.parameters
     call["properties"] = {**call.get("properties", {}), **params.get("properties", {})}
     call["required"] = [*call.get("required", []), *params.get("required", [])]
+    # Closed when the tool's parameters are: a registry then takes a new optional
+    # parameter as compatible (in an open model any old record could hold it, typed
+    # otherwise, so adding one breaks backward compatibility there).
+    call["additionalProperties"] = params.get("additionalProperties", True)
     call["title"] = f"Call of {tool.name}"
     schema["properties"]["call"] = call
     schema["title"] = f"ActivityRecord of {tool.name}"
