@@ -28,7 +28,7 @@ from instanced_stream.settings import Topics
 
 __all__ = ["activity_schema", "output_schemas", "subject_of"]
 
-_DRAFT = "https://json-schema.org/draft-07/schema#"
+_DRAFT = "http://json-schema.org/draft-07/schema#"  # as validators know it (http)
 
 
 def subject_of(topic: str) -> str:
