@@ -128,11 +128,11 @@ def _register(settings: Settings, *, force: bool) -> int:
     from instanced_stream.core.spec import load_spec
     from instanced_stream.core.subjects import subject_of
     from instanced_stream.core.wire import schema_id
-    from instanced_stream.kafka.registry import output_frames
+    from instanced_stream.kafka.schemas import output_frames
 
     spec = load_spec(settings.spec)
     on = settings.model_copy(update={"schema_registry_outputs": True})
-    frames = asyncio.run(output_frames(on, spec, force=force or settings.schema_registry_force))
+    frames = output_frames(on, spec, force=force or settings.schema_registry_force)
     for topic, frame in frames.items():
         print(f"{subject_of(topic)}\tid {schema_id(frame + b'{}')}")
     return 0

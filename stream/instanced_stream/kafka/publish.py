@@ -28,11 +28,14 @@ from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import TRACES, Headers, TraceContext
 from instanced_stream.retry import RetryPolicy
 
-__all__ = ["REFUSALS", "OutRecord", "PublishError", "Publisher"]
+__all__ = ["REFUSALS", "Origin", "OutRecord", "PublishError", "Publisher"]
 
 log = logging.getLogger("stream.publish")
 
 _BACKOFF = RetryPolicy(base_s=0.2, cap_s=10.0)  # unacknowledged publishes
+
+
+Origin = tuple[str, int, int] | None  # (topic, partition, offset) of an input record
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,7 @@ class OutRecord:
     topic: str
     key: bytes | None
     value: bytes
-    origin: tuple[str, int, int] | None = None  # the input record this one answers
+    origin: Origin = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
     headers: Headers = ()  # else the origin's traceparent (kafka/tracing.py)
     # A state store's change order (its changelog records, > 0): however a transaction

@@ -1,6 +1,6 @@
 """The Schema Registry, through confluent-kafka's client and serdes (`confluent_kafka.
-schema_registry`, the `registry` extra): input records in the wire format decoded by their
-schema id, and the output topics' JSON Schemas registered as subjects.
+schema_registry`, the `registry` extra): the client from the settings, and input records
+in the wire format decoded by their schema id (kafka/schemas.py registers the outputs').
 
 The processor stays on aiokafka: the serdes are used as functions on record bytes. A
 registry that does not answer holds the stream back (retried with back-off, as a broker
@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.subjects import output_schemas, subject_of
-from instanced_stream.core.wire import prefix, schema_id
+from instanced_stream.core.wire import schema_id
 from instanced_stream.errors import BadRecord, StreamError
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.settings import Settings
@@ -30,12 +28,12 @@ if TYPE_CHECKING:
     from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
 
 __all__ = [
-    "Incompatible",
     "Registry",
     "RegistryError",
     "client_conf",
-    "output_frames",
     "registry_for",
+    "registry_of",
+    "transport_error",
 ]
 
 log = logging.getLogger("stream.registry")
@@ -50,19 +48,6 @@ class RegistryError(StreamError):
     def __init__(self, message: str, *, retriable: bool = False, **data: Any) -> None:
         super().__init__(message, **data)
         self.retriable = retriable
-
-
-class Incompatible(RegistryError):
-    """A new output schema is not backward compatible with its subject's latest version."""
-
-    def __init__(self, subjects: list[str]) -> None:
-        super().__init__(
-            f"output schemas not backward compatible with the registered ones: "
-            f"{', '.join(subjects)} (a consumer of these topics may break; set "
-            "STREAM_SCHEMA_REGISTRY_FORCE=true or pass --force to register them anyway)",
-            subjects=subjects,
-        )
-        self.subjects = subjects
 
 
 def client_conf(settings: Settings) -> dict[str, Any]:
@@ -90,8 +75,8 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} has no JSON form")
 
 
-def _transport_error(exc: BaseException) -> bool:
-    # httpx's (or httpx2's) connection and timeout errors, without importing either.
+def transport_error(exc: BaseException) -> bool:
+    """httpx's (or httpx2's) connection and timeout errors, without importing either."""
     return any(c.__name__ in ("TransportError", "TimeoutException") for c in type(exc).__mro__)
 
 
@@ -124,7 +109,7 @@ class Registry:
             try:
                 return await call()
             except Exception as exc:
-                if not _transport_error(exc):
+                if not transport_error(exc):
                     raise
                 attempt += 1
                 delay = _BACKOFF.delay(attempt)
@@ -195,64 +180,14 @@ class Registry:
         except TypeError as exc:
             raise BadRecord("undecodable", f"schema id {sid} ({kind}): {exc}") from exc
 
-    async def register(self, schemas: Mapping[str, str], *, force: bool) -> dict[str, bytes]:
-        """Register each topic's JSON Schema under `<topic>-value` (BACKWARD compatibility
-        asked of the subject); return each topic's frame prefix. An incompatible schema is
-        refused (nothing registered) unless `force`."""
-        from confluent_kafka.schema_registry import Schema
-
-        async def compatible(subject: str, schema: Schema) -> bool:
-            try:
-                return bool(await self.client.test_compatibility(subject, schema))
-            except Exception as exc:
-                if getattr(exc, "http_status_code", None) == _NOT_FOUND:
-                    return True  # a new subject: nothing to break
-                raise
-
-        wanted = {topic: Schema(text, "JSON") for topic, text in schemas.items()}
-        broken = [
-            subject_of(topic)
-            for topic, schema in wanted.items()
-            if not await self._retrying(
-                "check", functools.partial(compatible, subject_of(topic), schema)
-            )
-        ]
-        if broken and not force:
-            raise Incompatible(broken)
-        for subject in broken:
-            log.warning("registering %s although it is not backward compatible (forced)", subject)
-        frames: dict[str, bytes] = {}
-        for topic, schema in wanted.items():
-            subject = subject_of(topic)
-            if subject in broken:
-                # The subject's rule would refuse the version; forced, the rule goes first.
-                await self.client.set_compatibility(subject, "NONE")
-            sid = await self._retrying(
-                "register", functools.partial(self.client.register_schema, subject, schema)
-            )
-            await self.client.set_compatibility(subject, "BACKWARD")
-            frames[topic] = prefix(int(sid))
-        return frames
-
 
 def registry_for(settings: Settings) -> Registry | None:
     """The registry the settings name, or None when there is none."""
     return Registry(settings) if settings.schema_registry_url else None
 
 
-async def output_frames(
-    settings: Settings, spec: AgentSpec, *, force: bool | None = None
-) -> dict[str, bytes]:
-    """STREAM_SCHEMA_REGISTRY_OUTPUTS: register every output topic's schema and return the
-    frame prefixes the processor writes with; {} when outputs stay plain JSON. Raises
-    Incompatible (the processor does not start) unless forced."""
-    if not settings.schema_registry_outputs:
-        return {}
-    if not settings.schema_registry_url:
-        raise RegistryError("STREAM_SCHEMA_REGISTRY_OUTPUTS needs STREAM_SCHEMA_REGISTRY_URL")
-    registry = Registry(settings)
-    try:
-        chosen = settings.schema_registry_force if force is None else force
-        return await registry.register(output_schemas(spec, settings.topics), force=chosen)
-    finally:
-        await registry.close()
+@functools.cache
+def registry_of(settings: Settings) -> Registry | None:
+    """registry_for, once per settings object: the processor's one client and its caches
+    of schemas by id (the settings are frozen, so equal settings share them)."""
+    return registry_for(settings)

@@ -82,7 +82,6 @@ class _Service(mode.Service):
         llm_url: str,
         overrides: tuple[Messages, dict[int, int]],
         probe: Probe,
-        frames: dict[str, bytes] | None = None,  # output topics' wire-format prefixes
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -98,7 +97,7 @@ class _Service(mode.Service):
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
         self.worker = secrets.token_hex(3)
-        self.builder = RecordBuilder(merged, topics, self.llm.model, frames)
+        self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
         self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
         self.flows: Flows | None = None
@@ -402,7 +401,6 @@ async def every(
 def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     """`stream process`: checks the endpoint, creates the topics, reads the context
     topic, then runs the units until SIGTERM or SIGINT."""
-    from instanced_stream.kafka.registry import output_frames
     from instanced_stream.kafka.topics import check_partitions, ensure_product_topics
     from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
     from instanced_stream.observe.web import claim_port
@@ -418,21 +416,18 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         arm(settings.crash_at)
         probe = FaultProbe()
 
-    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]], dict[str, bytes]]:
-        # First: an incompatible output schema refuses the start before anything else.
-        frames = await output_frames(settings, spec)
+    async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
         probed = await check_llm(settings, spec)
         await ensure_product_topics(bootstrap, settings, spec)
         if spec.plan is not None:
             await check_partitions(bootstrap, settings)
         # The probed shape becomes the spec's, as if model.request had said it.
-        overrides = await load_overrides(bootstrap, settings.topics.context)
-        return probed.pinned(spec), overrides, frames
+        return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
 
-    pinned, overrides, frames = asyncio.run(prepare())
+    pinned, overrides = asyncio.run(prepare())
     # asyncio.run closed its loop; mode's worker runs on the current one.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe, frames)
+    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
     # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
     # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
     # non-zero exit. Logging stays as the CLI set it up.

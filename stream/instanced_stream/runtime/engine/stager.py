@@ -34,7 +34,7 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.publish import OutRecord
-from instanced_stream.kafka.registry import registry_for
+from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
@@ -43,7 +43,7 @@ from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.intake import as_json, parse_item
+from instanced_stream.runtime.steps.intake import read_item
 from instanced_stream.runtime.steps.records import (
     Planned,
     RecordBuilder,
@@ -187,7 +187,6 @@ class Stager:
         tier: Tier = ONLINE,
     ) -> None:
         self.settings = settings
-        self.registry = registry_for(settings)  # decodes wire-format input (Avro, JSON Schema)
         self.tier = tier
         self.flows = flows
         self._queued_turns = QueuedTurns()
@@ -196,6 +195,7 @@ class Stager:
         self.limiter = limiter
         self.metrics = metrics
         self.builder = builder
+        builder.frames = output_frames(settings, spec)  # refuses a breaking output schema
         self.probe = probe
         self.worker = worker
         self.tokenizer = Tokenizer(spec.model.name)
@@ -257,18 +257,15 @@ class Stager:
         """One consumed input record, tracked on `slot` of its unit. Awaits while every
         batch slot is busy (the caller pauses fetching meanwhile)."""
         self.metrics.items_in.inc()
-        raw = value
         try:
-            value = await as_json(self.registry, value, source.topic)
-            instance = parse_item(
+            instance, text = await read_item(  # plain JSON, or Avro / JSON Schema (registry)
+                self.settings,
                 value,
                 key,
                 source,
-                self.settings.max_record_bytes,
                 state_input=self.builder.spec.accept_state_input,  # follows reconfigure
             )
-            assert value is not None  # parse_item refuses a missing value
-            item = Staged(instance, unit, slot, value)
+            item = Staged(instance, unit, slot, text)
             room = self.size.item_tokens
             tokens = _bound_of(self.tokenizer, item)
             if tokens > room and (tokens := _tokens_of(self.tokenizer, item)) > room:
@@ -279,7 +276,7 @@ class Stager:
                 )
         except BadRecord as exc:
             _log_letter(exc, source)
-            letter = self.builder.letter(bad_record(exc, source, raw))
+            letter = self.builder.letter(bad_record(exc, source, value))
             self.count(letter)
             unit.finish(slot, letter.records)
             return
