@@ -38,6 +38,7 @@ from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.batch.submissions import Submissions
+from instanced_stream.runtime.engine.lanes import Lanes
 from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.producers import Producers
@@ -134,6 +135,7 @@ class _Service(mode.Service):
             tier=self.submissions or ONLINE,
         )
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
+        self.lanes = Lanes(self._other)
         group = settings.topic_prefix + settings.app_id
         self.membership = Membership(
             bootstrap,
@@ -154,23 +156,27 @@ class _Service(mode.Service):
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
-        # Ready: joined the group and serving every partition it was given (what a
-        # rollout and a disruption budget need to know): a unit restoring or failing to
-        # open is not served yet. The model's state is only reported.
+        # Ready: in a stable generation of the group and serving every partition it was
+        # given (what a rollout and a disruption budget need to know): a unit restoring or
+        # failing to open is not served yet, and a group rebalancing more than a few
+        # times a minute serves nothing for long. The model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: (
-                self.serving and not self.membership.rebalancing and not self.membership.opening
-            ),
+            self._ready_now,
             settings.web_host,
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
             partitions=self.membership.states,
             units=lambda: uncommitted(self.membership.units),
+            group=self.membership.group,
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
+
+    def _ready_now(self) -> bool:
+        m = self.membership
+        return self.serving and m.stable() and not m.opening and not m.group()["storm"]
 
     def _unit(self, partition: int) -> Unit | None:
         return self.membership.units.get(partition)
@@ -186,6 +192,7 @@ class _Service(mode.Service):
             self._ready(unit, await self.restores.restore(unit))
 
     def _closed(self, unit: Unit) -> None:
+        self.lanes.drop(unit)
         for task in orphaned(self.stager.tasks):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
@@ -204,14 +211,16 @@ class _Service(mode.Service):
         self.stager.reconfigure(spec)
 
     async def on_start(self) -> None:
-        await self.membership.start()
-        self.stager.start()
-        if isinstance(self.llm, BatchModel):
-            self.llm.start()
+        # The probes first: a member that cannot get into its group answers them (not
+        # ready, and why) instead of leaving its port closed.
         try:
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
+        await self.membership.start()
+        self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
         await self.follower.start()
 
     async def on_started(self) -> None:
@@ -235,6 +244,7 @@ class _Service(mode.Service):
         """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
         `drain_s` to be staged and committed, then every unit commits and leaves."""
         self.stopping.set()
+        self.membership.leaving()  # a rebalance while draining gives this member nothing
         if self.fetching is not None:
             await asyncio.gather(self.fetching, return_exceptions=True)
         self.serving = False
@@ -244,6 +254,7 @@ class _Service(mode.Service):
         else:
             log.info("drain: every batch in flight was delivered")
         await self.stager.stop()
+        await self.lanes.stop()
         await self.membership.stop()
         await self.follower.stop()
         await self.web.stop()
@@ -262,7 +273,7 @@ class _Service(mode.Service):
                 if got.record.topic == self.membership.input:
                     inputs.append(got)
                 else:
-                    await self._other(got)
+                    self.lanes.put(got)  # applied by its partition's lane, in order
             if inputs:
                 # Held before this fetch if the queue was full (only this loop fills it):
                 # the put does not wait; a member that stops polling is put out.
@@ -307,6 +318,7 @@ class _Service(mode.Service):
 
     async def _lag(self) -> None:
         self.metrics.partitions.set(self.membership.states())
+        self.metrics.partitions.set_group(self.membership.group(), self.membership.partitions())
         if self.flows is not None:
             self.metrics.partitions.set_held(*self.flows.stores.held())
         self.metrics.partitions.set_lag(await self.membership.lag())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -320,7 +321,7 @@ class Stager:
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
-                planned = await self._solved(batch_id, [i.instance for i in live])
+                planned = await self._solved(batch_id, live)
             try:
                 self._stage(batch_id, live, planned)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
@@ -333,14 +334,17 @@ class Stager:
             self.metrics.batch_ended()
             self.spend.ended()
 
-    async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
+    async def _solved(self, batch_id: str, items: list[Staged]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
+        instances = [i.instance for i in items]
 
         async def solve() -> Planned:
             # Each content asked once: twins and cached answers are not asked again.
             outcome = await self.twins.answered(instances, self._ask)
             self.probe.at("solved")
+            if self.flows is not None:
+                outcome = await self._read_back(items, outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,
@@ -356,6 +360,20 @@ class Stager:
         if isinstance(planned, Exception):
             return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
         return planned
+
+    async def _read_back(self, items: list[Staged], outcome: Outcome) -> Outcome:
+        """The states the answer's turns are played on, read back where a workflow
+        finished while the batch was asked (a unit reopened offered its turn again, and
+        that batch ended it first): every item's instance, just before the rehearsal,
+        with nothing awaited between. An item whose unit is gone, or failed reading back,
+        is left out of the outcome (its partition's owner redoes it); the others go on."""
+        assert self.flows is not None
+        gone: set[str] = set()
+        for item in items:
+            if not await recalled(self.flows.stores, item.unit, item.instance.id):
+                gone.add(item.instance.id)
+        gone |= {i.instance.id for i in items if not i.unit.alive}
+        return _without(outcome, gone) if gone else outcome
 
     async def _ask(self, instances: list[Instance]) -> Outcome:
         outcome = await self.solver.solve(instances)
@@ -420,3 +438,13 @@ class Stager:
         """Counts what the records mean (metrics, the live page's decisions)."""
         self.metrics.count(planned.events)
         self.metrics.decisions.extend(planned.decisions)
+
+
+def _without(outcome: Outcome, gone: set[str]) -> Outcome:
+    """`outcome` less everything about the instances `gone` (their units redo them)."""
+    return dataclasses.replace(
+        outcome,
+        answers=[a for a in outcome.answers if a.instance.id not in gone],
+        unanswered=[u for u in outcome.unanswered if u.instance.id not in gone],
+        refusals=[r for r in outcome.refusals if r[1] is None or r[1].id not in gone],
+    )
