@@ -13,7 +13,7 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.subjects import activity_schema, output_schemas, subject_of
 from instanced_stream.core.wire import frame, json_bytes, prefix, schema_id
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka.registry import client_conf, registry_for
+from instanced_stream.kafka.registry import client_conf, registry_for, transport_error
 from instanced_stream.runtime.steps.intake import as_json
 from instanced_stream.runtime.steps.letters import bad_record
 from instanced_stream.runtime.steps.records import RecordBuilder
@@ -105,3 +105,13 @@ def test_registry_credentials_come_from_the_settings_and_stay_secret() -> None:
     assert client_conf(settings)["basic.auth.user.info"] == "stream:s3cret"
     assert "s3cret" not in repr(settings)
     assert registry_for(Settings()) is None
+
+
+def test_a_registry_that_is_away_is_waited_for_and_one_that_refuses_is_not() -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    assert transport_error(SchemaRegistryError(503, 50301, "unavailable"))
+    assert transport_error(SchemaRegistryError(429, 42901, "slow down"))
+    assert not transport_error(SchemaRegistryError(401, 40101, "unauthorized"))
+    assert not transport_error(SchemaRegistryError(404, 40403, "no such schema"))
+    assert not transport_error(ValueError("a bug"))

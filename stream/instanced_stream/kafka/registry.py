@@ -76,7 +76,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def transport_error(exc: BaseException) -> bool:
-    """httpx's (or httpx2's) connection and timeout errors, without importing either."""
+    """The registry is away or overloaded, not refusing: httpx's (or httpx2's) connection
+    and timeout errors (without importing either), and its 5xx and 429 answers."""
+    status = getattr(exc, "http_status_code", None)
+    if isinstance(status, int) and (status >= 500 or status == 429):
+        return True
     return any(c.__name__ in ("TransportError", "TimeoutException") for c in type(exc).__mro__)
 
 
@@ -94,13 +98,6 @@ class Registry:
         self.url = settings.schema_registry_url
         self.client: AsyncSchemaRegistryClient = AsyncSchemaRegistryClient(client_conf(settings))
         self._decoders: dict[str, Callable[..., Any]] = {}
-
-    async def close(self) -> None:
-        # The async client has no close of its own in every release; its HTTP pool ends
-        # with the process.
-        closing = getattr(self.client, "__aexit__", None)
-        if closing is not None:
-            await closing(None, None, None)
 
     async def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
         """Await `call()` until the registry answers: an outage holds the stream back."""
