@@ -115,3 +115,35 @@ def test_a_registry_that_is_away_is_waited_for_and_one_that_refuses_is_not() -> 
     assert not transport_error(SchemaRegistryError(401, 40101, "unauthorized"))
     assert not transport_error(SchemaRegistryError(404, 40403, "no such schema"))
     assert not transport_error(ValueError("a bug"))
+
+
+async def test_the_activity_sdk_reads_a_framed_activity_record() -> None:
+    from instanced_stream.activities.worker import Activities
+    from instanced_stream.core.messages import ActivityRecord, BatchRef, Call
+
+    from tests.fakes import FakePublisher
+
+    seen: list[str] = []
+    acts = Activities()
+
+    @acts.activity("moderateComment")
+    async def moderate(call: Call, tool: object, context: object) -> None:
+        seen.append(str(call.arguments["decision"]))
+
+    call = Call.model_validate(
+        {"_tool": "moderateComment", "_instance": "c-1", "decision": "reject", "reason": "x"}
+    )
+    record = ActivityRecord(
+        call_id="items/0/3/moderateComment/0",
+        tool="moderateComment",
+        instance="c-1",
+        call=call,
+        source=SRC,
+        batch=BatchRef(id="b", size=1, token="①", attempt=1),
+        model="m",
+    )
+    value = frame(11, record.model_dump_json(by_alias=True).encode())
+    tool = load_spec(DEFAULT_SPEC).tool("moderateComment")
+    assert tool is not None
+    await acts.serve_one(value, tool, Settings(bootstrap_servers="unused:9092"), FakePublisher())
+    assert seen == ["reject"]
