@@ -31,6 +31,7 @@ from instanced_stream.retry import RetryPolicy
 __all__ = [
     "FORWARDED_FROM",
     "REFUSALS",
+    "Origin",
     "OutRecord",
     "PublishError",
     "Publisher",
@@ -44,12 +45,15 @@ log = logging.getLogger("stream.publish")
 _BACKOFF = RetryPolicy(base_s=0.2, cap_s=10.0)  # unacknowledged publishes
 
 
+Origin = tuple[str, int, int] | None  # (topic, partition, offset) of an input record
+
+
 @dataclass(frozen=True, slots=True)
 class OutRecord:
     topic: str
     key: bytes | None
     value: bytes
-    origin: tuple[str, int, int] | None = None  # the input record this one answers
+    origin: Origin = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
     headers: Headers = ()  # else the origin's traceparent (kafka/tracing.py)
     # A state store's change order (its changelog records, > 0): however a transaction

@@ -288,7 +288,14 @@ class _Service(mode.Service):
                     continue  # its partition's next owner (or this one, reopened) redoes it
                 rec = got.record
                 source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
-                await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
+                try:
+                    await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a dependency refusing (a registry's 401), a bug:
+                    # this partition is reopened after a back-off, the others go on
+                    log.exception("partition %d: an input could not be taken", rec.partition)
+                    got.unit.fail(exc)
 
     async def _next_turns(self) -> None:
         while True:

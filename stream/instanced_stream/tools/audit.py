@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from instanced_stream.core.messages import ITEM_CODES
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.publish import forwarded_from
 from instanced_stream.kafka.topics import read_topic
@@ -129,7 +130,7 @@ async def audit(
 
     async def outcomes(topic: str) -> AsyncIterator[Any]:
         async for raw in read_topic(bootstrap, topic, outcomes_ms):
-            yield orjson.loads(raw.value or b"{}")
+            yield orjson.loads(json_bytes(raw.value))
 
     accounted: set[Position] = set()
     unexpected = 0

@@ -35,6 +35,7 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.publish import OutRecord, forwarded, home_partition
+from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
@@ -43,7 +44,7 @@ from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.intake import parse_item
+from instanced_stream.runtime.steps.intake import read_item
 from instanced_stream.runtime.steps.records import (
     Planned,
     RecordBuilder,
@@ -203,6 +204,7 @@ class Stager:
         self.limiter = limiter
         self.metrics = metrics
         self.builder = builder
+        builder.frames = output_frames(settings, spec)  # refuses a breaking output schema
         self.probe = probe
         self.worker = worker
         self.tokenizer = Tokenizer(spec.model.name)
@@ -265,15 +267,14 @@ class Stager:
         batch slot is busy (the caller pauses fetching meanwhile)."""
         self.metrics.items_in.inc()
         try:
-            instance = parse_item(
+            instance, text = await read_item(  # plain JSON, or Avro / JSON Schema (registry)
+                self.settings,
                 value,
                 key,
                 source,
-                self.settings.max_record_bytes,
                 state_input=self.builder.spec.accept_state_input,  # follows reconfigure
             )
-            assert value is not None  # parse_item refuses a missing value
-            item = Staged(instance, unit, slot, value)
+            item = Staged(instance, unit, slot, text)
             room = self.size.item_tokens
             tokens = _bound_of(self.tokenizer, item)
             if tokens > room and (tokens := _tokens_of(self.tokenizer, item)) > room:
@@ -295,7 +296,8 @@ class Stager:
                 # unit's transaction with the offset, to the partition its id keys to.
                 self.metrics.count({"forwarded": 1})
                 origin = (source.topic, source.partition, source.offset)
-                unit.finish(slot, [forwarded(origin, instance.id, value, home, slot.headers)])
+                copy = forwarded(origin, instance.id, value or b"", home, slot.headers)
+                unit.finish(slot, [copy])
                 return
             if not await recalled(self.flows.stores, unit, instance.id):
                 return  # its unit failed: the partition is reopened and the input redone
