@@ -16,6 +16,7 @@ import contextlib
 import shutil
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from instanced_stream.testing.broker import (
@@ -41,6 +42,7 @@ class LocalCluster:
         self._root = root
         self._heap_mb = heap_mb
         self.nodes: dict[int, LocalKafka] = {}
+        self._owners: dict[int, ThreadPoolExecutor] = {}
 
     @property
     def bootstrap(self) -> str:
@@ -87,27 +89,16 @@ class LocalCluster:
                 cluster_id=cluster,
                 overrides=self._properties(n, voters),
             )
-        errors: list[BaseException] = []
-
-        def one(node: LocalKafka) -> None:
-            try:
-                node.start(timeout)
-            except BaseException as exc:  # reported below, after every thread ended
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(node,)) for node in self.nodes.values()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        # Each node is launched, and relaunched, from a thread of its own that lives as
+        # long as the cluster: the broker's parent-death signal (testing/broker.py) fires
+        # when the thread that started it ends, not only the process.
+        self._owners = {n: ThreadPoolExecutor(1, f"kafka-node{n}") for n in self.nodes}
+        started = [self._owners[n].submit(node.start, timeout) for n, node in self.nodes.items()]
+        errors = [exc for f in started if (exc := f.exception()) is not None]
         if errors:
             self.stop()
             raise BrokerError(f"the cluster did not start: {errors[0]}") from errors[0]
         return self.bootstrap
-
-    def node_at(self, address: str) -> int | None:
-        """The node id serving `address` (host:port), if one does."""
-        return next((n for n, node in self.nodes.items() if node.bootstrap == address), None)
 
     def kill(self, node_id: int) -> None:
         """SIGKILL node `node_id`; its data and ports are kept for `start_node`."""
@@ -115,7 +106,7 @@ class LocalCluster:
 
     def start_node(self, node_id: int, timeout: float = 120) -> None:
         """Starts a killed node again and waits until it serves."""
-        self.nodes[node_id].start(timeout)
+        self._owners[node_id].submit(self.nodes[node_id].start, timeout).result()
 
     def running(self, node_id: int) -> bool:
         return self.nodes[node_id].running
@@ -128,6 +119,9 @@ class LocalCluster:
             t.start()
         for t in threads:
             t.join()
+        for owner in self._owners.values():
+            owner.shutdown(wait=False)
+        self._owners = {}
         if self._given is None and self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
