@@ -19,7 +19,9 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
         restarts=6,  # aimed in a commit, at random, a pair whose second dies joining, ...
         rate=4.0,
         lead_s=8.0,
-        gap_s=(4.0, 8.0),
+        # Past the session timeout: each kill is noticed and rebalanced before the next.
+        session_timeout_s=8.0,
+        gap_s=(11.0, 15.0),
         aim_s=6.0,
         quiet_s=10.0,
         bound_s=60.0,

@@ -78,7 +78,12 @@ class StormPlan:
     restarts: int = 20
     rate: float = 6.0  # tickets a second
     lead_s: float = 20.0  # items flowing, every partition open, before the first kill
-    gap_s: tuple[float, float] = (6.0, 14.0)  # between kills
+    # Between kills: past the group's session timeout (15 s), so each kill is one
+    # disturbance. A SIGKILLed member is noticed only when its session expires, and an
+    # eager group's rebalance waits for it meanwhile with every partition revoked: kills
+    # closer than that keep the group rebalancing whatever the engine does.
+    gap_s: tuple[float, float] = (20.0, 30.0)
+    session_timeout_s: float | None = None  # the processors' (None: their default, 15 s)
     aim_s: float = 8.0  # a kill aimed inside a commit waits this long for one
     join_wait_s: float = 30.0  # a restarted member's join request, at most
     quiet_s: float = 30.0  # the flow goes on after the last kill
@@ -154,6 +159,8 @@ async def _run(
     rf = plan.brokers if plan.brokers > 1 else None
     isr = plan.brokers - 1 if plan.brokers > 1 else None
     d = await deploy(bootstrap, sim, workdir, plan.partitions, plan.window_wait_ms, rf, isr)
+    if plan.session_timeout_s is not None:
+        d.env["STREAM_SESSION_TIMEOUT_S"] = str(plan.session_timeout_s)
     t = d.settings.topics
     gid = f"{d.settings.topic_prefix}{d.settings.app_id}"
     wrote = await write_states(bootstrap, state_changelog(d.settings), plan.partitions, plan.states)
@@ -316,6 +323,7 @@ async def run_storm(
             "rate": plan.rate,
             "lead_s": plan.lead_s,
             "gap_s": list(plan.gap_s),
+            "session_timeout_s": plan.session_timeout_s,
             "quiet_s": plan.quiet_s,
             "bound_s": plan.bound_s,
             "latency_ms": plan.latency_ms,
