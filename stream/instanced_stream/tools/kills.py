@@ -122,6 +122,12 @@ class Kills:
             await asyncio.sleep(0.1)
         await self.kill(slot, phase)
 
+    async def gone(self, life: Life, wait_s: float) -> None:
+        """Until `life` has ended (and been noted), or `wait_s` passed."""
+        until = time.monotonic() + wait_s
+        while time.monotonic() < until and life.stopped_s is None:
+            await self.wait(0.5)
+
     async def run(self, brokers: BrokerKiller | None, until: float) -> None:
         """`restarts` kills by turns: aimed inside a commit; at a random moment; a pair,
         the second while the restarted member joins. Broker kills fall between them."""
@@ -140,8 +146,11 @@ class Kills:
             manner = turn % 3
             turn += 1
             if manner == 0:
-                # Every other time, the restarted member is armed to die inside a commit.
-                await self.aimed(slot, arm=turn % 6 == 4)
+                # Every other time, the restarted member is armed to die inside a commit:
+                # that death is the next kill, and the gap runs from it.
+                fresh = await self.aimed(slot, arm=turn % 6 == 4)
+                if "STREAM_CRASH_AT" in fresh.proc.env:
+                    await self.gone(fresh, plan.join_wait_s + 60)
             elif manner == 1:
                 await self.wait(self.rng.uniform(0, 3))
                 await self.kill(slot, "running")
