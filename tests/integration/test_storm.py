@@ -16,7 +16,9 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
         partitions=6,
         states=300,
         processors=3,
-        restarts=6,  # aimed in a commit, at random, a pair whose second dies joining, ...
+        # Aimed in a commit; at random; a pair whose second dies joining; aimed again, the
+        # restarted member armed to kill itself inside a commit; ...
+        restarts=6,
         rate=4.0,
         lead_s=8.0,
         # Past the session timeout: each kill is noticed and rebalanced before the next.
@@ -31,8 +33,9 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
     )
     report = await run_storm(bootstrap, plan, say=lambda _: None)
     storm = report["storm"]
-    # The storm happened as asked: six kills, one while the restarted member joined.
-    assert report["restarts"] == 6, storm["kills"]
+    # The storm happened as asked: six kills (a seventh if the armed member's own came
+    # late), one while the restarted member joined.
+    assert report["restarts"] >= 6, storm["kills"]
     assert report["kills_by_phase"].get("joining", 0) >= 1, storm["kills"]
     assert storm["all_open_at_start"] and storm["items"] >= 100
     assert storm["owner_polls"] >= 100  # the group's partitions were watched throughout
