@@ -331,3 +331,15 @@ async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storm
     assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
     assert group["waiting_for_assignment_s"] is None
     await membership.stop()
+
+
+async def test_a_stop_commits_what_each_running_unit_finished() -> None:
+    producers = _Producers()
+    membership, _ = _membership(producers, partitions=(0,))
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    unit = membership.units[0]
+    unit.finish(unit.track("items", 0))
+    await membership.stop()
+    assert producers.made[0].committed == {TopicPartition("items", 0): 1}
+    assert not producers.open() and not membership.lifecycle.tasks

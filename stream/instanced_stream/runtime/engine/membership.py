@@ -172,11 +172,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         held = self.lifecycle.in_state(*UnitState)
         await self.openings.cancel([t.partition for t in held if t.opening is not None])
         for task in self.lifecycle.in_state(UnitState.RUNNING, UnitState.SUSPENDED):
-            unit = task.unit
+            unit, running = task.unit, task.state is UnitState.RUNNING
             self.lifecycle.move(task.partition, UnitState.CLOSED, unit=None)
             if unit is not None:
                 # A suspended one committed when it was suspended.
-                await self._close(unit, commit=commit and task.state is UnitState.RUNNING)
+                await self._close(unit, commit=commit and running)
 
     # ------------------------------------------------------------------ rebalances
 
@@ -233,13 +233,13 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 for p in new:
                     self.openings.begin(Opening(p), epoch)
             log.info(
-                "rebalance: epoch %d; partitions %s resumed, %s restoring on, %s closed, "
-                "%s opening",
-                epoch,
+                "rebalance: partitions %s resumed, %s closed, %s opening; %s restoring on "
+                "(epoch %d)",
                 resumed,
-                restoring,
                 closed,
                 new,
+                restoring,
+                epoch,
             )
         finally:
             self.rebalancing = False
