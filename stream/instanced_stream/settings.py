@@ -183,6 +183,13 @@ class Settings(BaseSettings):
     worker_web_port: int = Field(
         6067, ge=0, le=65535, description="Port of the activities worker's probes and metrics"
     )
+    faust_web_port: int = Field(
+        6068,
+        ge=0,
+        le=65535,
+        description="Web port of a faust app built by faust_app() (faust's own default is "
+        "6066, the processor's)",
+    )
     worker_concurrency: int = Field(
         8, ge=1, description="Activity handlers an activities worker runs at once"
     )
@@ -209,6 +216,11 @@ class Settings(BaseSettings):
     kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
     kafka_sasl_password_file: Path | None = Field(
         None, description="File holding the SASL password (a mounted secret)"
+    )
+    kafka_sasl_oauth_token: SecretStr | None = Field(
+        None,
+        description="OAUTHBEARER: the access token itself, when no token file is mounted "
+        "(read once: a token that expires needs the file)",
     )
     kafka_sasl_oauth_token_file: Path | None = Field(
         None,

@@ -32,8 +32,19 @@ def lint_settings(settings: Settings) -> list[str]:
             f"STREAM_MIN_INSYNC_REPLICAS={isr} exceeds STREAM_REPLICATION_FACTOR={replicas}: "
             "every acks=all publish would fail"
         )
-    if settings.kafka_security_protocol.startswith("SASL") and not settings.kafka_sasl_username:
-        problems.append("a SASL protocol needs STREAM_KAFKA_SASL_USERNAME")
+    sasl = settings.kafka_security_protocol.startswith("SASL")
+    oauth = settings.kafka_sasl_mechanism == "OAUTHBEARER"
+    if sasl and not oauth and not settings.kafka_sasl_username:
+        # OAUTHBEARER's identity is its token (checked by client_options, in preflight)
+        problems.append(f"SASL {settings.kafka_sasl_mechanism} needs STREAM_KAFKA_SASL_USERNAME")
+    if settings.faust_web_port and settings.faust_web_port in (
+        settings.web_port,
+        settings.worker_web_port,
+    ):
+        problems.append(
+            f"STREAM_FAUST_WEB_PORT is {settings.faust_web_port}, a port the processor or "
+            "the activities worker holds on the same host"
+        )
     return problems
 
 
