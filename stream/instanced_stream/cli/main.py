@@ -263,7 +263,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 def _check(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.tools.check import check
 
-    for line in check(settings, endpoint=args.endpoint):
+    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka):
         print(line)
     return 0
 

@@ -38,6 +38,7 @@ __all__ = [
     "render_topics",
     "resolve_topic",
     "tail",
+    "topic_layout",
     "topics",
 ]
 
@@ -120,11 +121,18 @@ async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
         await stop()
 
 
-async def _layout(bootstrap: str) -> dict[str, list[int]]:
+async def topic_layout(bootstrap: str) -> dict[str, list[int]]:
     """Every topic's partitions. One metadata request for all topics, never one that names
     a topic: with auto.create.topics.enable, naming a missing one creates it (1 partition)."""
     async with _connected(bootstrap, clients.admin(bootstrap)) as admin:
-        described = await admin.describe_topics(None)
+        try:
+            described = await admin.describe_topics(None)
+        except KafkaError as exc:
+            # a refused login (an expired token) may surface here, after start()
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {bootstrap}: {type(exc).__name__} (check "
+                "STREAM_BOOTSTRAP_SERVERS and, for TLS or SASL, the STREAM_KAFKA_* settings)"
+            ) from exc
     return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
 
 
@@ -148,7 +156,7 @@ async def produce(
         raise StreamError(f"--rate must be a positive number of records per second, not {rate}")
     out, report = out or sys.stderr, ProduceReport(topic)
     with _open(path) as handle:
-        if topic not in await _layout(bootstrap):
+        if topic not in await topic_layout(bootstrap):
             raise StreamError(f"topic {topic} does not exist (`stream topics --create`)")
         # Idempotent: a send retried after a lost ack is not written twice.
         producer = clients.producer(bootstrap)
@@ -307,7 +315,7 @@ async def tail(
             printed += 1
         out.flush()
 
-    if not (found := (await _layout(bootstrap)).get(topic)):
+    if not (found := (await topic_layout(bootstrap)).get(topic)):
         raise StreamError(f"topic {topic} does not exist")
     consumer = clients.consumer(bootstrap)
     async with _connected(bootstrap, consumer):
@@ -351,7 +359,7 @@ async def topics(
     if partitions is not None and partitions < 1:
         raise StreamError(f"--partitions must be 1 or more, not {partitions}")
     names = [*product_topics(settings, spec), settings.topics.context, state_changelog(settings)]
-    names, before = list(dict.fromkeys(names)), await _layout(bootstrap)
+    names, before = list(dict.fromkeys(names)), await topic_layout(bootstrap)
     if create:
         chosen = settings.model_copy(update={"partitions": partitions or settings.partitions})
         await ensure_product_topics(bootstrap, chosen, spec)
@@ -359,7 +367,7 @@ async def topics(
     layout = before
     for _ in range(50) if create else ():
         # A new topic reaches the broker's metadata cache a moment after its creation.
-        if set(names) <= (layout := await _layout(bootstrap)).keys():
+        if set(names) <= (layout := await topic_layout(bootstrap)).keys():
             break
         await asyncio.sleep(0.2)
     parts = {n: layout[n] for n in names if n in layout}
