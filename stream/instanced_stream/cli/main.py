@@ -237,7 +237,8 @@ def _produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _tail(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import resolve_topic, tail
+    from instanced_stream.tools.console import resolve_topic
+    from instanced_stream.tools.tail import tail
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic)
