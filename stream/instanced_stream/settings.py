@@ -36,7 +36,7 @@ OTHER_VARIABLES = frozenset(
     {
         "STREAM_KAFKA_CACHE",  # where the broker's jars are resolved (testing/jars.py)
         "STREAM_VENV",  # ./dev's virtual environment
-        "STREAM_SPEC_FILE",  # docker-compose: the spec file mounted as STREAM_SPEC
+        "STREAM_AGENT_DIR",  # docker-compose: the folder of the spec and handlers it mounts
         "STREAM_DECISIONS_FILE",  # the moderation example's activity writes decisions there
         "STREAM_CHAOS_RUNS",  # the fault campaign's runs and seed (tests)
         "STREAM_CHAOS_SEED",

@@ -181,6 +181,9 @@ KEDA: dict[str, dict[str, Any]] = {
                                         "cert",
                                         "key",
                                         "keyPassword",
+                                        # SASL/OAUTHBEARER: KEDA fetches its own token
+                                        "oauthTokenEndpointUri",
+                                        "scopes",
                                     ]
                                 },
                                 "name": {"type": "string"},
@@ -271,19 +274,30 @@ def test_compose_schema_rejects_a_misspelt_field() -> None:
     assert any("enviroment" in e for e in _compose_errors(doc))
 
 
-def test_compose_creates_exactly_the_products_topics() -> None:
-    service = _compose()["services"]["topics"]
-    env = service["environment"]
-    topics = Topics("", _default("input_topic"))
-    tools = [t for t in _yaml(EXAMPLE_SPEC)["tools"] if t.get("kind", "activity") == "activity"]
-    expected = {topics.input, topics.dead_letter, topics.no_action, topics.advice, topics.review}
-    expected |= {t.get("topic") or topics.activity(t["name"]) for t in tools}
-    assert set(env["TOPICS"].split()) == expected
-    assert env["COMPACTED_TOPICS"].split() == [topics.context]
-    # The one-shot uses the same partition count as the processors.
-    assert env["PARTITIONS"] == _compose()["x-stream-env"]["STREAM_PARTITIONS"]
-    script = service["volumes"][0].split(":")[0]
-    assert (ROOT / script).is_file()
+def test_compose_creates_the_topics_from_the_spec_with_the_product() -> None:
+    """No topic list kept by hand: the one-shot runs `stream topics --create` on the same
+    settings and spec as the processors."""
+    services = _compose()["services"]
+    topics = services["topics"]
+    assert topics["command"] == ["topics", "--create"]
+    assert topics["image"] == services["processor"]["image"]
+    assert topics["environment"] == _compose()["x-stream-env"]
+    assert topics["volumes"] == services["processor"]["volumes"]
+    assert topics["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert not (DEPLOY / "compose").exists()
+
+
+def test_compose_mounts_spec_and_handlers_together() -> None:
+    """Your spec never meets the example's handlers: one folder holds both."""
+    services = _compose()["services"]
+    (mount,) = _interpolated(services["activities"]["volumes"])
+    source, target, _ = mount.split(":")
+    assert services["activities"]["volumes"] == services["processor"]["volumes"]
+    spec = services["activities"]["environment"]["STREAM_SPEC"]
+    handlers = services["activities"]["command"][1]
+    assert spec == f"{target}/agent.yaml" and handlers == f"{target}/activities.py"
+    assert (ROOT / source / "agent.yaml").is_file() and (ROOT / source / "activities.py").is_file()
+    assert "STREAM_AGENT_DIR" in services["activities"]["volumes"][0]
 
 
 def test_compose_partitions_default_is_the_settings_default() -> None:
@@ -555,6 +569,44 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "no-keda": {"keda": {"enabled": False}, "activities": {"enabled": False}},
+    "mtls": {
+        "kafka": {
+            "securityProtocol": "SSL",
+            "tls": {"clientAuth": True},
+            "clientSecret": "kafka-client",
+        }
+    },
+    "oauth": {
+        "kafka": {
+            "securityProtocol": "SASL_SSL",
+            "sasl": {"mechanism": "OAUTHBEARER", "oauth": {"audience": "kafka"}},
+            "clientSecret": "kafka-client",
+        }
+    },
+    "extras": {
+        "spec": EXAMPLE_SPEC.read_text(),
+        "activities": {"module": "/app/handlers/ours.py"},
+        "extraEnv": [{"name": "STREAM_LOG_LEVEL", "value": "DEBUG"}],
+        "extraVolumes": [{"name": "handlers-config", "configMap": {"name": "ours"}}],
+        "extraVolumeMounts": [{"name": "handlers-config", "mountPath": "/etc/ours"}],
+        "serviceAccount": {"create": True, "annotations": {"example.com/role": "stream"}},
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"pool": "stream"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "stream"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "x"}},
+                        },
+                    }
+                ]
+            }
+        },
+    },
 }
 
 
@@ -711,7 +763,8 @@ def test_spec_is_the_example_unless_given() -> None:
     assert (CHART / "files" / "agent.yaml").read_bytes() == EXAMPLE_SPEC.read_bytes()
     spec = _object("ConfigMap", "spec")["data"]["agent.yaml"]
     assert yaml.safe_load(spec) == _yaml(EXAMPLE_SPEC)
-    own = _object("ConfigMap", "spec", _render({"spec": "name: mine\n"}))["data"]
+    mine = {"spec": "name: mine\n", "activities": {"module": "/app/ours.py"}}
+    own = _object("ConfigMap", "spec", _render(mine))["data"]
     assert yaml.safe_load(own["agent.yaml"]) == {"name": "mine"}
     # The model the endpoint knows overrides the spec's (the simulator's) name.
     assert _settings()["STREAM_LLM_MODEL"] == REQUIRED["llm"]["model"]
