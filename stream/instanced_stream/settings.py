@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     llm_api_version: str | None = Field(
         None, description="Overrides the spec's model.api_version (Azure OpenAI)"
     )
+    llm_provider: str | None = Field(
+        None,
+        description="gen_ai.provider.name of the LLM spans (OpenTelemetry); unset: the "
+        "conventions' name for a known host (api.openai.com: openai, *.openai.azure.com: "
+        "azure.ai.openai, ...), else openai_compatible",
+    )
     llm_pacing: bool = Field(
         True,
         description="Keep requests and tokens per minute under what the endpoint's "

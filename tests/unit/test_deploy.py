@@ -28,7 +28,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import promql_parser
 import pytest
 import yaml
-from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.metrics import Metrics, WorkerMetrics
 from instanced_stream.settings import Settings, Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -370,9 +370,21 @@ def test_grafana_datasource_and_dashboard_folder_line_up() -> None:
     ]
     mounts = dict(v.split(":")[:2] for v in _compose()["services"]["grafana"]["volumes"])
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    # Every query asks the dashboard's datasource variable, never a fixed uid: imported
+    # into a Grafana whose Prometheus has another uid, the dashboard still works.
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == source["type"] == "prometheus"
+    chosen = {"type": "prometheus", "uid": "${datasource}"}
     for panel in _dashboard_panels():
+        if "datasource" in panel:
+            assert panel["datasource"] == chosen, panel["title"]
         for target in panel.get("targets", []):
-            assert target["datasource"]["uid"] == source["uid"], panel["title"]
+            assert target["datasource"] == chosen, panel["title"]
+    for name, variable in variables.items():
+        if variable["type"] == "query":
+            assert variable["datasource"] == chosen, name
+    assert '"uid": "prometheus"' not in json.dumps(_dashboard())
 
 
 def _dashboard() -> dict[str, Any]:
@@ -459,7 +471,8 @@ def test_dashboard_plots_every_metric_with_its_labels() -> None:
 
 
 def test_dashboard_queries_follow_the_namespace_and_job_variables() -> None:
-    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    listed = _dashboard()["templating"]["list"]
+    variables = {v["name"]: v for v in listed if v["type"] == "query"}
     assert set(variables) == {"namespace", "job"}
     assert all(v["includeAll"] and v["allValue"] == ".*" for v in variables.values())
     for query in _queries():
@@ -726,6 +739,7 @@ def test_prometheus_queries_are_scoped_to_the_release() -> None:
     # The PodMonitor turns these pod labels into the series' labels the queries select on.
     copied = {label.replace(".", "_").replace("/", "_") for label in monitor["podTargetLabels"]}
     exposed = Metrics().render().decode()
+    worker_exposed = WorkerMetrics().render().decode()
     for query in queries:
 
         def visit(node: promql_parser.Expr, query: str = query) -> None:
@@ -734,7 +748,10 @@ def test_prometheus_queries_are_scoped_to_the_release() -> None:
                 assert found.get("namespace") == NAMESPACE, query
                 assert found.get("app_kubernetes_io_instance") == RELEASE, query
                 assert {k for k in found if k.startswith("app_")} <= copied, query
-                assert node.name and node.name.removesuffix("_total") in exposed, query
+                # a processor's metric, or a worker's where the query selects workers
+                worker = found.get("app_kubernetes_io_component") == "activities"
+                served = worker_exposed if worker else exposed
+                assert node.name and node.name.removesuffix("_total") in served, query
 
         promql_parser.walk(promql_parser.parse(query), visit)
     assert (

@@ -62,6 +62,16 @@ with other releases (or other products' metrics of the same name) is not mixed i
 {{- printf "namespace=%q, app_kubernetes_io_instance=%q, app_kubernetes_io_component=\"processor\"" .Release.Namespace .Release.Name -}}
 {{- end -}}
 
+{{/* The same for this release's activity workers. */}}
+{{- define "instanced-stream.workerSeries" -}}
+{{- printf "namespace=%q, app_kubernetes_io_instance=%q, app_kubernetes_io_component=\"activities\"" .Release.Namespace .Release.Name -}}
+{{- end -}}
+
+{{/* An alert's runbook: its section of docs/operations.md, under runbookBaseUrl. */}}
+{{- define "instanced-stream.runbook" -}}
+{{- printf "%s/operations.md#%s" (.root.Values.monitoring.prometheusRule.runbookBaseUrl | trimSuffix "/") (lower .alert) -}}
+{{- end -}}
+
 {{/* Environment both Deployments share: where Kafka is, its credentials, the spec. */}}
 {{- define "instanced-stream.env" -}}
 {{- $kafka := .Values.kafka }}
