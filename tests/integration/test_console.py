@@ -245,3 +245,8 @@ async def test_tail_and_topics_count_records_on_an_exactly_once_topic(
     cli = await dep.cli("tail", "deadletter", "--last", "1")
     assert cli.returncode == 0, cli.stderr[-1500:]
     assert len(cli.stdout.splitlines()) == 1 and "not_json" in cli.stdout
+    # redrive says what it left out and why, rather than a bare "would send 0"
+    dry = await dep.cli("redrive", "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-1500:]
+    assert "redrive: would send 0, skipped 0" in dry.stdout
+    assert "redrive: left out 3 dead letters: not_json 3 (codes that fail" in dry.stdout

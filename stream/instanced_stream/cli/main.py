@@ -178,7 +178,7 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     _, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
     codes = tuple(args.code or WORTH)
-    planned = asyncio.run(
+    planned, others = asyncio.run(
         redrive(bootstrap, settings.topics, codes, since, args.dry_run, args.max_redrives)
     )
     for item in planned:
@@ -192,7 +192,28 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     sent = sum(item.skipped is None for item in planned)
     verb = "would send" if args.dry_run else "sent"
     print(f"redrive: {verb} {sent}, skipped {len(planned) - sent} (codes {', '.join(codes)})")
+    if others:
+        print(f"redrive: left out {sum(others.values())} dead letters: {_left_out(others)}")
     return 0
+
+
+def _left_out(others: dict[str, int]) -> str:
+    """Why each kind of dead letter was not considered, and how to include it."""
+    parts = []
+    calls = others.pop("call", 0)
+    if others:
+        counted = ", ".join(f"{code} {n}" for code, n in others.items())
+        parts.append(
+            f"{counted} (codes that fail the same way until something changes; after fixing "
+            "the cause, name them with --code)"
+        )
+    if calls:
+        parts.append(
+            f"{calls} of calls, not items (a call the model got wrong, its item asked "
+            "again; a handler that gave up, its item decided): re-driving an item would "
+            "decide it again"
+        )
+    return "; ".join(parts)
 
 
 def _advice(args: argparse.Namespace, settings: Settings) -> int:
