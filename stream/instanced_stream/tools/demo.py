@@ -429,24 +429,15 @@ def run_demo(
                 else ""
             )
             + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s\n"
-            f"audit: {result['audit']}\n" + _audit_hint(settings, result["topics_prefix"])
+            f"audit: {result['audit']}"
         )
+        if settings.bootstrap_servers:  # only the user's broker outlives the demo
+            print(f"  (again: stream audit --topic-prefix {result['topics_prefix']})")
     else:
         print(orjson.dumps(result).decode())
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     return 0 if result["unaccounted"] == 0 else 1
-
-
-def _audit_hint(settings: Settings, prefix: str) -> str:
-    """How to audit again: on the user's broker, which outlives the demo; the demo's own
-    broker stopped with it, so a hint to audit there would only fail to connect."""
-    if settings.bootstrap_servers:
-        return f"  (again: stream audit --topic-prefix {prefix})"
-    return (
-        "  (the demo's own broker has stopped with it; to keep the topics and audit them "
-        "again, run the demo against a broker you run: STREAM_BOOTSTRAP_SERVERS=host:port)"
-    )
 
 
 def _samples(letters: list[dict[str, Any]], keep: int = 10) -> list[dict[str, Any]]:
