@@ -12,6 +12,7 @@ import atexit
 import base64
 import concurrent.futures
 import contextlib
+import ctypes
 import importlib
 import logging
 import os
@@ -19,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +37,7 @@ __all__ = [
     "BrokerError",
     "LocalKafka",
     "Tls",
+    "die_with_parent",
     "docker_available",
     "ensure_jars",
     "free_port",
@@ -90,6 +93,18 @@ def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def die_with_parent() -> None:
+    """In a child, before it runs: the kernel sends it SIGTERM when the process that
+    started it dies, however it died (a SIGKILL runs no clean-up), so no broker or
+    processor is left running under init. Linux only; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 LOG4J = """\
@@ -224,6 +239,7 @@ class LocalKafka:
                 # Its own process group: Ctrl-C in a terminal must not reach the broker
                 # before we stop it in order.
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def _properties(self, data: Path) -> str:
