@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from instanced_stream.testing.jars import BrokerError, ensure_jars, kafka_version, require
+from instanced_stream.testing.listeners import oauth_listener
 
 __all__ = [
     "BrokerError",
@@ -138,6 +139,7 @@ class LocalKafka:
         port: int | None = None,
         heap_mb: int = 512,
         tls: Tls | None = None,
+        oauth: bool = False,
     ):
         self._given_dir = data_dir
         self._dir: Path | None = data_dir
@@ -145,6 +147,7 @@ class LocalKafka:
         self._cport: int | None = None
         self._tls = tls
         self._tls_ports: tuple[int, int] | None = None  # SSL, SASL_SSL
+        self._oauth_port: int | None = 0 if oauth else None  # SASL_PLAINTEXT OAUTHBEARER
         self._heap_mb = heap_mb
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -160,6 +163,13 @@ class LocalKafka:
         if self._tls_ports is None or not (self._tls and self._tls.sasl_users):
             raise BrokerError("LocalKafka has no SASL_SSL listener, or has not been started")
         return f"{HOST}:{self._tls_ports[1]}"
+
+    @property
+    def oauth_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener taking OAUTHBEARER with unsecured tokens."""
+        if not self._oauth_port:
+            raise BrokerError("LocalKafka has no OAUTHBEARER listener, or has not been started")
+        return f"{HOST}:{self._oauth_port}"
 
     @property
     def bootstrap(self) -> str:
@@ -188,6 +198,9 @@ class LocalKafka:
         if self._tls is not None and self._tls_ports is None:
             spare = [p for p in _free_ports(4) if p not in (self._port, self._cport)]
             self._tls_ports = (spare[0], spare[1])
+        if self._oauth_port == 0:
+            used = (self._port, self._cport, *(self._tls_ports or ()))
+            self._oauth_port = next(p for p in _free_ports(5) if p not in used)
         for p in (self._port, self._cport):
             _check_free(p)
         if self._dir is None:
@@ -257,6 +270,8 @@ class LocalKafka:
         }
         if self._tls is not None and self._tls_ports is not None:
             props.update(self._tls_properties(props))
+        if self._oauth_port:
+            props.update(oauth_listener(props, HOST, self._oauth_port))
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _tls_properties(self, props: dict[str, str]) -> dict[str, str]:
