@@ -80,6 +80,35 @@ CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str], str, str]] = [
         "5m",
     ),
     (
+        # one processor sees ten rebalances a minute from the third minute on
+        "InstancedStreamGroupUnstable",
+        [_series("instanced_stream_rebalances_last_minute", PROCESSOR, "0 1 10x15")],
+        "7m",
+        {},
+        "10",
+        "3m",
+    ),
+    (
+        # two members: 6 partitions, from the third minute only 4 open between them
+        "InstancedStreamPartitionsUnowned",
+        [
+            _series("instanced_stream_input_partitions", {**PROCESSOR, "pod": "a"}, "6x20"),
+            _series("instanced_stream_input_partitions", {**PROCESSOR, "pod": "b"}, "6x20"),
+            _series(
+                "instanced_stream_partitions", {**PROCESSOR, "pod": "a", "state": "open"}, "3x20"
+            ),
+            _series(
+                "instanced_stream_partitions",
+                {**PROCESSOR, "pod": "b", "state": "open"},
+                "3 3 1x18",
+            ),
+        ],
+        "9m",
+        {},
+        "2",
+        "4m",
+    ),
+    (
         "InstancedStreamLLMRefusing",
         [_series("instanced_stream_llm_refusing", PROCESSOR, "0 0 1x15")],
         "9m",
@@ -160,8 +189,8 @@ def test_promtool_fires_each_new_alert_when_it_should_and_not_before(
 def test_promtool_fails_a_wrong_expectation(rules_file: Path, tmp_path: Path) -> None:
     """The harness can fail: an alert expected where the series say otherwise."""
     wrong = _test_file(rules_file)
-    case = wrong["tests"][2]["alert_rule_test"][0]  # LLMRefusing, before it refuses
-    case["exp_alerts"] = wrong["tests"][2]["alert_rule_test"][1]["exp_alerts"]
+    case = wrong["tests"][4]["alert_rule_test"][0]  # LLMRefusing, before it refuses
+    case["exp_alerts"] = wrong["tests"][4]["alert_rule_test"][1]["exp_alerts"]
     tests = tmp_path / "wrong.test.yml"
     tests.write_text(yaml.safe_dump(wrong))
     done = _promtool("test", "rules", str(tests))
