@@ -218,6 +218,9 @@ def lazy_steps(
         return _due_answers(token, view, tools, text)
     calls = []
     written: list[str] = []
+    readers = _branch_readers(
+        tools, [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
+    )
     for tool in tools:
         paths = tool.get("paths") or []
         if tool.get("kind") == "latent" and not paths:
@@ -227,9 +230,14 @@ def lazy_steps(
             "_tool": tool["name"],
             "_instance": token,
             "_reasoningForCall": "planned",
-            # Lookups read the input only (they run at once, side by side); the rest read
-            # what the steps before them write, so they wait for those.
-            "_scopes": ["input"] if fetch else ["input", *written],
+            # Lookups read the input only (they run at once, side by side); a step of one
+            # branch reads that branch (it is skipped on the other); the rest read what
+            # the steps before them write, so they wait for those.
+            "_scopes": ["input"]
+            if fetch
+            else ["input", readers[tool["name"]]]
+            if tool["name"] in readers
+            else ["input", *written],
         }
         if paths:
             call["_outputPath"] = paths[0] if tool.get("kind") == "latent" else " || ".join(paths)
