@@ -234,8 +234,9 @@ class Validator:
     def _unthought(self, refusal: Refusal) -> Refusal:
         raw = refusal.call
         tool = self._tools.get(str(raw.get("_tool"))) if raw is not None else None
-        if raw is None or tool is None or tool.kind != "latent" or raw.get("_outputPath"):
-            return refusal
+        wrote = raw.get("_outputPath") or raw.get("output") if raw is not None else None
+        if raw is None or tool is None or tool.kind != "latent" or wrote:
+            return refusal  # not a thought: an output it meant to keep
         kept: dict[str, Any] = {k: raw[k] for k in ("_tool", "_instance") if k in raw}
         why = f"{tool.name}: a thought refused ({refusal.code}); its text is not kept"
         return Refusal(refusal.code, why, kept, refusal.token)

@@ -50,6 +50,9 @@ class SimRequest:
     # the protocol form), and how much reasoning (full, brief, off).
     call_fields: dict[str, list[str]] = field(default_factory=dict)
     reasoning: str = "full"
+    # json_object mode: no schema holds the answer's keys, so the simulator may write as
+    # the seeds do (the manager seed's `"output": "†state"`, a shown id for `_instance`).
+    free_form: bool = False
 
 
 def _views(items: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -223,6 +226,7 @@ class Judge:
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
                 latent = {t["name"] for t in real if t.get("kind") == "latent"}
                 order = plan_order(self.config, req)
+                self.stats[f"plan_order.{order}"] += 1  # per instance planned
                 if "Mode lazy" in req.system:
                     steps = lazy_steps(token, view, real, text, order)
                 else:
