@@ -11,7 +11,9 @@ import pytest
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.model import Completion
 from instanced_stream.core.prompt import Ask, PromptBuilder
+from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator, output_path_problem, scopes_problem
 from instanced_stream.runtime.steps.intake import parse_item
@@ -263,3 +265,37 @@ def test_the_consult_call_carries_the_model_s_question() -> None:
     )
     verdict = Validator(spec).check(answer, ["①"], Ask((), True))
     assert verdict.consults == {"①": [("аналитикРисков", "Is a rollback likely?")]}
+
+
+class _Canned:
+    """Answers every request with the one text (the seed's answer)."""
+
+    model = "canned"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.asked = 0
+
+    async def complete(
+        self, messages: list[dict[str, str]], response_format: dict[str, Any], **_: Any
+    ) -> Completion:
+        self.asked += 1
+        return Completion(self.text, "stop", 10, 5, 0, 0.01)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_seed_s_silent_employee_ends_in_no_action_without_a_re_ask() -> None:
+    """`silence: no_action` (the manager seed leaves employee_A without a call): one
+    request; employee_A's outcome is a NoAction saying why, employee_B has its update."""
+    spec = load_spec(EXAMPLES / "seeds" / "manager.yaml")
+    employees = [
+        Instance(e["_instance"], e, SOURCE, 40, {k: v for k, v in e.items() if k != "type"})
+        for e in seed_items("manager")
+    ]
+    llm = _Canned(SEED_MANAGER_ANSWER)
+    out = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(employees)
+    assert llm.asked == 1 and not out.unanswered
+    calls = {a.instance.id: [c.tool for c in a.calls] for a in out.answers}
+    assert calls == {"employee_A": ["NoAction"], "employee_B": ["updateTask"]}
