@@ -161,7 +161,8 @@ class Validator:
         except orjson.JSONDecodeError as exc:
             answer = _salvage(text)
             if answer is None:
-                verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
+                # Its size, not its text: the answer may hold thoughts, never published.
+                verdict.malformed = f"answer is not JSON ({exc}); {len(text)} characters"
                 return verdict
             verdict.cut_short = True
         calls = answer.get("calls") if isinstance(answer, dict) else None
