@@ -137,7 +137,17 @@ async def _run_tickets(dep: Deployment, n: int, approve: bool = False) -> dict[s
     registry = load_activities(str(TICKETS / "activities.py"))
     stop = asyncio.Event()
     worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
-    await dep.produce_items(tickets(n))
+    try:
+        return await _run(dep, tickets(n), approve)
+    finally:
+        stop.set()
+        await worker
+
+
+async def _run(dep: Deployment, items: list[dict[str, Any]], approve: bool) -> dict[str, Any]:
+    """The items in, every proposal approved as it comes (when `approve`), until every
+    workflow has its done record; returns them by instance."""
+    await dep.produce_items(items)
     sent: set[str] = set()
 
     async def all_done() -> dict[str, Any]:
@@ -147,7 +157,7 @@ async def _run_tickets(dep: Deployment, n: int, approve: bool = False) -> dict[s
                 for p in await pending_now(dep.settings, dep.bootstrap)
                 if p["proposal_id"] not in sent
             ]
-            records: list[tuple[bytes | None, bytes]] = [
+            records: list[tuple[bytes | None, bytes | None]] = [
                 (
                     str(p["instance"]).encode(),
                     ApprovalRecord(
@@ -162,16 +172,12 @@ async def _run_tickets(dep: Deployment, n: int, approve: bool = False) -> dict[s
                 for p in fresh
             ]
             if records:
-                await dep.produce_to(dep.settings.topics.approvals, list(records))
+                await dep.produce_to(dep.settings.topics.approvals, records)
                 sent.update(p["proposal_id"] for p in fresh)
         got = {d["instance"]: d for d in await dep.records(dep.settings.topics.done)}
-        return got if len(got) >= n else {}
+        return got if len(got) >= len(items) else {}
 
-    try:
-        return dict(await until(all_done, 150))
-    finally:
-        stop.set()
-        await worker
+    return dict(await until(all_done, 150))
 
 
 @pytest.mark.parametrize("order", ["readers_first", "interleaved"])
@@ -244,3 +250,32 @@ async def test_a_lazy_plan_written_readers_first_runs_in_graph_order(
         counts.update(st.get("counts", {}))
     assert counts["skipped_branch"] == len(done) - len(urgent)
     assert counts["ran_on_missing_input"] == 0
+
+
+@pytest.mark.parametrize("order", ["producers_first", "readers_first"])
+async def test_the_seeds_lazy_example_runs_in_graph_order_either_way(
+    deploy: Deploy, order: str
+) -> None:
+    """The Plan seed's lazy example (assess, then moderateComment reading the assessment),
+    its graphs written in either order: each moderation call goes out after its
+    assessment was answered and reads it."""
+    dep = await deploy(spec_path=EXAMPLES / "seeds" / "lazy.yaml", **EXACTLY_ONCE)
+    dep.sim.config = dep.sim.config.model_copy(update={"plan_order": order})
+    items = seed_items("lazy")
+    done = await _run(dep, items, approve=True)
+    assert {d["status"] for d in done.values()} == {"done"}
+    proposals = await dep.records(dep.settings.topics.proposals)
+    assert len(proposals) == len(items)
+    for p in proposals:  # the precondition: the order the simulator was told
+        tools = [c["_tool"] for c in p["calls"]]
+        assert (tools.index("moderateComment") < tools.index("assess")) == (
+            order == "readers_first"
+        )
+    moderated = await dep.records(dep.activity_topic("moderateComment"))
+    assert {r["instance"] for r in moderated} == set(done)
+    for rec in moderated:
+        (read,) = [c for c in rec["context"] if c.get("scope") == "†state.assessment"]
+        assert read["assessment"] == done[rec["instance"]]["state"]["assessment"]
+        assert rec["turn"] >= 2  # after the follow-up turn that answered the assessment
+    states = await workflow_states(dep)
+    assert sum(st.get("counts", {}).get("ran_on_missing_input", 0) for st in states.values()) == 0
