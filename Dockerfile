@@ -23,7 +23,8 @@ ENV PYTHONUNBUFFERED=1 \
 # Their versions are constraints.txt's (`./dev lock`), the ones CI tested.
 COPY pyproject.toml constraints.txt /tmp/
 RUN python -c "import subprocess, sys, tomllib; \
-deps = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']; \
+project = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+deps = project['dependencies'] + project['optional-dependencies']['registry']; \
 subprocess.check_call([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', \
 '-c', '/tmp/constraints.txt', *deps])" \
     && rm /tmp/pyproject.toml /tmp/constraints.txt

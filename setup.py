@@ -14,17 +14,21 @@ EXAMPLES = [
 # The broker's pom.xml lives in a folder of its own: a data-only package, listed so that
 # setuptools ships it without warning that an importable folder is left out.
 BROKER_POM = "instanced_stream.testing.kafka"
+# The same for the schema registry's build (testing/schema_registry.py): a pom and its sources.
+REGISTRY_APP = "instanced_stream.testing.apicurio"
 
 setup(
     packages=[
         *find_packages(where="stream", include=["instanced_stream", "instanced_stream.*"]),
         BROKER_POM,
+        REGISTRY_APP,
         *EXAMPLES,
     ],
     package_dir={"": "stream", "instanced_stream.examples": "examples"},
     package_data={
         "instanced_stream": ["py.typed", "observe/live.html"],
         BROKER_POM: ["pom.xml"],
+        REGISTRY_APP: ["pom.xml", "src/main/java/local/stream/registry/*.java", "src/main/resources/*"],
         **{name: ["*.yaml", "*.jsonl"] for name in EXAMPLES},
     },
 )

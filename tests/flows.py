@@ -17,6 +17,7 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE
+from instanced_stream.kafka.publish import home_partition
 from instanced_stream.kafka.topics import state_changelog
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.engine.stager import Stager
@@ -47,7 +48,7 @@ def lazy(spec: AgentSpec) -> AgentSpec:
 
 class Rig:
     """`limits`: the broker's record limit per topic (bytes), below `max_output_bytes` to
-    make it refuse records the stager let through."""
+    make it refuse records the stager let through. `partitions`: the input topic's."""
 
     def __init__(
         self,
@@ -57,10 +58,14 @@ class Rig:
         retention_s: float = 86_400.0,
         max_output_bytes: int = 1_000_000,
         max_record_bytes: int = 256_000,
+        partitions: int = 1,
         limits: dict[str, int] | None = None,
     ) -> None:
         self.settings = Settings(
             bootstrap_servers="unused:9092",
+            # One input partition unless a test moves partitions: every instance's own is
+            # 0, so a record offered there is processed, not forwarded.
+            partitions=partitions,
             max_output_bytes=max_output_bytes,
             max_record_bytes=max_record_bytes,
             pending_timeout_s=60,
@@ -139,24 +144,46 @@ class Rig:
 
     # ------------------------------------------------------------------ triggers
 
+    def home(self, value: bytes | None, key: bytes | None = None) -> int:
+        """The partition a record of this instance is processed on: its instance's for a
+        stateful spec (any other forwards it there), else 0."""
+        named = instance_of(value)
+        if named is None:
+            try:
+                found = orjson.loads(value or b"")
+            except orjson.JSONDecodeError:
+                found = None
+            named = found.get("_instance") if isinstance(found, dict) else None
+        named = named if isinstance(named, str) else (key.decode() if key else None)
+        if self.flows is None or named is None:
+            return 0
+        return home_partition(named, self.settings.partitions)
+
     async def offer(
-        self, value: bytes, partition: int = 0, offset: int | None = None, key: bytes | None = None
+        self,
+        value: bytes,
+        partition: int | None = None,
+        offset: int | None = None,
+        key: bytes | None = None,
     ) -> None:
-        """An input record consumed at `partition` (the next offset unless given)."""
+        """An input record consumed at `partition` (its instance's by default; the next
+        offset unless given)."""
+        partition = self.home(value, key) if partition is None else partition
         slot, at = self._slot_at(self.topics.input, partition, offset)
         source = source_of(self.topics.input, partition, at, key, 0)
         await self.stager.offer(self.unit(partition), source, key, value, slot)
 
-    async def result(self, value: bytes, partition: int = 0) -> None:
+    async def result(self, value: bytes, partition: int | None = None) -> None:
         await self._answer(self.topics.results, value, partition)
 
-    async def approval(self, value: bytes, partition: int = 0) -> None:
+    async def approval(self, value: bytes, partition: int | None = None) -> None:
         await self._answer(self.topics.approvals, value, partition)
 
-    async def _answer(self, topic: str, value: bytes, partition: int) -> None:
-        """As the service's fetch loop: staged on its slot; then committed (as the unit's
+    async def _answer(self, topic: str, value: bytes, partition: int | None) -> None:
+        """As the service's lane: staged on its slot; then committed (as the unit's
         linger would, shortly), and the next turns it made ready offered."""
         assert self.flows is not None
+        partition = self.home(value) if partition is None else partition
         slot, _ = self._slot_at(topic, partition, None)
         unit = self.unit(partition)
         assert await recalled(self.stores, unit, instance_of(value))

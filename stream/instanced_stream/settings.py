@@ -226,6 +226,31 @@ class Settings(BaseSettings):
         "gets its partitions back without a rebalance",
     )
 
+    # Schema Registry (kafka/registry.py): Confluent wire format in and, if asked, out.
+    schema_registry_url: str | None = Field(
+        None,
+        description="A Confluent-compatible Schema Registry: input records in its wire format "
+        "(Avro, JSON Schema) are decoded by their schema id; unset, such a record is a dead "
+        "letter (unknown_schema)",
+    )
+    schema_registry_username: str | None = Field(None, description="Registry user (basic auth)")
+    schema_registry_password: SecretStr | None = Field(
+        None, description="Registry password (basic auth)"
+    )
+    schema_registry_cafile: Path | None = Field(
+        None, description="CA certificates (PEM) that sign the registry's certificate"
+    )
+    schema_registry_outputs: bool = Field(
+        False,
+        description="Write output records (activity, no-action, dead letter, ...) in the wire "
+        "format, their JSON Schema registered as subject <topic>-value",
+    )
+    schema_registry_force: bool = Field(
+        False,
+        description="Start although an output schema is not backward compatible with the "
+        "one registered (the new version is registered anyway; consumers may break)",
+    )
+
     crash_at: str | None = Field(
         None,
         description="Tests only: [raise:]POINT:N kills (or raises in) the processor at the "

@@ -11,8 +11,8 @@ What the contract asks of it, and what it does:
   partition of the instance's input, set explicitly rather than left to the partitioner;
 - for a branching output path (`a || b`), name the chosen alternative in `path`.
 `--misroute N`: the first N results are also written to the next partition first, as a
-client that let its partitioner choose could: the processor must dead-letter those
-(`wrong_partition`) and apply only the well-routed copy.
+client that let its partitioner choose could: the processor forwards those to the
+instance's partition and applies each result once.
 SIGTERM or SIGINT: stop polling, flush, commit, close.
 """
 

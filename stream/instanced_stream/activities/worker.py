@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from instanced_stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
 from instanced_stream.core.spec import AgentSpec, Tool
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import SpecError
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.publish import OutRecord, Publisher, PublishError
@@ -205,7 +206,7 @@ class Activities:
         published on its source partition. Any consumer loop can drive it: `serve`'s
         aiokafka loop and the faust adapter's agent run the same path."""
         try:
-            record = ActivityRecord.model_validate_json(value or b"")
+            record = ActivityRecord.model_validate_json(json_bytes(value) if value else b"")
         except ValidationError as exc:
             log.error("not an activity record on %s: %s", tool.name, exc.errors()[:1])
             return

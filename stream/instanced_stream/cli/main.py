@@ -113,10 +113,28 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.tools.asyncapi import render_asyncapi
     from instanced_stream.tools.schemas import write_schemas
 
+    if args.register:
+        return _register(settings, force=args.force)
     for path in write_schemas(Path(args.out)):
         print(path)
     Path(args.asyncapi).write_bytes(render_asyncapi())
     print(args.asyncapi)
+    return 0
+
+
+def _register(settings: Settings, *, force: bool) -> int:
+    """`stream schemas --register`: what `stream process` registers at start with
+    STREAM_SCHEMA_REGISTRY_OUTPUTS, done ahead (by a deploy job, say)."""
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.core.subjects import subject_of
+    from instanced_stream.core.wire import schema_id
+    from instanced_stream.kafka.schemas import output_frames
+
+    spec = load_spec(settings.spec)
+    on = settings.model_copy(update={"schema_registry_outputs": True})
+    frames = output_frames(on, spec, force=force or settings.schema_registry_force)
+    for topic, frame in frames.items():
+        print(f"{subject_of(topic)}\tid {schema_id(frame + b'{}')}")
     return 0
 
 

@@ -250,6 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="asyncapi.yaml",
         help="the AsyncAPI document of the topics (default: asyncapi.yaml)",
     )
+    c.add_argument(
+        "--register",
+        action="store_true",
+        help="instead: register the spec's output topics' JSON Schemas as subjects "
+        "<topic>-value at STREAM_SCHEMA_REGISTRY_URL",
+    )
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="with --register: register a schema that is not backward compatible",
+    )
     v = add("advice", help="recent decisions with their advisors' votes")
     v.add_argument("--last", type=int, default=20, help="how many (default 20)")
     v.add_argument("--divergent", action="store_true", help="only divergent or held calls")

@@ -10,7 +10,8 @@ Modules (imported where used, so the activity workers' package, which needs only
 `overrides`, `tokenizer`, `strict_form`, `interpolate`, `endpoint` (the model's options),
 `quality` (the shadow sample and the window's agreement), `decision` (what counts as the
 same decision), `controller` (the window that follows agreement), `keyed` (the keyed
-answer form).
+answer form), `wire` (the Schema Registry wire format), `subjects` (the output topics'
+JSON Schemas as registry subjects).
 """
 
 __all__ = [
@@ -33,7 +34,9 @@ __all__ = [
     "spec",
     "state",
     "strict_form",
+    "subjects",
     "tokenizer",
     "validate",
+    "wire",
     "workflow",
 ]

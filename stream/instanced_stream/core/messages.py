@@ -236,6 +236,10 @@ class NoActionRecord(_Record):
 # the item itself ends here
 ItemCode = Literal[
     "not_json",
+    # Schema Registry wire format: the schema id is unknown (or no registry is configured,
+    # or the schema's type is not decoded), or the payload does not decode with its schema
+    "unknown_schema",
+    "undecodable",
     "not_object",
     "no_instance",
     "too_large",

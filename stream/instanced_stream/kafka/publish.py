@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +28,24 @@ from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import TRACES, Headers, TraceContext
 from instanced_stream.retry import RetryPolicy
 
-__all__ = ["REFUSALS", "OutRecord", "PublishError", "Publisher"]
+__all__ = [
+    "FORWARDED_FROM",
+    "REFUSALS",
+    "Origin",
+    "OutRecord",
+    "PublishError",
+    "Publisher",
+    "forwarded",
+    "forwarded_from",
+    "home_partition",
+]
 
 log = logging.getLogger("stream.publish")
 
 _BACKOFF = RetryPolicy(base_s=0.2, cap_s=10.0)  # unacknowledged publishes
+
+
+Origin = tuple[str, int, int] | None  # (topic, partition, offset) of an input record
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +53,7 @@ class OutRecord:
     topic: str
     key: bytes | None
     value: bytes
-    origin: tuple[str, int, int] | None = None  # the input record this one answers
+    origin: Origin = None  # the input record this one answers
     partition: int | None = None  # None: the key decides
     headers: Headers = ()  # else the origin's traceparent (kafka/tracing.py)
     # A state store's change order (its changelog records, > 0): however a transaction
@@ -60,6 +73,41 @@ REFUSALS = (
 
 
 _PARTITIONER = DefaultPartitioner()  # the producer's own choice for a keyed record
+
+
+def home_partition(instance: str, partitions: int) -> int:
+    """The partition of a stateful instance: where a record keyed by its id lands (every
+    Kafka client's default partitioner, murmur2), so a producer keying by instance needs
+    no forwarding."""
+    every = list(range(partitions))
+    return int(_PARTITIONER(instance.encode(), every, every))
+
+
+# On a record sent on to its instance's partition: where it was first (topic/partition/
+# offset). The audit takes the copy for the original, as a re-drive for its first attempt.
+FORWARDED_FROM = "stream-forwarded-from"
+
+
+def forwarded(
+    origin: tuple[str, int, int], instance: str, value: bytes, partition: int, headers: Headers
+) -> OutRecord:
+    """A record of `instance` sent on to its home `partition` of the topic it came on,
+    keyed by the instance so any later copy lands there directly."""
+    topic, at, offset = origin
+    kept = [(k, v) for k, v in headers if k != FORWARDED_FROM]
+    mark = (FORWARDED_FROM, f"{topic}/{at}/{offset}".encode())
+    return OutRecord(topic, instance.encode(), value, partition=partition, headers=(*kept, mark))
+
+
+def forwarded_from(headers: Iterable[tuple[str, bytes]] | None) -> tuple[str, int, int] | None:
+    """Where a forwarded record was first, if it was forwarded."""
+    for key, raw in headers or ():
+        if key == FORWARDED_FROM:
+            topic, _, offset = raw.decode("utf-8", "replace").rpartition("/")
+            topic, _, partition = topic.rpartition("/")
+            if topic and partition.isdigit() and offset.isdigit():
+                return (topic, int(partition), int(offset))
+    return None
 
 
 class PublishError(StreamError):

@@ -18,6 +18,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka import clients
 from instanced_stream.settings import Settings
@@ -244,7 +245,7 @@ async def read_topic(
 
 async def read_json(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     """Every record's value on a topic, parsed (what the demo and the tests inspect)."""
-    return [orjson.loads(rec.value or b"{}") async for rec in read_topic(bootstrap, topic)]
+    return [orjson.loads(json_bytes(rec.value)) async for rec in read_topic(bootstrap, topic)]
 
 
 async def record_limits(bootstrap: str, topics: set[str]) -> dict[str, int]:

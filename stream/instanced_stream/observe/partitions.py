@@ -48,6 +48,30 @@ class PartitionMetrics:
             registry=r,
         )
         self.held = {"live": 0, "retired": 0, "recalled": 0}  # for the live page
+        # The group's health as this member sees it. Summed over members, `partitions`
+        # {state="open"} against `input_partitions` is what no member serves (the
+        # PartitionsUnowned alert): only the group as a whole knows, so it is a query.
+        self.stable = Gauge(
+            f"{_P}group_stable",
+            "1 while this member holds an assignment and no rebalance is under way",
+            registry=r,
+        )
+        self.rebalances_last_min = Gauge(
+            f"{_P}rebalances_last_minute",
+            "Rebalances of the group that began in the last 60 s",
+            registry=r,
+        )
+        self.input_partitions = Gauge(
+            f"{_P}input_partitions",
+            "Partitions of the input topic (the group's to serve)",
+            registry=r,
+        )
+
+    def set_group(self, group: Mapping[str, Any], input_partitions: int) -> None:
+        """This member's place in its group (`Membership.group`)."""
+        self.stable.set(1 if group["stable"] else 0)
+        self.rebalances_last_min.set(group["rebalances_last_min"])
+        self.input_partitions.set(input_partitions)
 
     def set_held(self, live: int, retired: int, recalled: int) -> None:
         """The stores' figures now (`Stores.held`)."""

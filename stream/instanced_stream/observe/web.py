@@ -55,6 +55,7 @@ class WebServer:
         model_ok: Callable[[], bool] | None = None,
         partitions: Callable[[], dict[int, dict[str, Any]]] | None = None,
         units: Callable[[], dict[str, int]] | None = None,
+        group: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ready = ready
@@ -64,6 +65,9 @@ class WebServer:
         # /api/live's `units`: per partition owned here, its consumed records not yet
         # committed (what a crash there leaves to be redone; fault tests aim by it).
         self.units = units
+        # This member's place in its group (stable, epoch, rebalances in the last minute):
+        # why a processor whose partitions all serve can still be not ready.
+        self.group = group
         # Said in /readyz's body, never in its status: an LLM outage is the same for
         # every pod, so a readiness that followed it would make every pod unready at once
         # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
@@ -107,6 +111,8 @@ class WebServer:
             body["model_ok"] = self.model_ok()
         if self.partitions is not None:
             body["partitions"] = {str(p): v for p, v in self.partitions().items()}
+        if self.group is not None:
+            body["group"] = self.group()
         return web.json_response(body, status=200 if ok else 503)
 
     async def _live(self, _: web.Request) -> web.Response:
@@ -115,6 +121,8 @@ class WebServer:
             live["partitions"] = {str(p): v for p, v in self.partitions().items()}
         if self.units is not None:
             live["units"] = self.units()
+        if self.group is not None:
+            live["group"] = self.group()
         return web.Response(body=orjson.dumps(live), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:

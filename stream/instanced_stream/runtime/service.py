@@ -28,6 +28,7 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.kafka.publish import forwarded, home_partition
 from instanced_stream.kafka.topics import batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
@@ -38,6 +39,7 @@ from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.batch.submissions import Submissions
+from instanced_stream.runtime.engine.lanes import Lanes
 from instanced_stream.runtime.engine.membership import Fetched, Membership
 from instanced_stream.runtime.engine.overrides import OverrideFollower
 from instanced_stream.runtime.engine.producers import Producers
@@ -134,6 +136,7 @@ class _Service(mode.Service):
             tier=self.submissions or ONLINE,
         )
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
+        self.lanes = Lanes(self._other)
         group = settings.topic_prefix + settings.app_id
         self.membership = Membership(
             bootstrap,
@@ -154,23 +157,27 @@ class _Service(mode.Service):
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure
         )
-        # Ready: joined the group and serving every partition it was given (what a
-        # rollout and a disruption budget need to know): a unit restoring or failing to
-        # open is not served yet. The model's state is only reported.
+        # Ready: in a stable generation of the group and serving every partition it was
+        # given (what a rollout and a disruption budget need to know): a unit restoring or
+        # failing to open is not served yet, and a group rebalancing more than a few
+        # times a minute serves nothing for long. The model's state is only reported.
         self.web = WebServer(
             self.metrics,
-            lambda: (
-                self.serving and not self.membership.rebalancing and not self.membership.opening
-            ),
+            self._ready_now,
             settings.web_host,
             settings.web_port,
             model_ok=lambda: self.metrics.endpoint_ok,
             partitions=self.membership.states,
             units=lambda: uncommitted(self.membership.units),
+            group=self.membership.group,
         )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
+
+    def _ready_now(self) -> bool:
+        m = self.membership
+        return self.serving and m.stable() and not m.opening and not m.group()["storm"]
 
     def _unit(self, partition: int) -> Unit | None:
         return self.membership.units.get(partition)
@@ -186,6 +193,7 @@ class _Service(mode.Service):
             self._ready(unit, await self.restores.restore(unit))
 
     def _closed(self, unit: Unit) -> None:
+        self.lanes.drop(unit)
         for task in orphaned(self.stager.tasks):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
@@ -204,14 +212,16 @@ class _Service(mode.Service):
         self.stager.reconfigure(spec)
 
     async def on_start(self) -> None:
-        await self.membership.start()
-        self.stager.start()
-        if isinstance(self.llm, BatchModel):
-            self.llm.start()
+        # The probes first: a member that cannot get into its group answers them (not
+        # ready, and why) instead of leaving its port closed.
         try:
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
+        await self.membership.start()
+        self.stager.start()
+        if isinstance(self.llm, BatchModel):
+            self.llm.start()
         await self.follower.start()
 
     async def on_started(self) -> None:
@@ -235,6 +245,7 @@ class _Service(mode.Service):
         """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
         `drain_s` to be staged and committed, then every unit commits and leaves."""
         self.stopping.set()
+        self.membership.leaving()  # a rebalance while draining gives this member nothing
         if self.fetching is not None:
             await asyncio.gather(self.fetching, return_exceptions=True)
         self.serving = False
@@ -244,6 +255,7 @@ class _Service(mode.Service):
         else:
             log.info("drain: every batch in flight was delivered")
         await self.stager.stop()
+        await self.lanes.stop()
         await self.membership.stop()
         await self.follower.stop()
         await self.web.stop()
@@ -262,7 +274,7 @@ class _Service(mode.Service):
                 if got.record.topic == self.membership.input:
                     inputs.append(got)
                 else:
-                    await self._other(got)
+                    self.lanes.put(got)  # applied by its partition's lane, in order
             if inputs:
                 # Held before this fetch if the queue was full (only this loop fills it):
                 # the put does not wait; a member that stops polling is put out.
@@ -276,7 +288,14 @@ class _Service(mode.Service):
                     continue  # its partition's next owner (or this one, reopened) redoes it
                 rec = got.record
                 source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
-                await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
+                try:
+                    await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a dependency refusing (a registry's 401), a bug:
+                    # this partition is reopened after a back-off, the others go on
+                    log.exception("partition %d: an input could not be taken", rec.partition)
+                    got.unit.fail(exc)
 
     async def _next_turns(self) -> None:
         while True:
@@ -292,7 +311,18 @@ class _Service(mode.Service):
             got.unit.finish(got.slot)
             return
         result = got.record.topic == self.settings.topics.results
-        if not await recalled(self.flows.stores, got.unit, instance_of(got.record.value)):
+        instance = instance_of(got.record.value)
+        home = None if instance is None else home_partition(instance, self.settings.partitions)
+        if instance is not None and home is not None and home != got.unit.partition:
+            # Applied only where the instance's state is: sent on, in this unit's
+            # transaction with the offset, to the same topic's partition of its instance.
+            self.metrics.count({"forwarded": 1})
+            rec = got.record
+            origin = (rec.topic, rec.partition, rec.offset)
+            record = forwarded(origin, instance, rec.value or b"", home, tuple(rec.headers))
+            got.unit.finish(got.slot, [record])
+            return
+        if not await recalled(self.flows.stores, got.unit, instance):
             return  # its unit failed: the partition is reopened and the record redone
         ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
         self._ready(got.unit, ready)
@@ -307,6 +337,7 @@ class _Service(mode.Service):
 
     async def _lag(self) -> None:
         self.metrics.partitions.set(self.membership.states())
+        self.metrics.partitions.set_group(self.membership.group(), self.membership.partitions())
         if self.flows is not None:
             self.metrics.partitions.set_held(*self.flows.stores.held())
         self.metrics.partitions.set_lag(await self.membership.lag())

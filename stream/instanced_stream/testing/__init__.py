@@ -1,5 +1,6 @@
 """Test and demo support a user can import too: the OpenAI-compatible LLM simulator
-(`sim`), the local Apache Kafka launcher (`broker`, `jars`), sample items (`samples`) and
+(`sim`), the local Apache Kafka launcher (`broker`, `jars`), the local Schema Registry
+(`schema_registry`), sample items (`samples`) and
 the crash-point injector of the fault campaign (`faults`). Modules are imported where
 used."""
 
@@ -8,5 +9,6 @@ __all__ = [
     "faults",
     "jars",
     "samples",
+    "schema_registry",
     "sim",
 ]

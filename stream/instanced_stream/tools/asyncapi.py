@@ -58,18 +58,18 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str, str]] = {
     "context": ("stream.context", ContextMessage, "operators", "Global messages (compacted)"),
 }
 
-# Results and approvals are read by the unit that owns their instance's input partition
-# (one transaction holds the instance's state and the answer's offset), so they must be
-# written to that partition number: a client's own partitioner hashing the key would send
-# them elsewhere. Anything else is dead-lettered `wrong_partition`, never applied.
+# Results and approvals are applied by the unit that owns their instance's partition (one
+# transaction holds the instance's state and the answer's offset): written there they are
+# applied at once; written elsewhere they are forwarded there first (docs/contracts.md).
 _PARTITIONED: dict[str, str] = {
-    "ResultRecord": "Write it to the partition of the instance's input: the `source.partition` "
-    "of the ActivityRecord it answers, set explicitly (not chosen by a partitioner from the "
-    "key). On another partition it is dead-lettered `wrong_partition` and not applied.",
-    "ApprovalRecord": "Write it to the partition of the instance's input: the "
-    "`source.partition` of the ProposalRecord it answers, set explicitly (not chosen by a "
-    "partitioner from the key). On another partition it is dead-lettered `wrong_partition` "
-    "and not applied.",
+    "ResultRecord": "Write it to the instance's partition: the `source.partition` of the "
+    "ActivityRecord it answers, set explicitly, or keyed by the instance id (the default "
+    "partitioner finds the same partition for a stateful spec). On another partition it "
+    "is forwarded there first, in the processor's transaction, and applied once.",
+    "ApprovalRecord": "Write it to the instance's partition: the `source.partition` of the "
+    "ProposalRecord it answers, set explicitly, or keyed by the instance id. On another "
+    "partition it is forwarded there first, in the processor's transaction, and applied "
+    "once.",
 }
 
 _HEADERS = {

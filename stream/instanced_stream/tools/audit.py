@@ -17,7 +17,9 @@ import orjson
 from pydantic import BaseModel, Field
 
 from instanced_stream.core.messages import ITEM_CODES
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import StreamError
+from instanced_stream.kafka.publish import forwarded_from
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.settings import Topics
 from instanced_stream.tools.redrive import attempt_of
@@ -106,6 +108,7 @@ async def audit(
     input_topic = topics.input
     inputs: set[Position] = set()
     later: dict[Position, tuple[Position, int]] = {}  # a re-drive -> (first attempt, count)
+    sent_on: dict[Position, Position] = {}  # a forwarded copy -> where it was first
     first: dict[int, int] = {}  # per input partition, the first offset audited
     oldest: int | None = None
     start_ms = since[1] if since and since[0] == "time" else None
@@ -115,13 +118,19 @@ async def audit(
         attempt = attempt_of(rec.headers)
         if attempt.root is not None:
             later[(input_topic, rec.partition, rec.offset)] = (attempt.root, attempt.count)
+        came_from = forwarded_from(rec.headers)
+        if came_from is not None:  # sent on to its instance's partition: the copy stands for it
+            sent_on[(input_topic, rec.partition, rec.offset)] = came_from
         first[rec.partition] = min(first.get(rec.partition, rec.offset), rec.offset)
         oldest = rec.timestamp if oldest is None else min(oldest, rec.timestamp)
+    for copy, came_from in sent_on.items():
+        root, count = later.get(came_from, (came_from, 0))
+        later[copy] = (root, count + 1)
     outcomes_ms = None if since is None else (oldest or int(time.time() * 1000)) - _SKEW_MS
 
     async def outcomes(topic: str) -> AsyncIterator[Any]:
         async for raw in read_topic(bootstrap, topic, outcomes_ms):
-            yield orjson.loads(raw.value or b"{}")
+            yield orjson.loads(json_bytes(raw.value))
 
     accounted: set[Position] = set()
     unexpected = 0

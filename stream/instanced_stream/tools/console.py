@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import KafkaUnreachable, StreamError
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import ensure_product_topics, product_topics, state_changelog
@@ -256,7 +257,7 @@ def summarise_value(value: bytes | None, width: int = 200) -> str:
     if value is None:
         return "(tombstone)"
     try:
-        data = orjson.loads(value)
+        data = orjson.loads(json_bytes(value))  # a framed output record shows its JSON
     except orjson.JSONDecodeError:
         return "(not JSON) " + _text(value)[:width]
     known = _fields(data) if isinstance(data, dict) else None
@@ -279,7 +280,7 @@ def format_record(record: Any, as_json: bool = False) -> str:
     out |= {"offset": record.offset, "timestamp_ms": record.timestamp}
     out["key"] = None if key is None else key.decode("utf-8", "backslashreplace")
     try:
-        out["value"] = None if value is None else orjson.loads(value)
+        out["value"] = None if value is None else orjson.loads(json_bytes(value))
     except orjson.JSONDecodeError:
         out |= {"value": None, "raw": value.decode("utf-8", "backslashreplace")}
     return orjson.dumps(out).decode()

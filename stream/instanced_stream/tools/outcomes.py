@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.settings import Settings
 
@@ -28,7 +29,7 @@ async def per_input_outcomes(
     seen: dict[tuple[str, object], list[list[object]]] = defaultdict(list)
     for topic in [*tools, t.review]:
         async for rec in read_topic(bootstrap, topic):
-            value = orjson.loads(rec.value or b"{}")
+            value = orjson.loads(json_bytes(rec.value))
             batch = (value.get("batch") or {}).get("id", "?")
             key = (str(value.get("instance")), value.get("turn", 1))
             if not str(batch).endswith("-approved"):
@@ -41,7 +42,7 @@ async def per_input_outcomes(
                 [value.get("tool"), value.get("call_id"), batch, rec.partition, rec.offset]
             )
     async for rec in read_topic(bootstrap, t.no_action):
-        value = orjson.loads(rec.value or b"{}")
+        value = orjson.loads(json_bytes(rec.value))
         batch = (value.get("batch") or {}).get("id", "?")
         # A no-action ends the workflow's turn its batch decided: the done record's
         # trace names that batch, so it joins the calls' turn (see below).
@@ -50,7 +51,7 @@ async def per_input_outcomes(
     done: Counter[str] = Counter()
     turn_of: dict[tuple[str, str], int] = {}
     async for rec in read_topic(bootstrap, t.done):
-        value = orjson.loads(rec.value or b"{}")
+        value = orjson.loads(json_bytes(rec.value))
         done[str(value.get("instance"))] += 1
         for entry in value.get("trace", []):
             turn_of[(str(value.get("instance")), str(entry.get("batch_id")))] = entry.get("turn")

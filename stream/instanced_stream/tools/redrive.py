@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.core.wire import json_bytes
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.settings import Topics
@@ -178,7 +179,7 @@ async def redrive(
     letters: list[tuple[Position, dict[str, Any]]] = []
     async for rec in read_topic(bootstrap, topics.dead_letter, since_ms, since_offset):
         where = (topics.dead_letter, rec.partition, rec.offset)
-        letters.append((where, orjson.loads(rec.value or b"{}")))
+        letters.append((where, orjson.loads(json_bytes(rec.value))))
     planned = plan(letters, inputs, codes, max_redrives)
     todo = [p for p in planned if p.skipped is None]
     if dry_run or not todo:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.kafka import clients
@@ -38,13 +39,17 @@ from instanced_stream.runtime.engine.producers import Producers
 from instanced_stream.runtime.engine.suspension import Suspended
 from instanced_stream.runtime.engine.unit import Slot, Unit
 
-__all__ = ["MAX_UNCOMMITTED", "Fetched", "Membership"]
+__all__ = ["MAX_UNCOMMITTED", "UNSTABLE_PER_MIN", "Fetched", "Membership", "assignors"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
 
 MAX_UNCOMMITTED = 20_000  # records a unit tracks, not committed, before its input is held
+# Rebalances a minute above which the group is unstable: a deploy or a scale-out costs a
+# few; more is a member that cannot get in (or keeps being put out), and readiness,
+# the metrics and an alert say so.
+UNSTABLE_PER_MIN = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,17 @@ class Fetched:
     unit: Unit
     record: ConsumerRecord[bytes, bytes]
     slot: Slot
+
+
+def assignors() -> tuple[CoPartitionedAssignor]:
+    """The group's assignment protocols, one object per consumer: exactly one. aiokafka
+    0.14 sends a JoinGroup per listed assignor, each after the previous one's answer (its
+    join loop sits inside the loop over assignors), so with two the first join lists one
+    protocol and the second two: the broker sees a member's metadata change while the
+    generation completes and starts another one. Under restarts that kept a group
+    rebalancing for minutes, two partitions unserved (tests/unit/test_join.py). Earlier
+    versions listed this protocol first, so a rolling upgrade still finds it in common."""
+    return (CoPartitionedAssignor(),)
 
 
 def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
@@ -108,6 +124,10 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._failures = self.openings.failures
         self.rebalancing = False
         self.rebalances = 0
+        self._rebalanced: deque[float] = deque()  # when each rebalance began, last minute
+        self.started_at = time.monotonic()
+        self.assigned_at: float | None = None  # the last assignment taken
+        self.strategy = assignors()
         self.consumer: AIOKafkaConsumer | None = None
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
 
@@ -120,8 +140,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=self.group_id,
             isolation_level="read_committed",
             auto_offset_reset="earliest",
-            # Range second: what the group agrees on while an earlier version is in it.
-            partition_assignment_strategy=(CoPartitionedAssignor(), RangePartitionAssignor),
+            partition_assignment_strategy=self.strategy,
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
             max_poll_interval_ms=300_000,
@@ -130,11 +149,15 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer.subscribe(self.topics, listener=self)
         await self.consumer.start()
 
-    async def stop(self) -> None:
-        """Commits what every unit finished, drops them, leaves the group. From now on an
-        assignment (a join still under way) is not taken: no unit opens, no producer
-        starts."""
+    def leaving(self) -> None:
+        """The processor stops: from now on an assignment is not taken (no unit opens, no
+        producer starts), even while it drains; what it owned goes to the members that
+        stay once it has left."""
         self.openings.stopping = True
+
+    async def stop(self) -> None:
+        """Commits what every unit finished, drops them, leaves the group."""
+        self.leaving()
         for kept in self.suspended.settle(set())[1]:
             await self._close(kept, commit=False)  # committed when it was suspended
         for last in (False, True):  # again after the consumer stopped: whatever came
@@ -152,6 +175,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.rebalancing = True
         self.rebalances += 1
+        self._rebalanced.append(time.monotonic())
         self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
         # Taken out of `units` and `opening` before the first wait: `heal` or an open
@@ -172,6 +196,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 log.info("rebalance: assignment not taken, the processor is stopping")
                 return
             mine = {tp.partition for tp in assigned if tp.topic == self.input}
+            self.assigned_at = time.monotonic()
             self.on_assigned(len(mine))
             back, gone = self.suspended.settle(mine)
             for unit in back:
@@ -271,6 +296,36 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.openings.failing(p, unit.failed)
             await self._close(unit, commit=False)
         self.openings.retry()
+
+    def rebalances_last_min(self) -> int:
+        """Rebalances that began in the last 60 s."""
+        while self._rebalanced and self._rebalanced[0] < time.monotonic() - 60:
+            self._rebalanced.popleft()
+        return len(self._rebalanced)
+
+    def group(self) -> dict[str, Any]:
+        """This member's place in its group: `stable` once it holds an assignment and no
+        rebalance is under way, the epoch of its assignment (the leader's stamp), how long
+        it has waited for its first assignment, rebalances in the last minute."""
+        claim = self.strategy[0].claim
+        waited = None if self.assigned_at else round(time.monotonic() - self.started_at, 1)
+        per_min = self.rebalances_last_min()
+        return {
+            "stable": self.stable(),
+            "epoch": claim.epoch,
+            "waiting_for_assignment_s": waited,
+            "rebalances_last_min": per_min,
+            "storm": per_min > UNSTABLE_PER_MIN,
+        }
+
+    def partitions(self) -> int:
+        """Partitions of the input topic, as the consumer's metadata knows them."""
+        if self.consumer is None:
+            return 0
+        return len(self.consumer.partitions_for_topic(self.input) or ())
+
+    def stable(self) -> bool:
+        return self.assigned_at is not None and not self.rebalancing
 
     def states(self) -> dict[int, dict[str, Any]]:
         """Per assigned input partition, its unit's state: open, restoring or failing."""

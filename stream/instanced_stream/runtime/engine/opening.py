@@ -26,6 +26,7 @@ from aiokafka.errors import (
 )
 
 from instanced_stream.errors import StreamError
+from instanced_stream.runtime.engine.recall import RecallFailed
 from instanced_stream.runtime.engine.unit import Unit
 
 __all__ = [
@@ -98,7 +99,8 @@ class Failures:
         """Counts a failure of partition `p`; returns when to open it again."""
         tries = self._tries[p] = self._tries.get(p, 0) + 1
         since = self._since.setdefault(p, now)
-        brokers = isinstance(exc, KafkaError) and not fatal(exc)
+        # A read-back that failed is the changelog's broker too (runtime/engine/recall.py).
+        brokers = isinstance(exc, KafkaError | RecallFailed) and not fatal(exc)
         if fatal(exc):
             log.error("partition %d: the broker refuses for good: %r", p, exc)
         if not brokers or now - since >= self.patience_s:

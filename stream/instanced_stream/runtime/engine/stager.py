@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -33,7 +34,8 @@ from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.publish import OutRecord, forwarded, home_partition
+from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
@@ -42,7 +44,7 @@ from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.intake import parse_item
+from instanced_stream.runtime.steps.intake import read_item
 from instanced_stream.runtime.steps.records import (
     Planned,
     RecordBuilder,
@@ -57,7 +59,15 @@ from instanced_stream.runtime.steps.window_size import WindowSize
 from instanced_stream.runtime.steps.windowing import Windower
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "QueuedTurns", "Staged", "Stager", "make_solver", "orphaned", "retried"]
+__all__ = [
+    "BATCH_TRIES",
+    "QueuedTurns",
+    "Staged",
+    "Stager",
+    "make_solver",
+    "orphaned",
+    "retried",
+]
 
 log = logging.getLogger("stream.processor")
 
@@ -194,6 +204,7 @@ class Stager:
         self.limiter = limiter
         self.metrics = metrics
         self.builder = builder
+        builder.frames = output_frames(settings, spec)  # refuses a breaking output schema
         self.probe = probe
         self.worker = worker
         self.tokenizer = Tokenizer(spec.model.name)
@@ -256,15 +267,14 @@ class Stager:
         batch slot is busy (the caller pauses fetching meanwhile)."""
         self.metrics.items_in.inc()
         try:
-            instance = parse_item(
+            instance, text = await read_item(  # plain JSON, or Avro / JSON Schema (registry)
+                self.settings,
                 value,
                 key,
                 source,
-                self.settings.max_record_bytes,
                 state_input=self.builder.spec.accept_state_input,  # follows reconfigure
             )
-            assert value is not None  # parse_item refuses a missing value
-            item = Staged(instance, unit, slot, value)
+            item = Staged(instance, unit, slot, text)
             room = self.size.item_tokens
             tokens = _bound_of(self.tokenizer, item)
             if tokens > room and (tokens := _tokens_of(self.tokenizer, item)) > room:
@@ -280,6 +290,15 @@ class Stager:
             unit.finish(slot, letter.records)
             return
         if self.flows is not None:
+            home = home_partition(instance.id, self.settings.partitions)
+            if home != source.partition:
+                # One instance's state lives in one unit: its input is forwarded, in this
+                # unit's transaction with the offset, to the partition its id keys to.
+                self.metrics.count({"forwarded": 1})
+                origin = (source.topic, source.partition, source.offset)
+                copy = forwarded(origin, instance.id, value or b"", home, slot.headers)
+                unit.finish(slot, [copy])
+                return
             if not await recalled(self.flows.stores, unit, instance.id):
                 return  # its unit failed: the partition is reopened and the input redone
             admitted, item.changes = self.flows.admit(instance)
@@ -319,7 +338,7 @@ class Stager:
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
-                planned = await self._solved(batch_id, [i.instance for i in live])
+                planned = await self._solved(batch_id, live)
             try:
                 self._stage(batch_id, live, planned)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
@@ -332,14 +351,17 @@ class Stager:
             self.metrics.batch_ended()
             self.spend.ended()
 
-    async def _solved(self, batch_id: str, instances: list[Instance]) -> Planned:
+    async def _solved(self, batch_id: str, items: list[Staged]) -> Planned:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
+        instances = [i.instance for i in items]
 
         async def solve() -> Planned:
             # Each content asked once: twins and cached answers are not asked again.
             outcome = await self.twins.answered(instances, self._ask)
             self.probe.at("solved")
+            if self.flows is not None:
+                outcome = await self._read_back(items, outcome)
             self.metrics.observe_tokens(
                 outcome.prompt_tokens,
                 outcome.completion_tokens,
@@ -355,6 +377,20 @@ class Stager:
         if isinstance(planned, Exception):
             return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
         return planned
+
+    async def _read_back(self, items: list[Staged], outcome: Outcome) -> Outcome:
+        """The states the answer's turns are played on, read back where a workflow
+        finished while the batch was asked (a unit reopened offered its turn again, and
+        that batch ended it first): every item's instance, just before the rehearsal,
+        with nothing awaited between. An item whose unit is gone, or failed reading back,
+        is left out of the outcome (its partition's owner redoes it); the others go on."""
+        assert self.flows is not None
+        gone: set[str] = set()
+        for item in items:
+            if not await recalled(self.flows.stores, item.unit, item.instance.id):
+                gone.add(item.instance.id)
+        gone |= {i.instance.id for i in items if not i.unit.alive}
+        return _without(outcome, gone) if gone else outcome
 
     async def _ask(self, instances: list[Instance]) -> Outcome:
         outcome = await self.solver.solve(instances)
@@ -419,3 +455,13 @@ class Stager:
         """Counts what the records mean (metrics, the live page's decisions)."""
         self.metrics.count(planned.events)
         self.metrics.decisions.extend(planned.decisions)
+
+
+def _without(outcome: Outcome, gone: set[str]) -> Outcome:
+    """`outcome` less everything about the instances `gone` (their units redo them)."""
+    return dataclasses.replace(
+        outcome,
+        answers=[a for a in outcome.answers if a.instance.id not in gone],
+        unanswered=[u for u in outcome.unanswered if u.instance.id not in gone],
+        refusals=[r for r in outcome.refusals if r[1] is None or r[1].id not in gone],
+    )

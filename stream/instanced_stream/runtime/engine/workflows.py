@@ -310,15 +310,19 @@ class Flows:
 
 async def recalled(stores: Stores, unit: Unit, instance: str | None) -> bool:
     """The state of `instance` read back if it is kept only on the changelog (a finished
-    workflow), before a trigger reads it. False: it could not be, and `unit` failed with
-    that (its partition is reopened; nothing is decided on a state not read)."""
+    workflow), before a trigger reads it. False: it could not be (`RecallFailed`, or any
+    error of the broker's client: a restart, a DNS blip), or `unit` is gone; a unit whose
+    read-back failed fails with that (its partition is reopened after a back-off; nothing
+    is decided on a state not read, and the process goes on)."""
+    if not unit.alive:
+        return False
     if instance is not None:
         try:
             await stores.recall(instance)
-        except RecallFailed as exc:
-            unit.fail(exc)
+        except Exception as exc:
+            unit.fail(exc if isinstance(exc, RecallFailed) else RecallFailed(repr(exc)))
             return False
-    return True
+    return unit.alive
 
 
 def refusal_letter(

@@ -8,9 +8,12 @@ import orjson
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.wire import schema_id
 from instanced_stream.errors import BadRecord
+from instanced_stream.kafka.registry import Registry, registry_of
+from instanced_stream.settings import Settings
 
-__all__ = ["MAX_DEPTH", "parse_item", "source_of"]
+__all__ = ["MAX_DEPTH", "as_json", "parse_item", "read_item", "source_of"]
 
 _MAX_ID = 512
 _KEY_KEEP = 256  # characters of a record key that outputs show
@@ -34,6 +37,37 @@ def _depth_over(value: bytes, payload: Any, limit: int) -> bool:
         elif isinstance(node, list):
             stack += [(v, level + 1) for v in node if isinstance(v, dict | list)]
     return False
+
+
+async def as_json(registry: Registry | None, value: bytes | None, topic: str) -> bytes | None:
+    """A record in the Schema Registry's wire format (Avro, JSON Schema) as the JSON text
+    parse_item reads; any other value as it came (plain JSON, or what parse_item refuses)."""
+    sid = schema_id(value)
+    if sid is None or value is None:
+        return value
+    if registry is None:
+        raise BadRecord(
+            "unknown_schema",
+            f"record is in the Schema Registry wire format (schema id {sid}) and no registry "
+            "is configured (STREAM_SCHEMA_REGISTRY_URL)",
+        )
+    return await registry.to_json(value, topic)
+
+
+async def read_item(
+    settings: Settings,
+    value: bytes | None,
+    key: bytes | None,
+    source: SourcePosition,
+    *,
+    state_input: bool = False,
+) -> tuple[Instance, bytes]:
+    """One input record as an instance (parse_item), decoded first when it is in the wire
+    format; with the JSON text it was read from (what the window counts tokens of)."""
+    text = await as_json(registry_of(settings), value, source.topic)
+    instance = parse_item(text, key, source, settings.max_record_bytes, state_input=state_input)
+    assert text is not None  # parse_item refuses a missing value
+    return instance, text
 
 
 def parse_item(

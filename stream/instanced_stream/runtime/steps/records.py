@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from instanced_stream.core.advice import Consensus, gate, summarise
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.lazy import is_step
 from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
@@ -41,7 +42,7 @@ from instanced_stream.core.workflow import (
     finish_says_stop,
     unrun_by_stop,
 )
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.publish import Origin, OutRecord
 from instanced_stream.runtime.steps.letters import (
     bad_record,
     bad_result,
@@ -134,13 +135,17 @@ class RecordBuilder:
         self.spec = spec
         self.topics = topics
         self.model = model
+        self.frames: dict[str, bytes] = {}  # topic: its wire-format prefix (kafka/registry.py)
+
+    def _out(self, topic: str, key: bytes | None, rec: BaseModel, origin: Origin) -> OutRecord:
+        return OutRecord(topic, key, self.frames.get(topic, b"") + _dumps(rec), origin)
 
     # ------------------------------------------------------------------ dead letters
 
     def letter(self, letter: DeadLetter) -> Planned:
         key = letter.instance.encode() if letter.instance else None
         origin = position(letter.source) if letter.source else None
-        record = OutRecord(self.topics.dead_letter, key, _dumps(letter), origin)
+        record = self._out(self.topics.dead_letter, key, letter, origin)
         return Planned([record], Counter({f"dead_letter.{letter.code}": 1}))
 
     def internal_errors(
@@ -235,12 +240,10 @@ class RecordBuilder:
             if st is not None:
                 out.add(self.approved(st, effects.launch, batch.id))
         if effects.proposal is not None:
-            out.records.append(
-                OutRecord(self.topics.proposals, key, _dumps(effects.proposal), origin)
-            )
+            out.records.append(self._out(self.topics.proposals, key, effects.proposal, origin))
             out.events["proposals"] += 1
         if effects.done is not None:
-            out.records.append(OutRecord(self.topics.done, key, _dumps(effects.done), origin))
+            out.records.append(self._out(self.topics.done, key, effects.done, origin))
             out.events["done"] += 1
         if len(out.records) == first:
             # Only latent calls: no action, said on the record with the outputs they name;
@@ -248,11 +251,11 @@ class RecordBuilder:
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             ).model_copy(update={"latent": outputs, "turn": inst.turn})
-            out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
+            out.records.append(self._out(self.topics.no_action, key, rec, origin))
         out.decisions.append(_decision(self.spec, inst, calls, advice))
         if advice.consensus is not None:
             note = _advice_record(answer, batch, advice, calls, reviewed)
-            out.records.append(OutRecord(self.topics.advice, key, _dumps(note), origin))
+            out.records.append(self._out(self.topics.advice, key, note, origin))
             out.events["advisor_opinions"] += len(advice.opinions)
             out.events["divergent"] += int(note.divergent)
 
@@ -283,7 +286,7 @@ class RecordBuilder:
                     turn=inst.turn,
                     latent=outputs,  # without a plan, the answer's latent outputs go here too
                 )
-                out.records.append(OutRecord(self.topics.no_action, key, _dumps(rec), origin))
+                out.records.append(self._out(self.topics.no_action, key, rec, origin))
                 out.events["no_action"] += 1
                 continue
             tool = self.spec.tool(call.tool)
@@ -339,7 +342,7 @@ class RecordBuilder:
             latent=latent or [],
         )
         topic = self.topics.review if review else tool.topic or self.topics.activity(tool.name)
-        out.records.append(OutRecord(topic, inst.id.encode(), _dumps(rec), position(inst.source)))
+        out.records.append(self._out(topic, inst.id.encode(), rec, position(inst.source)))
         out.events[f"calls.{call.tool}"] += 1
 
     def approved(self, st: InstanceState, proposal: list[dict[str, Any]], worker: str) -> Planned:
@@ -361,7 +364,7 @@ class RecordBuilder:
 
     def done(self, done: DoneRecord) -> Planned:
         origin = position(done.source) if done.source else None
-        record = OutRecord(self.topics.done, done.instance.encode(), _dumps(done), origin)
+        record = self._out(self.topics.done, done.instance.encode(), done, origin)
         return Planned([record], Counter(done=1))
 
 
@@ -390,11 +393,6 @@ def _advice_record(
     )
 
 
-def _thought(spec: AgentSpec, call: Call) -> bool:
-    tool = spec.tool(call.tool)
-    return tool is not None and tool.kind == "latent" and not call.output_path
-
-
 def _latent_output(spec: AgentSpec, call: Call) -> bool:
     tool = spec.tool(call.tool)
     return tool is not None and tool.kind == "latent" and bool(call.output_path)
@@ -418,8 +416,8 @@ def _decision(
     spec: AgentSpec, inst: Instance, calls: list[tuple[str, Call]], advice: _Advice
 ) -> dict[str, Any]:
     """One line of the live page's latest decisions."""
-    # Not a thought: its text is never shown anywhere (the seeds: ephemeral).
-    first = next((c for _, c in calls if c.tool != NO_ACTION and not _thought(spec, c)), None)
+    # A step, never a thought: a thought's text is shown nowhere (the seeds: ephemeral).
+    first = next((c for _, c in calls if is_step(spec, c)), None)
     consensus = advice.consensus
     return {
         "instance": inst.id,
