@@ -185,6 +185,7 @@ def test_a_cycle_and_a_read_of_nothing_are_refused_with_why() -> None:
     assert why is not None and "route reads †state.summary" in why
     assert problem(nothing, {"summary": "known"}) is None  # the state holds it
     assert problem(_graph(("x", "†state.a", ["†state"])), {}) is None  # the whole state
+    assert problem(_graph(("x", "†state.a", ["†state.a"])), {}) is None  # its own output
 
 
 def test_the_validator_refuses_a_graph_that_cannot_run_and_the_instance_is_asked_again() -> None:

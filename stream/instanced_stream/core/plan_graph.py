@@ -134,8 +134,10 @@ def problem(steps: list[Step], state: dict[str, Any]) -> str | None:
             f"the plan has a cycle ({names}: each reads through _scopes what the next "
             "writes): nothing in it could start; scope each step to the paths it needs"
         )
-    for k, step in enumerate(steps):
-        written = {o for j, s in enumerate(steps) if j != k for o in _outputs(s)}
+    # A step reading what it writes itself reads the value before it (nothing, on an
+    # empty state): harmless, and a model scopes a step to its own output often.
+    written = {o for s in steps for o in _outputs(s)}
+    for step in steps:
         for path in step.inputs:
             if not any(_overlap(path, o) for o in written) and not _exists(state, path):
                 return (
