@@ -170,11 +170,15 @@ async def deploy(
             f"t{secrets.token_hex(4)}.",
             "stream-test-",
             spec_path,
-            STREAM_WEB_HOST="127.0.0.1",
-            STREAM_WEB_PORT=str(port),
-            STREAM_SESSION_TIMEOUT_S="6",
-            **env,
+            # a test may name the processor's own web host and port (the defaults)
+            **{
+                "STREAM_WEB_HOST": "127.0.0.1",
+                "STREAM_WEB_PORT": str(port),
+                "STREAM_SESSION_TIMEOUT_S": "6",
+                **env,
+            },
         )
+        port = int(proc.env["STREAM_WEB_PORT"])
         dep = Deployment(bootstrap, settings, spec, sim, proc, web=f"http://127.0.0.1:{port}")
         started.append(dep)
         return dep

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -31,13 +31,15 @@ from instanced_stream.errors import StreamError
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, read_json
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
-from instanced_stream.testing.broker import free_port, kafka_bootstrap
+from instanced_stream.testing.broker import die_with_parent, free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments, malformed_records, tickets
 from instanced_stream.testing.sim.server import SimConfig
 from instanced_stream.tools.audit import AuditReport, audit
 from instanced_stream.tools.chaos import Chaos
 from instanced_stream.tools.target import Target, llm_target, processor_live, processor_usage
 from instanced_stream.tools.workflow_audit import audit_workflows
+
+_T = TypeVar("_T")
 
 __all__ = [
     "NotAccounted",
@@ -46,6 +48,7 @@ __all__ = [
     "produce",
     "report_when_accounted",
     "run_demo",
+    "until_signalled",
     "wait_accounted",
 ]
 
@@ -66,6 +69,7 @@ class ProcessorProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # never left under init, however this one ends
         )
         log.close()
 
@@ -373,6 +377,40 @@ async def _workflows(bootstrap: str, settings: Settings) -> dict[str, Any]:
     return {"workflows": summary, "workflows_unended": summary.get("pending", 0)}
 
 
+async def until_signalled(work: Coroutine[Any, Any, _T]) -> _T:
+    """`work`, until SIGINT or SIGTERM: then it is cancelled, and cancelled again each
+    second while it runs on (a cancellation swallowed by a client library below once kept
+    the demo waiting out its 600 s timeout after Ctrl-C), and the signal is raised as the
+    CLI's SIGTERM handler would (cli/termination.py) or as KeyboardInterrupt, so every
+    `finally` and context manager above stops what it started."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    signalled: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        signalled.append(sig)
+        task.cancel()
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if signalled and not task.done():
+                task.cancel()
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+    term = previous[signal.SIGTERM]
+    if signalled and signalled[0] == signal.SIGTERM and callable(term):
+        term(signal.SIGTERM, None)  # the CLI's: raises its Terminated (exit 143)
+    if signalled:
+        raise KeyboardInterrupt()
+    return task.result()
+
+
 def run_demo(
     items: int,
     as_json: bool,
@@ -394,7 +432,8 @@ def run_demo(
     ):
         say(f"broker {bootstrap}; {target.describe()}")
         wait_s = timeout or (180.0 if target.kind == "simulator" else 900.0)
-        result = asyncio.run(_demo(bootstrap, target, items, wait_s, say, example, chaos))
+        demo = _demo(bootstrap, target, items, wait_s, say, example, chaos)
+        result = asyncio.run(until_signalled(demo))
     if not as_json:
         calls = ", ".join(f"{k}={v}" for k, v in sorted(result["calls"].items()))
         print(
@@ -429,10 +468,10 @@ def run_demo(
                 else ""
             )
             + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s\n"
-            f"audit: {result['audit']}\n"
-            f"  (again, against a broker you run: stream audit --topic-prefix "
-            f"{result['topics_prefix']})"
+            f"audit: {result['audit']}"
         )
+        if settings.bootstrap_servers:  # only the user's broker outlives the demo
+            print(f"  (again: stream audit --topic-prefix {result['topics_prefix']})")
     else:
         print(orjson.dumps(result).decode())
     with contextlib.suppress(Exception):

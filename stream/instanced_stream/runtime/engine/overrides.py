@@ -84,8 +84,8 @@ class OverrideFollower:
 
     async def _run(self) -> None:
         consumer = clients.consumer(self.bootstrap)
-        await consumer.start()
-        try:
+        try:  # a stop while it starts (SIGTERM while joining) closes it too
+            await consumer.start()
             tps = [
                 TopicPartition(self.topic, p) for p in await partitions(self.bootstrap, self.topic)
             ]
