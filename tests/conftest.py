@@ -158,7 +158,8 @@ async def deploy(
 ) -> AsyncIterator[Callable[..., Awaitable[Deployment]]]:
     """Factory: start a processor on fresh topics; stopped (and its log shown) at the end."""
     sim, url = simulator
-    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
+    fresh = {"faults": Faults(), "latency_ms": 0.0, "plan_order": "mixed"}
+    sim.config = sim.config.model_copy(update=fresh)
     started: list[Deployment] = []
 
     async def make(spec_path: Path | None = None, **env: str) -> Deployment:
@@ -188,8 +189,9 @@ async def deploy(
         for more in dep.extra:
             more.stop()
         print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")
-    # The simulator is shared by the session: a test that slowed it must not slow the next.
-    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
+    # The simulator is shared by the session: a test that slowed it (or chose the order
+    # of its plans) must not change the next.
+    sim.config = sim.config.model_copy(update=fresh)
 
 
 async def caught_up(bootstrap: str, settings: Settings) -> bool:
