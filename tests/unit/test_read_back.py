@@ -137,3 +137,27 @@ async def test_a_batch_leaves_out_only_the_item_whose_read_back_failed() -> None
     kept = await rig.stager._read_back(items, outcome)
     assert [x.instance.id for x in kept.answers] == ["t-ok"]
     assert ok_unit.alive and not broken_unit.alive
+
+
+class _Slow(Recall):
+    """A reader that counts its reads and takes its time."""
+
+    def __init__(self, value: bytes) -> None:
+        super().__init__("unused:9092", "changelog")
+        self.value, self.count = value, 0
+
+    async def read(self, partition: int, offset: int, key: str) -> bytes:
+        self.count += 1
+        await asyncio.sleep(0.05)
+        return self.value
+
+
+async def test_two_read_backs_of_one_instance_at_once_share_one_read() -> None:
+    """Its repeated result's lane and its new input's intake ask at once."""
+    stores = Stores()
+    _retired(stores, 0, "t-1")
+    (store,) = stores.by_partition.values()
+    st = InstanceState(instance="t-1", partition=0, status="done")
+    reader = stores.reader = _Slow(st.model_dump_json().encode())
+    await asyncio.gather(stores.recall("t-1"), stores.recall("t-1"))
+    assert reader.count == 1 and store.to_recall("t-1") is None
