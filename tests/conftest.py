@@ -158,7 +158,8 @@ async def deploy(
 ) -> AsyncIterator[Callable[..., Awaitable[Deployment]]]:
     """Factory: start a processor on fresh topics; stopped (and its log shown) at the end."""
     sim, url = simulator
-    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
+    fresh = {"faults": Faults(), "latency_ms": 0.0, "plan_order": "mixed"}
+    sim.config = sim.config.model_copy(update=fresh)
     started: list[Deployment] = []
 
     async def make(spec_path: Path | None = None, **env: str) -> Deployment:
@@ -169,11 +170,15 @@ async def deploy(
             f"t{secrets.token_hex(4)}.",
             "stream-test-",
             spec_path,
-            STREAM_WEB_HOST="127.0.0.1",
-            STREAM_WEB_PORT=str(port),
-            STREAM_SESSION_TIMEOUT_S="6",
-            **env,
+            # a test may name the processor's own web host and port (the defaults)
+            **{
+                "STREAM_WEB_HOST": "127.0.0.1",
+                "STREAM_WEB_PORT": str(port),
+                "STREAM_SESSION_TIMEOUT_S": "6",
+                **env,
+            },
         )
+        port = int(proc.env["STREAM_WEB_PORT"])
         dep = Deployment(bootstrap, settings, spec, sim, proc, web=f"http://127.0.0.1:{port}")
         started.append(dep)
         return dep
@@ -184,8 +189,9 @@ async def deploy(
         for more in dep.extra:
             more.stop()
         print(f"--- processor log {dep.proc.log_path} (tail) ---\n{dep.proc.tail(15)}")
-    # The simulator is shared by the session: a test that slowed it must not slow the next.
-    sim.config = sim.config.model_copy(update={"faults": Faults(), "latency_ms": 0.0})
+    # The simulator is shared by the session: a test that slowed it (or chose the order
+    # of its plans) must not change the next.
+    sim.config = sim.config.model_copy(update=fresh)
 
 
 async def caught_up(bootstrap: str, settings: Settings) -> bool:

@@ -36,7 +36,7 @@ OTHER_VARIABLES = frozenset(
     {
         "STREAM_KAFKA_CACHE",  # where the broker's jars are resolved (testing/jars.py)
         "STREAM_VENV",  # ./dev's virtual environment
-        "STREAM_SPEC_FILE",  # docker-compose: the spec file mounted as STREAM_SPEC
+        "STREAM_AGENT_DIR",  # docker-compose: the folder of the spec and handlers it mounts
         "STREAM_DECISIONS_FILE",  # the moderation example's activity writes decisions there
         "STREAM_CHAOS_RUNS",  # the fault campaign's runs and seed (tests)
         "STREAM_CHAOS_SEED",
@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(None, description="Overrides the spec's model.name")
     llm_api_version: str | None = Field(
         None, description="Overrides the spec's model.api_version (Azure OpenAI)"
+    )
+    llm_provider: str | None = Field(
+        None,
+        description="gen_ai.provider.name of the LLM spans (OpenTelemetry); unset: the "
+        "conventions' name for a known host (api.openai.com: openai, *.openai.azure.com: "
+        "azure.ai.openai, ...), else openai_compatible",
     )
     llm_pacing: bool = Field(
         True,
@@ -183,6 +189,13 @@ class Settings(BaseSettings):
     worker_web_port: int = Field(
         6067, ge=0, le=65535, description="Port of the activities worker's probes and metrics"
     )
+    faust_web_port: int = Field(
+        6068,
+        ge=0,
+        le=65535,
+        description="Web port of a faust app built by faust_app() (faust's own default is "
+        "6066, the processor's)",
+    )
     worker_concurrency: int = Field(
         8, ge=1, description="Activity handlers an activities worker runs at once"
     )
@@ -209,6 +222,11 @@ class Settings(BaseSettings):
     kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
     kafka_sasl_password_file: Path | None = Field(
         None, description="File holding the SASL password (a mounted secret)"
+    )
+    kafka_sasl_oauth_token: SecretStr | None = Field(
+        None,
+        description="OAUTHBEARER: the access token itself, when no token file is mounted "
+        "(read once: a token that expires needs the file)",
     )
     kafka_sasl_oauth_token_file: Path | None = Field(
         None,

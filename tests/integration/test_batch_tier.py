@@ -127,6 +127,9 @@ def test_bench_batch_tier_costs_an_eighth_of_the_baseline(bootstrap: str, tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = orjson.loads((out / "bench.json").read_bytes())
+    # every row says who decided: figures from the simulator's word rules would differ 3x
+    assert {r["judge"] for r in rows} == {"simulator: classifier"}
+    assert "Judge: simulator: classifier." in (out / "bench.md").read_text()
     base = next(r for r in rows if r["window"] == 1)
     online = next(r for r in rows if r["window"] == 50 and r["tier"] == "online")
     batch = next(r for r in rows if r["tier"] == "batch")

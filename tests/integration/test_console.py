@@ -7,7 +7,7 @@ import io
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -19,7 +19,11 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.topics import ensure_product_topics, product_topics, read_topic
 from instanced_stream.settings import Settings
-from instanced_stream.tools.console import produce, render_topics, resolve_topic, tail, topics
+from instanced_stream.testing.samples import comments
+from instanced_stream.tools.console import produce, render_topics, resolve_topic, topics
+from instanced_stream.tools.tail import tail
+
+from tests.conftest import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -198,3 +202,51 @@ async def _until(check: Callable[[], bool], wait_s: float = 20) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out waiting"
         await asyncio.sleep(0.1)
+
+
+async def test_tail_and_topics_count_records_on_an_exactly_once_topic(
+    deploy: Callable[..., Awaitable[Deployment]],
+) -> None:
+    """An exactly-once processor's dead letters: every transaction ends in a commit marker
+    (the topic's last offset holds no record), so `--last` and `stream topics` must count
+    records, not offsets."""
+    dep = await deploy(STREAM_DELIVERY="exactly_once")
+    await dep.produce_items(comments(6))
+    await dep.produce([(f"bad-{i}".encode(), b"{oops") for i in range(3)])
+    report = await dep.settle(9)
+    assert report.unaccounted == 0, report.summary()
+    topic = resolve_topic(dep.settings, "deadletter")
+    letters = await dep.records(topic)  # read_committed: the truth
+    assert len(letters) == 3
+    consumer = AIOKafkaConsumer(bootstrap_servers=dep.bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(dep.settings.partitions)]
+        offsets = sum((await consumer.end_offsets(tps)).values())
+    finally:
+        await consumer.stop()
+    assert offsets > 3  # markers: an offset count would be wrong here
+    took = []
+    for _ in range(3):
+        out = io.StringIO()
+        started = time.monotonic()
+        assert await asyncio.wait_for(tail(dep.bootstrap, topic, last=1, out=out), 10) == 1
+        took.append(time.monotonic() - started)
+    assert min(took) < 1.0, took
+    newest = out.getvalue().strip()
+    assert "deadletter code=not_json" in newest
+    three = io.StringIO()
+    assert await tail(dep.bootstrap, topic, last=3, out=three) == 3
+    assert three.getvalue().splitlines()[-1] == newest
+    assert await tail(dep.bootstrap, topic, last=10, out=io.StringIO()) == 3
+    rows = {r.name: r for r in await topics(dep.bootstrap, dep.settings, dep.spec)}
+    assert (rows[topic].records, rows[topic].exact) == (3, True)
+    assert rows[dep.settings.topics.input].records == 9
+    cli = await dep.cli("tail", "deadletter", "--last", "1")
+    assert cli.returncode == 0, cli.stderr[-1500:]
+    assert len(cli.stdout.splitlines()) == 1 and "not_json" in cli.stdout
+    # redrive says what it left out and why, rather than a bare "would send 0"
+    dry = await dep.cli("redrive", "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-1500:]
+    assert "redrive: would send 0, skipped 0" in dry.stdout
+    assert "redrive: left out 3 dead letters: not_json 3 (codes that fail" in dry.stdout

@@ -8,6 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from instanced_stream.testing.broker import free_port
+from instanced_stream.tools.demo import ProcessorProcess
 
 from tests.conftest import Deployment, committed_offsets
 
@@ -46,3 +48,35 @@ async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy)
     assert report.unaccounted == 0
     assert report.duplicate_calls == 0  # nothing was published twice
     assert dep.sim.stats["completions"] == answered  # and nothing asked twice
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.0])
+async def test_sigterm_while_joining_stops_cleanly_and_leaves_no_client_open(
+    deploy: Deploy, delay_s: float
+) -> None:
+    """A member stopped while it joins the group (a rollout that gives up on a pod, a
+    scale-in right after a scale-out): it exits 0 within its grace, takes no assignment,
+    and leaves no client unclosed (the context follower once started its consumer before
+    the `try` that stops it)."""
+    dep = await deploy()
+    joiner = ProcessorProcess(
+        {**dep.proc.env, "STREAM_WEB_PORT": str(free_port())},
+        dep.proc.log_path.with_name(f"joiner-{delay_s}.log"),
+    )
+    joiner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "(Re-)joining group" not in joiner.tail(400):
+            assert time.monotonic() < deadline, "the second member never began to join"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(delay_s)
+        started = time.monotonic()
+        await asyncio.to_thread(joiner.stop, 40)
+        took = time.monotonic() - started
+    finally:
+        joiner.kill()
+    assert joiner.proc is not None and joiner.proc.returncode == 0, joiner.tail()
+    log = joiner.tail(2000)
+    assert "Unclosed" not in log, log
+    assert took < 30, f"the stop took {took:.1f} s"
+    print(f"stopped {delay_s} s into its join in {took:.1f} s")

@@ -1,20 +1,28 @@
 """The seeds' Plan on the real broker and the exactly-once runtime (#26): the model writes
 the plan; a lazy plan is proposed once, runs nothing latent before approval, then runs in
-dependency order; a spec without a plan keeps no state at all."""
+dependency order; a spec without a plan keeps no state at all. Whatever order the model
+lists a plan's calls in, they run in the graph's order (#45), and thoughts reach no topic."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
+from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.activities.worker import load_activities
+from instanced_stream.core.messages import ApprovalRecord
+from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic, state_changelog
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import tickets
+from instanced_stream.testing.sim.planner import THOUGHT
+from instanced_stream.tools.approvals import pending_now
 from instanced_stream.tools.seeds import seed_items
 
 from tests.conftest import Deployment, workflow_states
@@ -90,3 +98,184 @@ async def test_a_lazy_graph_is_proposed_once_then_runs_in_dependency_order(
     assert {r["instance"] for r in routed} == {p["instance"] for p in proposals}
     for r in routed:  # it ran after what it reads: its context holds the looked-up state
         assert any("customer" in str(c) for c in r["context"])
+
+
+# Issue 45: the graph decides, whatever order the model writes.
+
+
+async def _every_topic(dep: Deployment) -> dict[str, bytes]:
+    """Every record on every topic of this deployment (its prefix), keys and values."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=dep.bootstrap, **options_for(dep.bootstrap))
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(dep.settings.topic_prefix)]
+    finally:
+        await admin.close()
+    out: dict[str, bytes] = {}
+    for name in names:
+        async for rec in read_topic(dep.bootstrap, name):
+            out[name] = out.get(name, b"") + (rec.key or b"") + (rec.value or b"") + b"\n"
+    return out
+
+
+async def _stamps(dep: Deployment, topic: str) -> dict[tuple[str, str], int]:
+    """(instance, tool) -> the record's timestamp (ms), for results and activity records."""
+    out = {}
+    async for rec in read_topic(dep.bootstrap, topic):
+        value = orjson.loads(rec.value or b"{}")
+        out[(value["instance"], value["tool"])] = rec.timestamp
+    return out
+
+
+def _listed(trace_ids: list[str], tool: str) -> int:
+    return next(k for k, cid in enumerate(trace_ids) if f"/{tool}/" in cid)
+
+
+async def _run_tickets(dep: Deployment, n: int, approve: bool = False) -> dict[str, Any]:
+    """n tickets through the deployment with the example's activity worker (approving
+    every proposal when `approve`); returns the done records by instance."""
+    registry = load_activities(str(TICKETS / "activities.py"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(registry.run(dep.settings, dep.spec, dep.bootstrap, stop))
+    try:
+        return await _run(dep, tickets(n), approve)
+    finally:
+        stop.set()
+        await worker
+
+
+async def _run(dep: Deployment, items: list[dict[str, Any]], approve: bool) -> dict[str, Any]:
+    """The items in, every proposal approved as it comes (when `approve`), until every
+    workflow has its done record; returns them by instance."""
+    await dep.produce_items(items)
+    sent: set[str] = set()
+
+    async def all_done() -> dict[str, Any]:
+        if approve:
+            fresh = [
+                p
+                for p in await pending_now(dep.settings, dep.bootstrap)
+                if p["proposal_id"] not in sent
+            ]
+            records: list[tuple[bytes | None, bytes | None]] = [
+                (
+                    str(p["instance"]).encode(),
+                    ApprovalRecord(
+                        instance=p["instance"],
+                        proposal_id=p["proposal_id"],
+                        turn=p["turn"],
+                        approve=True,
+                    )
+                    .model_dump_json(exclude_none=True)
+                    .encode(),
+                )
+                for p in fresh
+            ]
+            if records:
+                await dep.produce_to(dep.settings.topics.approvals, records)
+                sent.update(p["proposal_id"] for p in fresh)
+        got = {d["instance"]: d for d in await dep.records(dep.settings.topics.done)}
+        return got if len(got) >= len(items) else {}
+
+    return dict(await until(all_done, 150))
+
+
+@pytest.mark.parametrize("order", ["readers_first", "interleaved"])
+async def test_an_eager_plan_written_readers_first_runs_in_graph_order(
+    deploy: Deploy, order: str
+) -> None:
+    """The tickets example with the simulator writing each plan's readers before their
+    producers (or interleaved, with the latent summary reading the awaited customer):
+    the on-call page goes out after assessUrgency's result and only on the urgent branch,
+    the summary is written from the looked-up customer, and the counters say so."""
+    dep = await deploy(spec_path=TICKETS / "agent.yaml", **EXACTLY_ONCE)
+    dep.sim.config = dep.sim.config.model_copy(update={"plan_order": order})
+    done = await _run_tickets(dep, 8)
+    assert len(done) == 8 and {d["status"] for d in done.values()} == {"done"}
+    for d in done.values():
+        first = d["trace"][0]["call_ids"]  # turn 1's calls, in the answer's order
+        if order == "readers_first":  # the precondition: the reader came first
+            assert _listed(first, "pageOnCall") < _listed(first, "assessUrgency")
+        assert d["state"]["summary"]["summary"] and d["state"]["customer"]
+    paged = await _stamps(dep, dep.activity_topic("pageOnCall"))
+    results = await _stamps(dep, dep.settings.topics.results)
+    urgent = {i for i, d in done.items() if "urgent" in d["state"]}
+    assert urgent and urgent != set(done)  # both branches taken: the test can tell
+    assert {i for i, _ in paged} == urgent
+    for (instance, _), stamp in paged.items():
+        assert stamp >= results[(instance, "assessUrgency")]
+    states = await workflow_states(dep)
+    counts: Counter[str] = Counter()
+    for st in states.values():
+        counts.update(st.get("counts", {}))
+    assert counts["skipped_branch"] == len(done) - len(urgent)
+    assert counts["ran_on_missing_input"] == 0 and counts["skipped_input"] == 0
+    # Thoughts (two per instance before routing) are on no topic at all, and two of them
+    # for one instance are no duplicate_call.
+    everything = await _every_topic(dep)
+    assert dep.settings.topics.done in everything  # the reader saw the topics
+    assert not [t for t, data in everything.items() if THOUGHT.encode() in data]
+    assert not await dep.records(dep.settings.topics.dead_letter)
+
+
+async def test_a_lazy_plan_written_readers_first_runs_in_graph_order(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    data = yaml.safe_load((TICKETS / "agent.yaml").read_text())
+    data["plan"] = {"mode": "lazy", "maxTurns": 4}
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    dep = await deploy(spec_path=path, **EXACTLY_ONCE)
+    dep.sim.config = dep.sim.config.model_copy(update={"plan_order": "readers_first"})
+    done = await _run_tickets(dep, 6, approve=True)
+    assert {d["status"] for d in done.values()} == {"done"}
+    proposals = await dep.records(dep.settings.topics.proposals)
+    for p in proposals:  # the precondition: every graph lists its readers first
+        tools = [c["_tool"] for c in p["calls"]]
+        assert tools.index("pageOnCall") < tools.index("assessUrgency")
+        assert tools.index("routeTicket") < tools.index("lookupCustomer")
+    paged = await _stamps(dep, dep.activity_topic("pageOnCall"))
+    routed = await _stamps(dep, dep.activity_topic("routeTicket"))
+    results = await _stamps(dep, dep.settings.topics.results)
+    urgent = {i for i, d in done.items() if "urgent" in d["state"]}
+    assert urgent and urgent != set(done)
+    assert {i for i, _ in paged} == urgent
+    for (instance, _), stamp in paged.items():
+        assert stamp >= results[(instance, "assessUrgency")]
+    for (instance, _), stamp in routed.items():
+        assert stamp >= max(results[(instance, t)] for t in ("assessUrgency", "lookupCustomer"))
+    states = await workflow_states(dep)
+    counts: Counter[str] = Counter()
+    for st in states.values():
+        counts.update(st.get("counts", {}))
+    assert counts["skipped_branch"] == len(done) - len(urgent)
+    assert counts["ran_on_missing_input"] == 0
+
+
+@pytest.mark.parametrize("order", ["producers_first", "readers_first"])
+async def test_the_seeds_lazy_example_runs_in_graph_order_either_way(
+    deploy: Deploy, order: str
+) -> None:
+    """The Plan seed's lazy example (assess, then moderateComment reading the assessment),
+    its graphs written in either order: each moderation call goes out after its
+    assessment was answered and reads it."""
+    dep = await deploy(spec_path=EXAMPLES / "seeds" / "lazy.yaml", **EXACTLY_ONCE)
+    dep.sim.config = dep.sim.config.model_copy(update={"plan_order": order})
+    items = seed_items("lazy")
+    done = await _run(dep, items, approve=True)
+    assert {d["status"] for d in done.values()} == {"done"}
+    proposals = await dep.records(dep.settings.topics.proposals)
+    assert len(proposals) == len(items)
+    for p in proposals:  # the precondition: the order the simulator was told
+        tools = [c["_tool"] for c in p["calls"]]
+        assert (tools.index("moderateComment") < tools.index("assess")) == (
+            order == "readers_first"
+        )
+    moderated = await dep.records(dep.activity_topic("moderateComment"))
+    assert {r["instance"] for r in moderated} == set(done)
+    for rec in moderated:
+        (read,) = [c for c in rec["context"] if c.get("scope") == "†state.assessment"]
+        assert read["assessment"] == done[rec["instance"]]["state"]["assessment"]
+        assert rec["turn"] >= 2  # after the follow-up turn that answered the assessment
+    states = await workflow_states(dep)
+    assert sum(st.get("counts", {}).get("ran_on_missing_input", 0) for st in states.values()) == 0

@@ -1,5 +1,7 @@
-"""Kafka security passes through: a broker with TLS (mutual) and SASL_SSL listeners, with
-certificates the test makes; the processor, producers and the auditor all go through it."""
+"""Kafka security passes through: a broker with TLS (mutual), SASL_SSL (PLAIN) and
+SASL_PLAINTEXT (OAUTHBEARER, unsecured tokens) listeners, with certificates and tokens the
+test makes; `stream check --kafka`, the processor, producers and the auditor all go
+through it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from instanced_stream.kafka.security import client_options, register
 from instanced_stream.settings import Settings
 from instanced_stream.testing.broker import LocalKafka, Tls
+from instanced_stream.testing.listeners import unsecured_token
 from instanced_stream.testing.sim.server import Simulator
 from instanced_stream.tools.demo import launch_processor
 
@@ -50,6 +53,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "client_cert": b"".join(c.bytes() for c in client.cert_chain_pems),
         "client_key": client.private_key_pem.bytes(),
         "password": PASSWORD.encode(),
+        "token": unsecured_token("stream-oauth").encode(),
     }
     paths = {}
     for name, data in files.items():
@@ -63,7 +67,7 @@ def secure_broker(
     certs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalKafka]:
     tls = Tls(certs["keystore"], certs["ca"], client_auth=True, sasl_users={"alice": PASSWORD})
-    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), tls=tls)
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), tls=tls, oauth=True)
     broker.start()
     try:
         yield broker
@@ -87,6 +91,15 @@ def _sasl_env(certs: dict[str, Path]) -> dict[str, str]:
         "STREAM_KAFKA_SASL_MECHANISM": "PLAIN",
         "STREAM_KAFKA_SASL_USERNAME": "alice",
         "STREAM_KAFKA_SASL_PASSWORD_FILE": str(certs["password"]),
+    }
+
+
+def _oauth_env(certs: dict[str, Path]) -> dict[str, str]:
+    """As docs/kafka-clients.md says: the mechanism and a token file, no user name."""
+    return {
+        "STREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "STREAM_KAFKA_SASL_MECHANISM": "OAUTHBEARER",
+        "STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE": str(certs["token"]),
     }
 
 
@@ -118,7 +131,7 @@ def _items(n: int, tag: str) -> list[dict[str, str]]:
     return [{"_instance": f"{tag}-{i}", "comment": f"kind words {i}"} for i in range(n)]
 
 
-@pytest.mark.parametrize("listener", ["mutual TLS", "SASL_SSL"])
+@pytest.mark.parametrize("listener", ["mutual TLS", "SASL_SSL", "OAUTHBEARER"])
 async def test_items_flow_end_to_end_through_a_secured_listener(
     listener: str,
     secure_broker: LocalKafka,
@@ -127,6 +140,8 @@ async def test_items_flow_end_to_end_through_a_secured_listener(
 ) -> None:
     if listener == "mutual TLS":
         bootstrap, env = secure_broker.ssl_bootstrap, _tls_env(certs)
+    elif listener == "OAUTHBEARER":
+        bootstrap, env = secure_broker.oauth_bootstrap, _oauth_env(certs)
     else:
         bootstrap, env = secure_broker.sasl_ssl_bootstrap, _sasl_env(certs)
     dep = await _deploy(bootstrap, env, simulator)
@@ -141,9 +156,11 @@ async def test_items_flow_end_to_end_through_a_secured_listener(
     assert PASSWORD not in log
 
 
-def _stream_topics(bootstrap: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _stream_topics(
+    bootstrap: str, env: dict[str, str], *command: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "instanced_stream", "topics"],
+        [sys.executable, "-m", "instanced_stream", *(command or ("topics",))],
         env={**os.environ, "STREAM_BOOTSTRAP_SERVERS": bootstrap, **env},
         capture_output=True,
         text=True,
@@ -168,3 +185,29 @@ async def test_a_client_without_the_ca_or_the_password_fails_clearly(
     assert unreadable.returncode == 2
     assert "STREAM_KAFKA_SASL_PASSWORD_FILE: cannot read" in unreadable.stderr
     assert PASSWORD not in refused.stderr + unreadable.stderr + ok.stdout + ok.stderr
+
+
+async def test_stream_check_connects_with_an_oauth_token(
+    secure_broker: LocalKafka, certs: dict[str, Path], tmp_path: Path
+) -> None:
+    bootstrap = secure_broker.oauth_bootstrap
+    check = ("check", "--kafka")
+    # an endpoint `check` lints but, without --endpoint, never contacts
+    oauth = {**_oauth_env(certs), "STREAM_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+    ok = await asyncio.to_thread(_stream_topics, bootstrap, oauth, *check)
+    assert ok.returncode == 0, ok.stderr[-1500:]
+    assert f"kafka {bootstrap}: connected over SASL_PLAINTEXT (OAUTHBEARER)" in ok.stdout
+    # the token from the environment instead of a file
+    token = certs["token"].read_text()
+    by_env = {**oauth, "STREAM_KAFKA_SASL_OAUTH_TOKEN": token}
+    by_env.pop("STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE")
+    env_ok = await asyncio.to_thread(_stream_topics, bootstrap, by_env, *check)
+    assert env_ok.returncode == 0, env_ok.stderr[-1500:]
+    # a token the broker refuses (expired) is one line and exit code 3, never a traceback
+    expired = tmp_path / "expired"
+    expired.write_text(unsecured_token("stream-oauth", lifetime_s=-60))
+    stale = {**oauth, "STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE": str(expired)}
+    refused = await asyncio.to_thread(_stream_topics, bootstrap, stale, *check)
+    assert refused.returncode == 3, refused.stdout + refused.stderr[-1500:]
+    assert "cannot reach Kafka" in refused.stderr and "Traceback" not in refused.stderr
+    assert token not in ok.stdout + ok.stderr + env_ok.stdout + env_ok.stderr

@@ -261,6 +261,8 @@ async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
     for rec in outcomes.values():
         for call in rec["latent"]:
             assert call["_tool"] == "updateTask" and {"newTask", "newStatus"} <= set(call)
+            # The seed spells the output path "output": read as one, never an argument.
+            assert call["_outputPath"] == "†state" and "output" not in call
         assert rec["reason"]
     assert await workflow_states(dep) == {}
 
@@ -300,7 +302,12 @@ def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
     moderation, manager = result["examples"]["moderation"], result["examples"]["manager"]
     assert moderation["items"] == 100 and moderation["llm_requests"] == 1
     assert moderation["batch_sizes"] == [[100, 100]]
-    assert manager["untouched"] >= 1 and manager["dead_letters"] == 0
+    # The simulator answers the seed's answer verbatim (json_object: "output": "†state",
+    # "_instance": "employee_B"): B's new task is on its outcome, A is untouched.
+    assert manager["updated"] == {
+        "employee_B": [{"newTask": "Finalize the quarterly report", "newStatus": "High Priority"}]
+    }
+    assert manager["untouched"] == 1 and manager["dead_letters"] == 0
     advisors = result["examples"]["advisors"]
     assert {o["advisor"] for o in advisors["opinions"]} == {"аналитикРисков"}
     # The seed's scores travel unscaled (the simulator answers as the seed does).

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -109,6 +110,11 @@ async def test_batches_and_llm_requests_are_spans(
         assert attributes["gen_ai.usage.input_tokens"] > 0
         assert attributes["gen_ai.usage.output_tokens"] > 0
         assert "gen_ai.usage.cache_read.input_tokens" in attributes
+        # the simulator on 127.0.0.1: no provider the conventions list, the host alone
+        endpoint = urlsplit(dep.proc.env["STREAM_LLM_BASE_URL"])
+        assert attributes["gen_ai.provider.name"] == "openai_compatible"
+        assert attributes["server.address"] == endpoint.hostname
+        assert attributes["server.port"] == endpoint.port
     # The tracestate went along with its traceparent onto the outputs.
     tools = [t.name for t in dep.spec.tools if t.kind == "activity"]
     topics = [*(dep.activity_topic(t) for t in tools), dep.settings.topics.no_action]

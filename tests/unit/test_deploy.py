@@ -28,7 +28,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import promql_parser
 import pytest
 import yaml
-from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.metrics import Metrics, WorkerMetrics
 from instanced_stream.settings import Settings, Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,6 +181,9 @@ KEDA: dict[str, dict[str, Any]] = {
                                         "cert",
                                         "key",
                                         "keyPassword",
+                                        # SASL/OAUTHBEARER: KEDA fetches its own token
+                                        "oauthTokenEndpointUri",
+                                        "scopes",
                                     ]
                                 },
                                 "name": {"type": "string"},
@@ -271,19 +274,30 @@ def test_compose_schema_rejects_a_misspelt_field() -> None:
     assert any("enviroment" in e for e in _compose_errors(doc))
 
 
-def test_compose_creates_exactly_the_products_topics() -> None:
-    service = _compose()["services"]["topics"]
-    env = service["environment"]
-    topics = Topics("", _default("input_topic"))
-    tools = [t for t in _yaml(EXAMPLE_SPEC)["tools"] if t.get("kind", "activity") == "activity"]
-    expected = {topics.input, topics.dead_letter, topics.no_action, topics.advice, topics.review}
-    expected |= {t.get("topic") or topics.activity(t["name"]) for t in tools}
-    assert set(env["TOPICS"].split()) == expected
-    assert env["COMPACTED_TOPICS"].split() == [topics.context]
-    # The one-shot uses the same partition count as the processors.
-    assert env["PARTITIONS"] == _compose()["x-stream-env"]["STREAM_PARTITIONS"]
-    script = service["volumes"][0].split(":")[0]
-    assert (ROOT / script).is_file()
+def test_compose_creates_the_topics_from_the_spec_with_the_product() -> None:
+    """No topic list kept by hand: the one-shot runs `stream topics --create` on the same
+    settings and spec as the processors."""
+    services = _compose()["services"]
+    topics = services["topics"]
+    assert topics["command"] == ["topics", "--create"]
+    assert topics["image"] == services["processor"]["image"]
+    assert topics["environment"] == _compose()["x-stream-env"]
+    assert topics["volumes"] == services["processor"]["volumes"]
+    assert topics["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert not (DEPLOY / "compose").exists()
+
+
+def test_compose_mounts_spec_and_handlers_together() -> None:
+    """Your spec never meets the example's handlers: one folder holds both."""
+    services = _compose()["services"]
+    (mount,) = _interpolated(services["activities"]["volumes"])
+    source, target, _ = mount.split(":")
+    assert services["activities"]["volumes"] == services["processor"]["volumes"]
+    spec = services["activities"]["environment"]["STREAM_SPEC"]
+    handlers = services["activities"]["command"][1]
+    assert spec == f"{target}/agent.yaml" and handlers == f"{target}/activities.py"
+    assert (ROOT / source / "agent.yaml").is_file() and (ROOT / source / "activities.py").is_file()
+    assert "STREAM_AGENT_DIR" in services["activities"]["volumes"][0]
 
 
 def test_compose_partitions_default_is_the_settings_default() -> None:
@@ -356,9 +370,21 @@ def test_grafana_datasource_and_dashboard_folder_line_up() -> None:
     ]
     mounts = dict(v.split(":")[:2] for v in _compose()["services"]["grafana"]["volumes"])
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    # Every query asks the dashboard's datasource variable, never a fixed uid: imported
+    # into a Grafana whose Prometheus has another uid, the dashboard still works.
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == source["type"] == "prometheus"
+    chosen = {"type": "prometheus", "uid": "${datasource}"}
     for panel in _dashboard_panels():
+        if "datasource" in panel:
+            assert panel["datasource"] == chosen, panel["title"]
         for target in panel.get("targets", []):
-            assert target["datasource"]["uid"] == source["uid"], panel["title"]
+            assert target["datasource"] == chosen, panel["title"]
+    for name, variable in variables.items():
+        if variable["type"] == "query":
+            assert variable["datasource"] == chosen, name
+    assert '"uid": "prometheus"' not in json.dumps(_dashboard())
 
 
 def _dashboard() -> dict[str, Any]:
@@ -445,7 +471,8 @@ def test_dashboard_plots_every_metric_with_its_labels() -> None:
 
 
 def test_dashboard_queries_follow_the_namespace_and_job_variables() -> None:
-    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    listed = _dashboard()["templating"]["list"]
+    variables = {v["name"]: v for v in listed if v["type"] == "query"}
     assert set(variables) == {"namespace", "job"}
     assert all(v["includeAll"] and v["allValue"] == ".*" for v in variables.values())
     for query in _queries():
@@ -555,6 +582,44 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "no-keda": {"keda": {"enabled": False}, "activities": {"enabled": False}},
+    "mtls": {
+        "kafka": {
+            "securityProtocol": "SSL",
+            "tls": {"clientAuth": True},
+            "clientSecret": "kafka-client",
+        }
+    },
+    "oauth": {
+        "kafka": {
+            "securityProtocol": "SASL_SSL",
+            "sasl": {"mechanism": "OAUTHBEARER", "oauth": {"audience": "kafka"}},
+            "clientSecret": "kafka-client",
+        }
+    },
+    "extras": {
+        "spec": EXAMPLE_SPEC.read_text(),
+        "activities": {"module": "/app/handlers/ours.py"},
+        "extraEnv": [{"name": "STREAM_LOG_LEVEL", "value": "DEBUG"}],
+        "extraVolumes": [{"name": "handlers-config", "configMap": {"name": "ours"}}],
+        "extraVolumeMounts": [{"name": "handlers-config", "mountPath": "/etc/ours"}],
+        "serviceAccount": {"create": True, "annotations": {"example.com/role": "stream"}},
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"pool": "stream"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "stream"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "x"}},
+                        },
+                    }
+                ]
+            }
+        },
+    },
 }
 
 
@@ -674,6 +739,7 @@ def test_prometheus_queries_are_scoped_to_the_release() -> None:
     # The PodMonitor turns these pod labels into the series' labels the queries select on.
     copied = {label.replace(".", "_").replace("/", "_") for label in monitor["podTargetLabels"]}
     exposed = Metrics().render().decode()
+    worker_exposed = WorkerMetrics().render().decode()
     for query in queries:
 
         def visit(node: promql_parser.Expr, query: str = query) -> None:
@@ -682,7 +748,10 @@ def test_prometheus_queries_are_scoped_to_the_release() -> None:
                 assert found.get("namespace") == NAMESPACE, query
                 assert found.get("app_kubernetes_io_instance") == RELEASE, query
                 assert {k for k in found if k.startswith("app_")} <= copied, query
-                assert node.name and node.name.removesuffix("_total") in exposed, query
+                # a processor's metric, or a worker's where the query selects workers
+                worker = found.get("app_kubernetes_io_component") == "activities"
+                served = worker_exposed if worker else exposed
+                assert node.name and node.name.removesuffix("_total") in served, query
 
         promql_parser.walk(promql_parser.parse(query), visit)
     assert (
@@ -711,7 +780,8 @@ def test_spec_is_the_example_unless_given() -> None:
     assert (CHART / "files" / "agent.yaml").read_bytes() == EXAMPLE_SPEC.read_bytes()
     spec = _object("ConfigMap", "spec")["data"]["agent.yaml"]
     assert yaml.safe_load(spec) == _yaml(EXAMPLE_SPEC)
-    own = _object("ConfigMap", "spec", _render({"spec": "name: mine\n"}))["data"]
+    mine = {"spec": "name: mine\n", "activities": {"module": "/app/ours.py"}}
+    own = _object("ConfigMap", "spec", _render(mine))["data"]
     assert yaml.safe_load(own["agent.yaml"]) == {"name": "mine"}
     # The model the endpoint knows overrides the spec's (the simulator's) name.
     assert _settings()["STREAM_LLM_MODEL"] == REQUIRED["llm"]["model"]

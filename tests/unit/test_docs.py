@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from instanced_stream.cli.parser import build_parser
+from instanced_stream.settings import OTHER_VARIABLES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
@@ -133,3 +134,15 @@ def test_the_readme_is_short_and_links_every_docs_page() -> None:
     first = FENCE.search(readme)
     assert first is not None
     assert "./dev demo" in first.group(1) and "./dev test" in first.group(1)
+
+
+def test_the_settings_page_lists_every_variable() -> None:
+    """The README says docs/settings.md lists every `STREAM_*` variable: each setting
+    (under the variable it is read from) and each other variable the tools read."""
+    page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    variables = set(OTHER_VARIABLES)
+    for name, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        variables.add(alias if isinstance(alias, str) else f"STREAM_{name.upper()}")
+    missing = sorted(v for v in variables if f"`{v}`" not in page)
+    assert not missing, f"docs/settings.md does not list {missing}"

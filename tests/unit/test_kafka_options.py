@@ -44,6 +44,20 @@ async def test_oauthbearer_errors_are_one_line(tmp_path: Path) -> None:
         await TokenFile(tmp_path / "empty").token()
 
 
+async def test_oauthbearer_takes_a_token_from_the_environment_and_no_user_name() -> None:
+    from instanced_stream.tools.check import lint_settings
+
+    settings = _oauth(kafka_sasl_oauth_token="env.jwt.token")
+    provider = client_options(settings)["sasl_oauth_token_provider"]
+    assert await provider.token() == "env.jwt.token"
+    assert "env.jwt.token" not in repr(provider)
+    assert lint_settings(settings) == []  # no STREAM_KAFKA_SASL_USERNAME asked for
+    scram = Settings.model_validate(
+        {"kafka_security_protocol": "SASL_SSL", "kafka_sasl_mechanism": "SCRAM-SHA-512"}
+    )
+    assert lint_settings(scram) == ["SASL SCRAM-SHA-512 needs STREAM_KAFKA_SASL_USERNAME"]
+
+
 def test_compression_is_a_setting_with_a_cheap_default() -> None:
     assert Settings().kafka_compression == "lz4"
     assert Settings(kafka_compression="zstd").kafka_compression == "zstd"

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 from aiokafka.structs import TopicPartition
+from instanced_stream.runtime.engine.assignor import Claim
+from instanced_stream.runtime.engine.lifecycle import IllegalTransition, Lifecycle, UnitState
 from instanced_stream.runtime.engine.membership import Membership
 from instanced_stream.runtime.engine.producers import Producers
 from instanced_stream.runtime.engine.unit import Unit
@@ -120,7 +122,46 @@ async def test_heal_survives_a_revocation_while_it_waits() -> None:
     assert not producers.open()
 
 
-async def test_a_revocation_while_a_unit_opens_closes_its_producer() -> None:
+def _epoch(membership: Membership, epoch: int) -> None:
+    """The assignor's stamp on the assignment about to be taken (on_assignment runs
+    before the listener's callback)."""
+    membership.strategy[0].claim = Claim(epoch, frozenset())
+
+
+async def test_a_restore_under_way_survives_a_revocation_that_gives_it_back() -> None:
+    """The eager protocol revokes everything at every rebalance: a restore is suspended,
+    not restarted, and its partition resumes restoring under the next epoch."""
+    restoring, finish = asyncio.Event(), asyncio.Event()
+    opened: list[int] = []
+
+    async def on_open(unit: Unit) -> None:
+        opened.append(unit.partition)
+        restoring.set()
+        await finish.wait()  # a long restore
+
+    producers = _Producers()
+    membership, consumer = _membership(producers, on_open, partitions=(0,))
+    _epoch(membership, 3)
+    await membership.on_partitions_assigned(_tps(0))
+    await restoring.wait()
+    assert membership.states() == {0: {"state": "restoring", "for_s": 0.0, "restored": 0}}
+    await membership.on_partitions_revoked(_tps(0))
+    assert membership.states() == {0: {"state": "suspended"}}
+    assert not membership.opening and not membership.units
+    finish.set()  # the restore ends while the partition is revoked: it waits to seek
+    await asyncio.sleep(0.01)
+    assert not consumer.sought and membership.lifecycle.state(0) is UnitState.SUSPENDED
+    _epoch(membership, 4)
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    assert opened == [0]  # restored once, not again
+    assert len(producers.made) == 1 and list(membership.units) == [0]
+    assert consumer.sought  # sought once given back
+    await membership.stop()
+    assert not producers.open()
+
+
+async def test_a_revocation_while_a_unit_opens_closes_it_when_the_partition_moves() -> None:
     restoring = asyncio.Event()
 
     async def on_open(unit: Unit) -> None:
@@ -131,10 +172,41 @@ async def test_a_revocation_while_a_unit_opens_closes_its_producer() -> None:
     membership, _ = _membership(producers, on_open, partitions=(0,))
     await membership.on_partitions_assigned(_tps(0))
     await restoring.wait()
-    assert membership.states() == {0: {"state": "restoring", "for_s": 0.0, "restored": 0}}
     await membership.on_partitions_revoked(_tps(0))
+    await membership.on_partitions_assigned(set())  # given to another member
     assert not membership.opening and not membership.units
+    assert not membership.lifecycle.tasks
     assert len(producers.made) == 1 and not producers.open()
+
+
+async def test_a_suspended_unit_resumes_only_under_the_next_epoch() -> None:
+    """Given back under an epoch that is not the next one, another member may have held
+    the partition in between: the unit is closed and the partition opened anew."""
+    producers = _Producers()
+    membership, _ = _membership(producers, partitions=(0,))
+    _epoch(membership, 5)
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    first = membership.units[0]
+    await membership.on_partitions_revoked(_tps(0))
+    _epoch(membership, 7)  # epoch 6 went by without this member
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    assert not first.alive and membership.units[0] is not first
+    assert len(producers.made) == 2 and len(producers.open()) == 1
+    await membership.stop()
+
+
+def test_the_lifecycle_refuses_a_transition_it_does_not_have() -> None:
+    lifecycle = Lifecycle()
+    lifecycle.move(0, UnitState.ASSIGNED)
+    with pytest.raises(IllegalTransition, match="assigned -> running"):
+        lifecycle.move(0, UnitState.RUNNING)
+    lifecycle.move(0, UnitState.RESTORING)
+    lifecycle.move(0, UnitState.CLOSED)
+    assert lifecycle.state(0) is None
+    with pytest.raises(IllegalTransition, match="not held here"):
+        lifecycle.move(0, UnitState.RUNNING)
 
 
 async def test_a_stopping_member_takes_no_assignment_and_leaves_no_producer_open() -> None:
@@ -174,6 +246,7 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
     producer, its store and what it had in flight; one whose partition moved is closed."""
     producers = _Producers()
     membership, consumer = _membership(producers)
+    _epoch(membership, 0)
     await membership.on_partitions_assigned(_tps(0, 1, 2))
     await _opened(membership)
     before = dict(membership.units)
@@ -184,6 +257,7 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
     await membership.on_partitions_revoked(_tps(0, 1, 2))
     assert before[0].alive and producers.made[0].committed == {items0: 1}  # finished: in
     consumer.assigned = _tps(0, 1)
+    _epoch(membership, 1)
     await membership.on_partitions_assigned(_tps(0, 1))
     assert membership.units == {0: before[0], 1: before[1]}  # resumed, nothing reopened
     assert len(producers.made) == 3 and not membership.opening
@@ -257,3 +331,15 @@ async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storm
     assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
     assert group["waiting_for_assignment_s"] is None
     await membership.stop()
+
+
+async def test_a_stop_commits_what_each_running_unit_finished() -> None:
+    producers = _Producers()
+    membership, _ = _membership(producers, partitions=(0,))
+    await membership.on_partitions_assigned(_tps(0))
+    await _opened(membership)
+    unit = membership.units[0]
+    unit.finish(unit.track("items", 0))
+    await membership.stop()
+    assert producers.made[0].committed == {TopicPartition("items", 0): 1}
+    assert not producers.open() and not membership.lifecycle.tasks

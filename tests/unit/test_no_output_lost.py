@@ -19,7 +19,7 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import MemoryStore
-from instanced_stream.core.validate import Opinion
+from instanced_stream.core.validate import Opinion, Validator
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.runtime.steps.records import RecordBuilder
 from instanced_stream.settings import Settings
@@ -39,7 +39,15 @@ def _planless() -> AgentSpec:
             "model": {"answer": "protocol"},
             "tools": [
                 {"name": "note", "kind": "latent", "description": "n", "paths": ["†state.task"]},
-                {"name": "think", "kind": "latent", "description": "t"},
+                {
+                    "name": "think",
+                    "kind": "latent",
+                    "description": "t",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"thought": {"type": "string"}},
+                    },
+                },
                 {"name": "notify", "description": "a"},
             ],
         }
@@ -146,3 +154,73 @@ def test_a_finish_stop_records_the_calls_it_does_not_run() -> None:
     (done,) = [orjson.loads(r.value or b"") for r in planned.records if r.topic == TOPICS.done]
     assert done["status"] == "stopped"
     assert "the calls of that answer are not run" in PromptBuilder(spec).system
+
+
+def test_any_number_of_thoughts_per_instance_and_a_refused_one_keeps_no_text() -> None:
+    """#45 item 2: two thoughts for one instance are multi-step reasoning, not a
+    duplicate_call; a thought refused for its arguments is a dead letter without its text."""
+    spec = _planless()
+    answer = orjson.dumps(
+        {
+            "calls": [
+                {"_tool": "think", "_instance": "①", "thought": "first SECRET-THOUGHT"},
+                {"_tool": "think", "_instance": "①", "thought": "second SECRET-THOUGHT"},
+                {"_tool": "notify", "_instance": "①"},
+                {"_tool": "think", "_instance": "②", "thought": ["SECRET-THOUGHT"]},
+                {"_tool": "notify", "_instance": "②"},
+            ]
+        }
+    ).decode()
+    verdict = Validator(spec).check(answer, ["①", "②"])
+    assert [c.tool for c in verdict.calls["①"]] == ["think", "think", "notify"]
+    (refused,) = verdict.refusals
+    assert refused.code == "bad_arguments" and refused.token == "②"
+    inst = Instance("a", {"text": "x"}, SRC, 10)
+    outcome = Outcome(
+        answers=[Answer(inst, verdict.calls["①"], "①", 2, 1)], refusals=[(refused, inst, 1)]
+    )
+    planned = RecordBuilder(spec, TOPICS, "m").batch("b", outcome, None)
+    (letter,) = [r for r in planned.records if r.topic == TOPICS.dead_letter]
+    assert orjson.loads(letter.value or b"")["call"] == {"_tool": "think", "_instance": "②"}
+    assert b"SECRET-THOUGHT" not in b"".join(r.value or b"" for r in planned.records)
+    assert "SECRET" not in orjson.dumps(planned.decisions).decode()  # the live page
+
+
+def test_a_planless_latent_output_beside_a_no_action_is_on_its_record() -> None:
+    """#45 item 3: the output was on no record when the answer also said NoAction."""
+    out = _records(_planless(), _call("note", **NOTE), _call("NoAction", reason="nothing"))
+    (no_action,) = out[TOPICS.no_action]
+    assert no_action["reason"] == "nothing"
+    assert [c["task"] for c in no_action["latent"]] == ["call back"]
+
+
+def test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls() -> None:
+    """#45 item 4: the prompt's FINISH note says a stop's calls are not run; without a
+    plan (no workflow) they were published anyway."""
+    spec = _planless()
+    finish = {"id": "closer", "role": "r", "on": "finish"}
+    spec = AgentSpec.model_validate({**spec.model_dump(by_alias=True), "advisors": [finish]})
+    assert "the calls of that answer are not run" in PromptBuilder(spec).system
+    inst = Instance("a", {"text": "x"}, SRC, 10)
+    calls = [_call("notify"), _call("note", **NOTE), _call("think", **THOUGHT)]
+    stop = Opinion("closer", None, {}, '{"stop": 90, "continue": 10}')
+    planned = RecordBuilder(spec, TOPICS, "m").batch(
+        "b", Outcome(answers=[Answer(inst, calls, "①", 1, 1, [stop])]), None
+    )
+    topics = [r.topic for r in planned.records]
+    assert TOPICS.activity("notify") not in topics
+    letters = [
+        orjson.loads(r.value or b"") for r in planned.records if r.topic == TOPICS.dead_letter
+    ]
+    assert sorted((d["code"], d["call"]["_tool"]) for d in letters) == [
+        ("stopped", "note"),
+        ("stopped", "notify"),
+    ]
+    assert letters[0]["call"] and b"SECRET-THOUGHT" not in b"".join(
+        r.value or b"" for r in planned.records
+    )
+    go = Opinion("closer", None, {}, '{"stop": 10, "continue": 90}')
+    planned = RecordBuilder(spec, TOPICS, "m").batch(
+        "b", Outcome(answers=[Answer(inst, calls, "①", 1, 1, [go])]), None
+    )
+    assert TOPICS.activity("notify") in [r.topic for r in planned.records]

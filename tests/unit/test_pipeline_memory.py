@@ -91,7 +91,7 @@ async def test_latent_calls_are_never_published() -> None:
     rig = _rig(base.model_copy(update={"tools": [base.tools[0], think]}))
     await _feed(rig, [(0, 0, _item(0, "you stupid idiot")), (0, 1, _item(1))])
     assert not [r for r in rig.records if "think" in r.topic]
-    assert rig.metrics.counts()["latent_calls"] == 2  # one thought per instance
+    assert rig.metrics.counts()["latent_calls"] == 4  # two thoughts per instance
     assert len(rig.on("activity.moderateComment")) == 2
 
 

@@ -14,6 +14,7 @@ from instanced_stream.tools.redrive import (
     Attempt,
     Input,
     attempt_of,
+    left_out,
     plan,
 )
 
@@ -70,3 +71,15 @@ def test_the_audit_counts_an_input_once_by_its_final_attempt() -> None:
     assert finals == {third, other} and superseded == {first, again}
     # a re-drive whose first attempt is outside the audited range stands for its input
     assert final_attempts({again}, later) == ({again}, set())
+
+
+def test_what_the_plan_leaves_out_is_counted_by_why() -> None:
+    letters = [
+        ((DL, 0, 0), {"scope": "item", "code": "unanswered"}),
+        ((DL, 0, 1), {"scope": "item", "code": "not_json"}),
+        ((DL, 0, 2), {"scope": "item", "code": "not_json"}),
+        ((DL, 0, 3), {"scope": "call", "code": "bad_arguments"}),
+        ((DL, 0, 4), {"scope": "call", "code": "activity_failed"}),
+    ]
+    assert left_out(letters, ["unanswered"]) == {"call": 2, "not_json": 2}
+    assert left_out(letters, ["unanswered", "not_json"]) == {"call": 2}

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
+import pytest
+from instanced_stream.errors import StreamError
+from instanced_stream.tools import report
 from instanced_stream.tools.report import (
     Endpoint,
     Result,
@@ -130,3 +134,19 @@ def test_the_delivery_modes_are_compared_against_their_targets() -> None:
     assert "exactly once 95% of at least once's items/s (target at least 95%: met)" in lines[2]
     assert "exactly once 70% of at least once's items/s (target at least 80%: missed)" in lines[3]
     assert delivery_lines({}) == []
+
+
+def test_the_judge_is_named_and_the_simulator_refused_without_its_classifier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert report.judge_of("simulator") == "simulator: classifier"
+    assert report.judge_of("local", "smollm2") == "model: smollm2"
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "profanity_check" else found(name, *a),
+    )
+    with pytest.raises(StreamError, match="not installed; its word rules alone"):
+        report.judge_of("simulator")
+    assert report.judge_of("http://vllm:8000/v1") == "model: http://vllm:8000/v1"

@@ -11,7 +11,9 @@ import pytest
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
+from instanced_stream.core.model import Completion
 from instanced_stream.core.prompt import Ask, PromptBuilder
+from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator, output_path_problem, scopes_problem
 from instanced_stream.runtime.steps.intake import parse_item
@@ -199,3 +201,101 @@ def test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request() ->
     ]
     split = Twins(spec, PromptBuilder(spec).system).split(items)
     assert len(items) == 100 and len(split.asked) == 100 and split.asked == items
+
+
+# The Instancing seed's manager answer, verbatim (its "Целевое Решение").
+SEED_MANAGER_ANSWER = """{
+  "calls": [
+    {
+      "_tool": "updateTask",
+      "_instance": "employee_B",
+      "newTask": "Finalize the quarterly report",
+      "newStatus": "High Priority",
+      "output": "†state"
+    }
+  ]
+}"""
+
+
+def test_the_seed_s_output_spelling_is_read_as_the_output_path_never_an_argument() -> None:
+    """#45 item 3: the manager seed's `"output": "†state"`, in the example's own spec."""
+    spec = load_spec(EXAMPLES / "seeds" / "manager.yaml")
+    names = {"employee_A": "①", "employee_B": "②"}
+    verdict = Validator(spec).check(SEED_MANAGER_ANSWER, ["①", "②"], names=names)
+    assert not verdict.refusals
+    (call,) = verdict.calls["②"]
+    assert call.output_path == "†state" and "output" not in call.arguments
+    assert call.arguments == {
+        "newTask": "Finalize the quarterly report",
+        "newStatus": "High Priority",
+    }
+    # Not a path, on a tool without such an argument: refused with why, not kept.
+    wrong = SEED_MANAGER_ANSWER.replace('"output": "†state"', '"output": "the state"')
+    refused = Validator(spec).check(wrong, ["①", "②"], names=names)
+    assert not refused.calls and [r.code for r in refused.refusals] == ["bad_output_path"]
+    assert '"output"' in refused.refusals[0].reason
+
+
+def test_an_opinion_that_breaks_its_advisor_s_schema_is_marked() -> None:
+    """The seed's advisor schema requires `thought`: an opinion without it is recorded
+    with the error (and counts for nothing), one with it has none."""
+    spec = _spec(advisors=[SEED_ADVISOR])
+    good = Validator(spec).check(SEED_RESPONSE, ["①"], Ask(("аналитикРисков",)))
+    assert [o.error for o in good.opinions] == [None]
+    bare = SEED_RESPONSE.replace(
+        '"thought": "Новая функция прошла простые тесты, но не комплексные.",', ""
+    )
+    bad = Validator(spec).check(bare, ["①"], Ask(("аналитикРисков",)))
+    (opinion,) = bad.opinions
+    assert opinion.error is not None and "thought" in opinion.error
+    _, consensus = summarise(spec, bad.opinions)
+    assert consensus.option != "delay" or consensus.score == 0
+
+
+def test_two_advisors_with_one_id_are_refused_at_load() -> None:
+    with pytest.raises(ValueError, match="advisor ids must be unique"):
+        _spec(advisors=[SEED_ADVISOR, {**SEED_ADVISOR, "role": "another"}])
+
+
+def test_the_consult_call_carries_the_model_s_question() -> None:
+    spec = _spec(advisors=[{**SEED_ADVISOR, "on": None}])
+    answer = (
+        '{"calls": [{"_tool": "ConsultAdvisor", "_instance": "①",'
+        ' "advisor": "аналитикРисков", "question": "Is a rollback likely?"}]}'
+    )
+    verdict = Validator(spec).check(answer, ["①"], Ask((), True))
+    assert verdict.consults == {"①": [("аналитикРисков", "Is a rollback likely?")]}
+
+
+class _Canned:
+    """Answers every request with the one text (the seed's answer)."""
+
+    model = "canned"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.asked = 0
+
+    async def complete(
+        self, messages: list[dict[str, str]], response_format: dict[str, Any], **_: Any
+    ) -> Completion:
+        self.asked += 1
+        return Completion(self.text, "stop", 10, 5, 0, 0.01)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_seed_s_silent_employee_ends_in_no_action_without_a_re_ask() -> None:
+    """`silence: no_action` (the manager seed leaves employee_A without a call): one
+    request; employee_A's outcome is a NoAction saying why, employee_B has its update."""
+    spec = load_spec(EXAMPLES / "seeds" / "manager.yaml")
+    employees = [
+        Instance(e["_instance"], e, SOURCE, 40, {k: v for k, v in e.items() if k != "type"})
+        for e in seed_items("manager")
+    ]
+    llm = _Canned(SEED_MANAGER_ANSWER)
+    out = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(employees)
+    assert llm.asked == 1 and not out.unanswered
+    calls = {a.instance.id: [c.tool for c in a.calls] for a in out.answers}
+    assert calls == {"employee_A": ["NoAction"], "employee_B": ["updateTask"]}

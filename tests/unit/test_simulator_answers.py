@@ -6,11 +6,14 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.judge import read_request
+from instanced_stream.testing.sim.account import SimConfig
+from instanced_stream.testing.sim.judge import plan_order, read_request
+from instanced_stream.testing.sim.planner import ORDERS
 from instanced_stream.testing.sim.server import Simulator
 from jsonschema import Draft202012Validator
 
 from tests.fakes import make_batch
+from tests.flows import tickets_spec
 
 
 def _batch(texts: list[str]) -> list[Instance]:
@@ -45,3 +48,27 @@ def test_json_object_mode_uses_the_same_validation() -> None:
     verdict = Validator(spec).check(Simulator().answer(req), ["①", "②"])
     assert set(verdict.calls) == {"①", "②"}
     assert not verdict.refusals
+
+
+def test_the_simulator_writes_plans_in_the_order_a_request_chose() -> None:
+    """#45: readers first (pageOnCall before the assessUrgency it reads), in the compact
+    form too; under `mixed` the order follows the request, and requests get every order."""
+
+    spec = tickets_spec()
+    builder = PromptBuilder(spec)
+    batch = [
+        Instance("t1", {"subject": "site down", "body": "b"}, make_batch(["x"], "p")[0].source, 40)
+    ]
+    req = read_request(builder.messages(batch))
+    sim = Simulator(SimConfig(plan_order="readers_first"))
+    verdict = Validator(spec).check(sim.answer(req), ["①"], states={"①": {}})
+    tools = [c.tool for c in verdict.calls["①"]]
+    assert tools.index("pageOnCall") < tools.index("assessUrgency")
+    sim = Simulator(SimConfig(plan_order="producers_first"))
+    tools = [c.tool for c in Validator(spec).check(sim.answer(req), ["①"]).calls["①"]]
+    assert tools.index("pageOnCall") > tools.index("assessUrgency")
+    chosen = {
+        plan_order(SimConfig(), read_request(builder.messages(make_batch([f"t {k}"], "p"))))
+        for k in range(30)
+    }
+    assert chosen == set(ORDERS)

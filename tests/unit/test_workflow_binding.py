@@ -68,7 +68,10 @@ async def test_a_graph_is_approved_once_and_runs_in_dependency_order() -> None:
     (done,) = rig.on("done")
     assert done["status"] == "done" and done["state"]["summary"]
     st = rig.stores.get(first["instance"])
-    assert st is not None and all(s.status == "done" for s in st.plan)
+    assert st is not None
+    # Routine: the on-call page reads only the urgent branch, so it is skipped, counted.
+    assert {s.tool for s in st.plan if s.status != "done"} == {"pageOnCall"}
+    assert st.counts == {"skipped_branch": 1} and not rig.on("activity.pageOnCall")
 
 
 async def test_an_approval_that_names_no_pending_proposal_is_a_dead_letter() -> None:

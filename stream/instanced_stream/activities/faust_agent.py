@@ -37,7 +37,7 @@ from faust.exceptions import ProducerSendError
 from faust.types import EventT, StreamT
 from faust.types.enums import ProcessingGuarantee
 
-from instanced_stream.activities.worker import Activities
+from instanced_stream.activities.worker import Activities, spec_of_handlers
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.errors import SpecError
 from instanced_stream.kafka.publish import REFUSALS, OutRecord, PublishError
@@ -96,13 +96,15 @@ def serve_activities(
     app: faust.App,
     activities: Activities,
     settings: Settings,
-    spec: AgentSpec,
+    spec: AgentSpec | None = None,
     *,
     name: str = "instanced_stream_activities",
 ) -> Any:
     """Adds one agent to `app` that consumes the activity topics of the spec's tools that
     `activities` has handlers for, and returns it. The consumer group is the app's id:
-    give each team its own, as with `stream activities --group`."""
+    give each team its own, as with `stream activities --group`. Without a spec (a team
+    that has only its handlers, as `stream activities --no-spec`), each handler's tool is
+    known by its name only and read from its default topic `activity.<name>`."""
     guarantee: object = app.conf.processing_guarantee  # typed as its setting's class
     if guarantee is not ProcessingGuarantee.EXACTLY_ONCE:
         raise SpecError(
@@ -110,6 +112,8 @@ def serve_activities(
             "faust's only way to read the activity topics read_committed, and at_least_once "
             "hands the agent calls from aborted transactions (docs/faust.md)"
         )
+    if spec is None:
+        spec = spec_of_handlers(activities)
     tools = {t.name: t for t in spec.tools if t.name in activities.handlers}
     unknown = set(activities.handlers) - set(tools)
     if unknown:

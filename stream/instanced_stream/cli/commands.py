@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ __all__ = ["bench", "evaluate", "soak"]
 def bench(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.testing.broker import kafka_bootstrap
     from instanced_stream.tools.bench import bench_spec, results_json, run_bench
-    from instanced_stream.tools.report import markdown, plots
+    from instanced_stream.tools.report import judge_of, markdown, plots
 
     endpoint = Endpoint(
         latency_ms=args.latency_ms,
@@ -41,6 +42,9 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.soak:
         return soak(args, endpoint, settings)
     windows = tuple(args.windows)
+    # who decides, for every row; the simulator without its classifier is refused here,
+    # before anything starts
+    judge = judge_of(args.endpoint or args.llm, settings.llm_model)
     # The bench's own default spec unless one was chosen (flag, STREAM_SPEC or .env).
     spec = bench_spec(settings.spec) if "spec" in settings.model_fields_set else None
     out = Path(args.out)
@@ -63,6 +67,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 duplicates=args.duplicates,
             )
         )
+    results = [replace(r, judge=judge) for r in results]
     command = "stream bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "stream bench"
     llm = args.endpoint or args.llm
     table = markdown(results, endpoint, command.strip(), None if llm == "simulator" else llm)

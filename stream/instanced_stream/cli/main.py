@@ -196,7 +196,7 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     _, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
     codes = tuple(args.code or WORTH)
-    planned = asyncio.run(
+    planned, others = asyncio.run(
         redrive(bootstrap, settings.topics, codes, since, args.dry_run, args.max_redrives)
     )
     for item in planned:
@@ -210,7 +210,28 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     sent = sum(item.skipped is None for item in planned)
     verb = "would send" if args.dry_run else "sent"
     print(f"redrive: {verb} {sent}, skipped {len(planned) - sent} (codes {', '.join(codes)})")
+    if others:
+        print(f"redrive: left out {sum(others.values())} dead letters: {_left_out(others)}")
     return 0
+
+
+def _left_out(others: dict[str, int]) -> str:
+    """Why each kind of dead letter was not considered, and how to include it."""
+    parts = []
+    calls = others.pop("call", 0)
+    if others:
+        counted = ", ".join(f"{code} {n}" for code, n in others.items())
+        parts.append(
+            f"{counted} (codes that fail the same way until something changes; after fixing "
+            "the cause, name them with --code)"
+        )
+    if calls:
+        parts.append(
+            f"{calls} of calls, not items (a call the model got wrong, its item asked "
+            "again; a handler that gave up, its item decided): re-driving an item would "
+            "decide it again"
+        )
+    return "; ".join(parts)
 
 
 def _advice(args: argparse.Namespace, settings: Settings) -> int:
@@ -255,7 +276,8 @@ def _produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _tail(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import resolve_topic, tail
+    from instanced_stream.tools.console import resolve_topic
+    from instanced_stream.tools.tail import tail
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic)
@@ -281,7 +303,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 def _check(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.tools.check import check
 
-    for line in check(settings, endpoint=args.endpoint):
+    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka):
         print(line)
     return 0
 

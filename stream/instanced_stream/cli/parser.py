@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also ask the model endpoint: does it know the model, does it accept the key",
     )
+    ck.add_argument(
+        "--kafka",
+        action="store_true",
+        help="also connect to STREAM_BOOTSTRAP_SERVERS with the STREAM_KAFKA_* settings",
+    )
     b = add("broker", help="run a local Apache Kafka broker in the foreground")
     b.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     b.add_argument("--data-dir", default=None, help="keep data here (default: temporary)")

@@ -175,8 +175,11 @@ def compress(
     calls: Sequence[dict[str, Any]], fields: dict[str, list[str]]
 ) -> dict[str, list[list[Any]]]:
     """The compact `calls` object of protocol calls (the simulator writes it this way):
-    every listed tool present, [] when unused; values the call lacks are null."""
-    groups: dict[str, dict[bytes, list[Any]]] = {tool: {} for tool in fields}
+    every listed tool present, [] when unused; values the call lacks are null. The tools
+    come in the order the calls first use them (the unused after), so an answer whose
+    readers come before their producers keeps that order, as a model may write it."""
+    used = dict.fromkeys(str(c.get("_tool")) for c in calls if str(c.get("_tool")) in fields)
+    groups: dict[str, dict[bytes, list[Any]]] = {tool: {} for tool in [*used, *fields]}
     said: dict[Any, Any] = {}
     for call in calls:
         tool = str(call.get("_tool"))

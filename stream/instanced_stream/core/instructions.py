@@ -108,11 +108,12 @@ def plan_text(plan: Plan) -> str:
     else:
         lines.append(
             "Mode eager: planning is execution. Write the plan and, in the same answer, "
-            "carry out every latent step you can (with its arguments); activities run at "
-            'once, except one whose "_scopes" read what another step of this answer '
-            "awaits: it runs when that result is in, and is skipped when that step writes "
-            'a branch it does not read. The next turn shows the instance\'s "plan" with '
-            "each step's status."
+            "carry out every latent step you can (with its arguments). Steps run in the "
+            'order of what they read, not of the answer: one whose "_scopes" read what '
+            "another step of this answer awaits runs when that result is in (a latent one "
+            "is then due again), and is skipped when that step writes a branch it does not "
+            "read or fails. The next turn shows the instance's \"plan\" with each step's "
+            'status: answer the latent steps whose status is "due" first.'
         )
     if plan.goal:
         lines.append(f"Goal: {plan.goal}")

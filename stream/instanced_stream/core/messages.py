@@ -261,6 +261,9 @@ DeadLetterCode = Literal[
     "duplicate_call",
     "bad_output_path",
     "bad_scopes",
+    # one instance's calls make no graph that can run: a cycle, or a step reading a path
+    # that no call writes and the state lacks; the instance is asked again
+    "bad_plan",
     # a lazy plan's planning turn answered a latent step (nothing latent runs before
     # approval); the instance's whole plan is asked again
     "latent_in_lazy_plan",

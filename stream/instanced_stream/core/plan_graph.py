@@ -1,24 +1,28 @@
-"""The plan a model writes for one instance: an ordered dataflow graph of calls.
+"""The plan a model writes for one instance: a dataflow graph of calls, run in the
+graph's order whatever order the answer lists them in.
 
 The seeds' Plan: the spec's plan is a template (mode, goal, constraints, step hints); the
-plan itself is the model's. Its steps are the calls it makes for an instance, in answer
-order, linked by `†state` paths: a step's output is its `_outputPath`, its inputs are
-the `†state` paths its `_scopes` import. A step depends on the earlier steps whose output
-overlaps one of its inputs (the same path, or one inside the other); only earlier ones,
-so a graph cannot cycle.
+plan itself is the model's. Its steps are the calls it makes for an instance, linked by
+`†state` paths: a step's output is its `_outputPath`, its inputs are the `†state` paths
+its `_scopes` import. A step depends on every other step of its turn whose output
+overlaps one of its inputs (the same path, or one inside the other), wherever either is
+written in the answer: a model may list a reader before its producer. A graph with a
+cycle, or with a step reading a path that no step writes and the state lacks, is refused
+(`problem`): the model is asked again with the reason.
 
-Eager (planning is execution): the steps run as they are written, except a step that
-reads what another step of the same answer still awaits: it waits for that result. The
-graph is kept in state with each step's status and shown to the next turn. Lazy: the
-graph is proposed once, approved or rejected as a whole, then run in dependency order:
-an activity when its inputs exist, a latent step by the model in a follow-up turn that
-names it as due.
+A step runs only when every step it reads is finished: eager activities at once when they
+read nothing awaited, else when the result is in; a latent step answered in the answer
+that reads an awaited path waits too, and is answered again by the model, on a later
+turn that shows it as due, once what it reads exists (its first answer was a guess).
+Lazy: the graph is proposed once, approved or rejected as a whole, then run the same way.
 
 Branches: a producer whose `_outputPath` is `†state.urgent || †state.routine` writes one
 of them. A step that reads only the branch not taken never runs: it is skipped, and so
-is every step after it that reads its output (`skipped_branch` counts them). A step
-starts only when each input a producer writes exists; one that would not is counted
-(`ran_on_missing_input`, which the rules above keep at 0).
+is every step that reads its output (`skipped_branch` counts them). A step reading a
+producer that failed (an error result, a deadline) is skipped too (`skipped_input`
+counts them). When a step starts, each input a step of its graph writes is looked up in
+the state as it is then: one missing is counted (`ran_on_missing_input`, which the rules
+above keep at 0, whatever the order of the answer).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "FINISHED",
     "RAN_ON_MISSING_INPUT",
     "SKIPPED_BRANCH",
+    "SKIPPED_INPUT",
     "Step",
     "advance",
     "answer_due",
@@ -42,6 +47,7 @@ __all__ = [
     "due",
     "finished",
     "mark",
+    "problem",
     "steps_of",
     "view",
 ]
@@ -51,6 +57,7 @@ StepStatus = Literal["proposed", "approved", "due", "running", "done", "failed",
 # Per-instance counters the graph keeps (InstanceState.counts).
 SKIPPED_BRANCH = "skipped_branch"
 RAN_ON_MISSING_INPUT = "ran_on_missing_input"
+SKIPPED_INPUT = "skipped_input"
 
 # A step in one of these states will not change any more.
 FINISHED = frozenset({"done", "failed", "skipped"})
@@ -80,16 +87,65 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def _reads(step: Step, writer: Step) -> bool:
+    return any(_overlap(i, o) for i in step.inputs for o in _outputs(writer))
+
+
 def depends_on(graph: list[Step], index: int) -> list[int]:
-    """The earlier steps of the same turn whose output one of step `index`'s inputs reads
-    (an earlier turn's steps are finished: what they wrote is in the state it was shown)."""
+    """The other steps of the same turn whose output one of step `index`'s inputs reads,
+    wherever they stand in the answer (an earlier turn's steps wrote what the state it
+    was shown holds; a step reading what it writes itself reads the value before it)."""
     step = graph[index]
     return [
         k
-        for k in range(index)
-        if graph[k].turn == step.turn
-        and any(_overlap(i, o) for i in step.inputs for o in _outputs(graph[k]))
+        for k, other in enumerate(graph)
+        if k != index and other.turn == step.turn and _reads(step, other)
     ]
+
+
+def _cycle(steps: list[Step]) -> list[int] | None:
+    """A cycle of `steps` (indexes, the first repeated at the end), or None."""
+    state: dict[int, int] = {}  # 1: on the current path, 2: finished
+
+    def visit(k: int, path: list[int]) -> list[int] | None:
+        state[k] = 1
+        for p in depends_on(steps, k):
+            if state.get(p) == 1:
+                return [*path[path.index(p) :], k, p]  # p is on the path: it leads here
+            if p not in state and (found := visit(p, [*path, k])) is not None:
+                return found
+        state[k] = 2
+        return None
+
+    for k in range(len(steps)):
+        if k not in state and (found := visit(k, [])) is not None:
+            return found
+    return None
+
+
+def problem(steps: list[Step], state: dict[str, Any]) -> str | None:
+    """Why one instance's steps of one answer are no graph that can run, or None: a
+    cycle, or a step reading a path no step of the answer writes and the state (the one
+    the model was shown) lacks. Told to the model when it is asked again."""
+    loop = _cycle(steps)
+    if loop is not None:
+        names = " -> ".join(steps[k].tool for k in loop)
+        return (
+            f"the plan has a cycle ({names}: each reads through _scopes what the next "
+            "writes): nothing in it could start; scope each step to the paths it needs"
+        )
+    # A step reading what it writes itself reads the value before it (nothing, on an
+    # empty state): harmless, and a model scopes a step to its own output often.
+    written = {o for s in steps for o in _outputs(s)}
+    for step in steps:
+        for path in step.inputs:
+            if not any(_overlap(path, o) for o in written) and not _exists(state, path):
+                return (
+                    f"{step.tool} reads {path} (its _scopes), which no call of this answer "
+                    "writes and the state does not hold: it could never run; write the "
+                    "step that produces it, or drop that scope"
+                )
+    return None
 
 
 def _writers(producers: list[Step], path: str) -> list[Step]:
@@ -124,16 +180,18 @@ def _exists(state: dict[str, Any], path: str) -> bool:
     return node is not None
 
 
-def _missing_input(producers: list[Step], step: Step, state: dict[str, Any]) -> bool:
-    """Whether, for one of its producers that ran, nothing `step` reads from it is in
-    `state` (for an input and an output nested in one another, the deeper of the two is read)."""
-    for producer in producers:
-        if producer.skipped_for == "branch":
-            continue  # wrote nothing, by design; what else the step reads is checked
+def _missing_input(graph: list[Step], step: Step, state: dict[str, Any]) -> bool:
+    """Whether, for one of the steps of its graph that write what `step` reads (found here
+    afresh, not from the dependencies that decided it may start), nothing `step` reads from
+    it is in `state` (for an input and an output nested in one another, the deeper of the
+    two is read). A writer skipped for its own branch wrote nothing, by design."""
+    for writer in graph:
+        if writer is step or writer.turn != step.turn or writer.skipped_for == "branch":
+            continue
         written = [
             o if o.startswith(i) else i
             for i in step.inputs
-            for o in _outputs(producer)
+            for o in _outputs(writer)
             if _overlap(i, o)
         ]
         if written and not any(_exists(state, w) for w in written):
@@ -172,8 +230,9 @@ def steps_of(
 def advance(
     graph: list[Step], state: dict[str, Any] | None = None, counts: dict[str, int] | None = None
 ) -> list[Step]:
-    """Approved steps whose producers are all done start now (activities: running, or done
-    at once when fire-and-forget; latent: due for the model's next turn). A step whose
+    """Approved steps whose producers (wherever the answer lists them) are all done start
+    now (activities: running, or done at once when fire-and-forget; latent: due for the
+    model's next turn). A step whose
     producer failed, or that reads only a branch its producer did not write, is skipped
     (and so are the steps reading it). Returns the steps that started, in plan order.
     `counts`: where `skipped_branch` and `ran_on_missing_input` are counted; `state`:
@@ -196,10 +255,10 @@ def advance(
             if failed or _untaken(producers, step):
                 step.status, changed = "skipped", True
                 step.skipped_for = "failed_input" if failed else "branch"
-                if not failed:
-                    counts[SKIPPED_BRANCH] = counts.get(SKIPPED_BRANCH, 0) + 1
+                why = SKIPPED_INPUT if failed else SKIPPED_BRANCH
+                counts[why] = counts.get(why, 0) + 1
             else:
-                if state is not None and _missing_input(producers, step, state):
+                if state is not None and _missing_input(graph, step, state):
                     counts[RAN_ON_MISSING_INPUT] = counts.get(RAN_ON_MISSING_INPUT, 0) + 1
                 if step.kind == "latent":
                     step.status = "due"

@@ -199,11 +199,13 @@ class Solver:
         out.cached_tokens += done.cached_tokens
         out.reasoning_tokens += done.reasoning_tokens
         out.latencies.append(done.latency_s)
-        log.debug("answer to %d (%s): %.4000s", len(pending), done.finish_reason, done.text)
+        # Its size only: the answer holds thoughts, which are never kept (the seeds).
+        log.debug("answer to %d (%s): %d chars", len(pending), done.finish_reason, len(done.text))
         by_token = dict(zip(tokens, pending, strict=True))
         inputs = {t: input_text(i.payload) for t, i in by_token.items()}
         names = {i.id: t for t, i in by_token.items()}
-        verdict = self.validator.check(done.text, tokens, ask, inputs, names)
+        states = {t: i.state or {} for t, i in by_token.items()}
+        verdict = self.validator.check(done.text, tokens, ask, inputs, names, states)
         self._note_opinions(out, verdict.opinions, by_token)
         out.stray_opinions += verdict.stray_opinions
         why: dict[str, str] = {}

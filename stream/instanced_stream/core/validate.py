@@ -15,14 +15,16 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from instanced_stream.core import compact, keyed
-from instanced_stream.core.call_meta import STATE, fire_and_forget
+from instanced_stream.core import compact, keyed, plan_graph
+from instanced_stream.core.call_meta import STATE
+from instanced_stream.core.call_paths import output_path_problem, scopes_problem
 from instanced_stream.core.messages import Call
 from instanced_stream.core.prompt import Ask, PromptBuilder, meta_tools
-from instanced_stream.core.spec import CONSULT, AgentSpec, Tool
+from instanced_stream.core.spec import CONSULT, AgentSpec
 from instanced_stream.core.strict_form import without_nulls
 
 __all__ = [
+    "BAD_PLAN",
     "CROSS_INSTANCE",
     "LATENT_IN_LAZY_PLAN",
     "Opinion",
@@ -45,57 +47,11 @@ LATENT_IN_LAZY_PLAN = "latent_in_lazy_plan"
 CROSS_INSTANCE = "cross_instance"
 _COPY_MIN = 16  # characters: shorter strings ("approve", a name) coincide innocently
 
+# One instance's calls of an answer make no graph that can run: a cycle, or a step that
+# reads a path nothing writes (core/plan_graph.py `problem`); the instance is asked again.
+BAD_PLAN = "bad_plan"
+
 _META = {"_tool", "_instance", "_outputPath", "_reasoningForCall", "_scopes"}
-
-
-def _path_ok(path: str, root: str) -> bool:
-    """`root` itself or `root.a.b` with non-empty keys."""
-    if path == root:
-        return True
-    keys = path.removeprefix(root + ".").split(".") if path.startswith(root + ".") else []
-    return bool(keys) and all(k.strip() == k and k for k in keys)
-
-
-def output_path_problem(tool: Tool, output_path: str) -> str | None:
-    """Why a call's `_outputPath` cannot be honoured, or None. Each alternative must be a
-    †state path among the tool's declared paths (any †state.key path when it declares
-    none: †state itself only when declared, since a result merged into the whole state
-    must be an object, and only a declared path is that promise); a latent call must
-    name one: the model writes the output, so it chooses. An activity that declares
-    neither paths nor `_output` is fire-and-forget (the spec's own definition): it keeps
-    nothing."""
-    if fire_and_forget(tool):
-        return (
-            f"_outputPath {output_path!r}: {tool.name} declares neither paths nor _output, "
-            "so it is fire-and-forget and nothing of it is kept: leave _outputPath null"
-        )
-    paths = [p.strip() for p in output_path.split("||")]
-    if not all(paths) or not all(_path_ok(p, STATE) for p in paths):
-        return f"_outputPath {output_path!r}: each alternative must be {STATE} or {STATE}.key"
-    if tool.paths and not set(paths) <= set(tool.paths):
-        return f"_outputPath {output_path!r}: {tool.name} writes only to {tool.paths}"
-    if STATE in paths and STATE not in tool.paths and tool.kind == "activity":
-        return (
-            f"_outputPath {output_path!r}: {tool.name} declares no {STATE} path, so its "
-            f"result may not replace the whole state; write it to {STATE}.<key>"
-        )
-    if tool.kind == "latent" and len(paths) > 1:
-        return (
-            f"_outputPath {output_path!r}: a latent call writes its own output, so it names "
-            "one path: choose the branch now"
-        )
-    return None
-
-
-def scopes_problem(scopes: Any) -> str | None:
-    """Why a call's `_scopes` do not resolve, or None: each is input, input.<field>,
-    †state or †state.<path>."""
-    if not isinstance(scopes, list) or not all(isinstance(x, str) for x in scopes):
-        return "_scopes must be a list of strings"
-    unknown = [x for x in scopes if not (_path_ok(x, "input") or _path_ok(x, STATE))]
-    if unknown:
-        return f"_scopes {unknown}: a scope is input, input.<field>, {STATE} or {STATE}.<path>"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +137,7 @@ class Validator:
         # `instance_ids: shown`: the model sees each producer id (`_id`) and may name an
         # instance by it (the Instancing seed's manager answers "employee_B").
         self._shown = spec.instance_ids == "shown"
+        self._spec = spec
         self._problems: dict[tuple[str, bytes], str | None] = {}
 
     def check(
@@ -190,11 +147,13 @@ class Validator:
         ask: Ask | None = None,
         inputs: Mapping[str, str] | None = None,
         names: Mapping[str, str] | None = None,
+        states: Mapping[str, dict[str, Any]] | None = None,
     ) -> Verdict:
         """`inputs`: each token's input text as the model saw it, to refuse calls whose
         arguments copy another instance's text (`cross_instance`). `names`: each producer
         id to its token; with `instance_ids: shown` a call or opinion naming a shown id
-        means that id's instance."""
+        means that id's instance. `states`: each token's state as the model saw it, to
+        refuse a plan step reading what neither the answer nor the state holds."""
         verdict = Verdict()
         shown = dict(names or {}) if self._shown else {}
         try:
@@ -202,7 +161,8 @@ class Validator:
         except orjson.JSONDecodeError as exc:
             answer = _salvage(text)
             if answer is None:
-                verdict.malformed = f"answer is not JSON ({exc}); first bytes: {text[:80]!r}"
+                # Its size, not its text: the answer may hold thoughts, never published.
+                verdict.malformed = f"answer is not JSON ({exc}); {len(text)} characters"
                 return verdict
             verdict.cut_short = True
         calls = answer.get("calls") if isinstance(answer, dict) else None
@@ -236,6 +196,8 @@ class Validator:
                 self._accept(verdict, outcome, raw)
         for token in verdict.contradicted:
             verdict.calls.pop(token, None)  # neither call wins: the instance is asked again
+        if self._spec.plan is not None:
+            self._check_plans(verdict, states or {})
         # An instance that asked for a consult is decided in the follow-up, not here.
         for token in verdict.consults:
             verdict.calls.pop(token, None)
@@ -254,12 +216,41 @@ class Validator:
                 verdict.stray_opinions += 1
             else:
                 verdict.opinions.append(opinion)
+        # A thought is ephemeral: a refusal of one keeps no word of it (its dead letter
+        # would publish the text, and its reason may quote it).
+        verdict.refusals = [self._unthought(r) for r in verdict.refusals]
         return verdict
+
+    def _check_plans(self, verdict: Verdict, states: Mapping[str, dict[str, Any]]) -> None:
+        """Each instance's calls as a graph: one that cannot run is refused as a whole
+        (`bad_plan`, with why) and the instance asked again."""
+        for token, calls in list(verdict.calls.items()):
+            numbered = [(str(k), c) for k, c in enumerate(calls)]
+            steps = plan_graph.steps_of(self._spec, numbered, "approved")
+            problem = plan_graph.problem(steps, states.get(token) or {})
+            if problem is not None:
+                verdict.calls.pop(token)
+                verdict.refusals.append(Refusal(BAD_PLAN, problem, None, token))
+
+    def _unthought(self, refusal: Refusal) -> Refusal:
+        raw = refusal.call
+        tool = self._tools.get(str(raw.get("_tool"))) if raw is not None else None
+        wrote = raw.get("_outputPath") or raw.get("output") if raw is not None else None
+        if raw is None or tool is None or tool.kind != "latent" or wrote:
+            return refusal  # not a thought: an output it meant to keep
+        kept: dict[str, Any] = {k: raw[k] for k in ("_tool", "_instance") if k in raw}
+        why = f"{tool.name}: a thought refused ({refusal.code}); its text is not kept"
+        return Refusal(refusal.code, why, kept, refusal.token)
 
     def _accept(self, verdict: Verdict, call: Call, raw: dict[str, Any]) -> None:
         """A weak model may call one instance twice (approve, then reject): the first
-        call counts, the extra ones are refused so nothing contradictory is published."""
+        call counts, the extra ones are refused so nothing contradictory is published.
+        Thoughts (latent calls without `_outputPath`) are any number: the seeds' thoughts
+        allow multi-step reasoning within one turn, and nothing of them is published."""
         calls = verdict.calls.setdefault(call.instance, [])
+        if self._tools[call.tool].kind == "latent" and not call.output_path:
+            calls.append(call)
+            return
         same = [c for c in calls if c.tool == call.tool]
         if len(same) < self._most[call.tool]:
             calls.append(call)
@@ -329,6 +320,23 @@ class Validator:
             return Refusal("unknown_tool", f"unknown tool {tool!r}", raw, where)
         if not isinstance(token, str) or token not in known:
             return Refusal("unknown_instance", f"unknown instance {token!r}", raw, None)
+        if "output" in raw and raw.get("_outputPath") is None:
+            # The seeds write the output path as "output" (the Instancing seed's manager
+            # answer: "output": "†state"); json_object mode does not stop the key. Read
+            # as `_outputPath` where the tool has no argument of that name, never kept
+            # as an argument the tool does not know.
+            props = self._tools[tool].parameters.get("properties", {})
+            value = raw["output"]
+            if "output" not in props:
+                if not (isinstance(value, str) and value.strip().startswith(STATE)):
+                    return Refusal(
+                        "bad_output_path",
+                        f'{tool} has no argument "output", and {value!r} is no {STATE} path: '
+                        "write where its output goes as _outputPath",
+                        raw,
+                        token,
+                    )
+                raw = {k: v for k, v in raw.items() if k != "output"} | {"_outputPath": value}
         required = self._required[tool]
         # Strict output sends optional arguments as null; absent is what the tool means.
         args = {

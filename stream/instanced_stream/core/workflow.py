@@ -19,14 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from instanced_stream.core import binding, lazy, plan_graph
-from instanced_stream.core.advice import Vote as _Vote
-from instanced_stream.core.advice import aggregate, parse_votes
+from instanced_stream.core import binding, eager, lazy, plan_graph
 from instanced_stream.core.binding import Unbound
+from instanced_stream.core.eager import REVIEW, finish_says_stop, unrun_by_stop
 from instanced_stream.core.expiry import DueIndex, forget_retired
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import TurnEffects
-from instanced_stream.core.lazy import finish as _finish
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -40,20 +38,14 @@ from instanced_stream.core.state import (
     Ended,
     InstanceState,
     Outgoing,
-    Pending,
     StagedStore,
     StateStore,
-    alternatives,
     path_problem,
     write_path,
 )
 from instanced_stream.core.validate import Opinion
 
-__all__ = ["REVIEW", "TurnEffects", "Workflow"]
-
-# In a held eager step's stored call: the advice gate's verdict of its turn, so that the
-# call goes to review when its producers finish, as it would have with the answer.
-REVIEW = "_review"
+__all__ = ["REVIEW", "TurnEffects", "Workflow", "finish_says_stop", "unrun_by_stop"]
 
 
 class Workflow:
@@ -133,12 +125,12 @@ class Workflow:
             st.trace.append(
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
-        if self.iterative and _finish_says_stop(self.spec, opinions):
-            out = _stopped(self.spec, st, calls)
+        if self.iterative and finish_says_stop(self.spec, opinions):
+            out = eager.stopped(self.spec, st, calls)
         elif self.lazy:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
-            out = _eager(self.spec, st, inst, calls, first_time, self.timeout, reviews)
+            out = eager.turn(self.spec, st, inst, calls, first_time, self.timeout, reviews)
         if owed is not None:
             st.owe(owed, self.owner)
         self._put(st)
@@ -239,11 +231,12 @@ class Workflow:
                 self._launched[st.instance] = run
         else:
             if not self.lazy and st.status == "pending":
-                # Eager: the steps of this turn that waited for what just came in.
-                run = _start(st, self.timeout)
+                # Eager: the steps that waited for what just came in (a latent one among
+                # them becomes due: the model answers it on the next turn).
+                _, run = eager.advance(st, {}, self.timeout)
                 if run:
                     self._launched[st.instance] = run
-            done = _settled(self.spec, st)
+            done = eager.settled(self.spec, st)
         self._put(st)
         return self.next_turn(st), done
 
@@ -299,138 +292,3 @@ class Workflow:
         run, finished = lazy.approve(self.spec, st, self.timeout)
         self._put(st)
         return run, finished
-
-
-def _eager(
-    spec: AgentSpec,
-    st: InstanceState,
-    inst: Instance,
-    calls: list[tuple[str, Call]],
-    first_time: bool,
-    timeout: float,
-    reviews: dict[str, str] | None = None,
-) -> TurnEffects:
-    """Planning is execution: latent steps answered in this generation are written,
-    activities run now (or, held, when what they read is in: each keeps its gate verdict
-    of `reviews`); the turn's steps join the instance's plan, shown next turn."""
-    out = TurnEffects()
-    awaited = False
-    for _, call in calls:
-        tool = spec.tool(call.tool)
-        if tool is None:
-            continue  # NoAction: nothing to run, nothing to await
-        if tool.kind == "latent":
-            # The validator admits a latent path only when it names one.
-            if call.output_path and first_time:
-                write_path(st.state, call.output_path.strip(), call.arguments)
-            continue
-        awaited = awaited or bool(call.output_path)
-    if spec.plan is None:
-        # One-shot: no call awaits anything (the spec refuses awaited tools without a
-        # plan), so nothing can wait for another call: all run now.
-        out.run = [cid for cid, c in calls if (t := spec.tool(c.tool)) and t.kind != "latent"]
-    elif first_time:
-        # A step reading what another step of this answer awaits waits for it.
-        steps = plan_graph.steps_of(spec, calls, "approved", inst.turn)
-        for step in steps:
-            if step.kind == "latent":  # answered in this very generation
-                step.status, step.wrote = "done", step.output
-        st.plan = [*st.plan, *steps]
-        out.run = [step.call_id for step in plan_graph.advance(st.plan, st.state, st.counts)]
-        for step in steps:
-            if step.call_id in out.run and step.output:
-                st.pending[step.call_id] = _pending(step, timeout)
-            elif step.status == "approved" and reviews and step.call_id in reviews:
-                step.call[REVIEW] = reviews[step.call_id]
-    else:  # applied before: the calls that started then
-        out.run = [
-            s.call_id
-            for s in st.plan
-            if s.turn == inst.turn and s.kind == "activity" and s.status in ("running", "done")
-        ]
-    out.trace = list(st.trace)
-    if st.pending:
-        st.status = "pending"
-    else:
-        out.done = _maybe_done(spec, st, awaited)
-    return out
-
-
-def _stopped(spec: AgentSpec, st: InstanceState, calls: list[tuple[str, Call]]) -> TurnEffects:
-    """A finish advisor voted stop: the workflow ends, whatever is still awaited no longer
-    matters, and this answer's calls are not run (each recorded as `stopped`)."""
-    st.pending = {}
-    out = TurnEffects(trace=list(st.trace))
-    out.done = _finish(st, "stopped", "a finish advisor voted stop")
-    why = "a finish advisor voted stop in this answer: the workflow ended, unrun"
-    out.dropped = {cid: ("stopped", why) for cid, c in calls if lazy.is_step(spec, c)}
-    return out
-
-
-def _pending(step: plan_graph.Step, timeout: float) -> Pending:
-    assert step.output is not None
-    return Pending(
-        tool=step.tool,
-        paths=alternatives(step.output),
-        deadline=time.time() + timeout,
-        turn=step.turn,
-    )
-
-
-def _start(st: InstanceState, timeout: float) -> list[dict[str, Any]]:
-    """An eager turn's steps whose producers just finished: those that start now (their
-    calls, to publish), awaited by the instance; the others stay waiting or are skipped."""
-    run = []
-    for step in plan_graph.advance(st.plan, st.state, st.counts):
-        if step.kind == "activity":
-            run.append(step.call)
-            if step.output:
-                st.pending[step.call_id] = _pending(step, timeout)
-    return run
-
-
-def _maybe_done(spec: AgentSpec, st: InstanceState, awaited: bool) -> DoneRecord | None:
-    """A turn that left nothing pending: the workflow ends, or is ready for its next."""
-    if spec.plan is None:
-        st.status = "done"
-        return None  # single-turn: nothing more to report than the calls themselves
-    reason: tuple[str, str] | None = None
-    if not awaited:
-        reason = ("done", "the model made no more awaited calls")
-    elif st.turn >= spec.plan.max_turns:
-        reason = ("turn_limit", f"turn limit {spec.plan.max_turns} reached")
-    if reason is None:
-        st.status = "ready"
-        return None
-    return _finish(st, *reason)
-
-
-def _settled(spec: AgentSpec, st: InstanceState) -> DoneRecord | None:
-    """A result or an expiry answered a call: the last one ends the turn."""
-    if st.pending or st.status != "pending":
-        return None
-    if spec.plan is None:
-        st.status = "done"
-        st.ended = Ended(status="done", reason="every awaited call answered", at=time.time())
-    elif st.turn >= spec.plan.max_turns:
-        return _finish(st, "turn_limit", "turn limit reached")
-    else:
-        st.status = "ready"
-    return None
-
-
-def _finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
-    """The finish advisors' say on stopping: the prompt tells them to score the options
-    "stop" and "continue"; the loop stops when "stop" leads with at least 50."""
-    votes = []
-    for op in opinions:
-        advisor = spec.advisor(op.advisor)
-        scores, _ = parse_votes(op.votes_raw)
-        if advisor and advisor.on == "finish" and scores and op.error is None:
-            votes.append(_Vote(op.advisor, advisor.weight, scores))
-    if not votes:
-        return False
-    council = aggregate(votes)
-    return council.distribution.get("stop", 0.0) >= max(
-        0.5, council.distribution.get("continue", 0.0)
-    )

@@ -1,4 +1,4 @@
-"""Kafka security (TLS, SASL PLAIN/SCRAM) for every Kafka client the product creates.
+"""Kafka security (TLS, SASL PLAIN/SCRAM/OAUTHBEARER) for every Kafka client the product creates.
 
 Settings say how to reach a cluster (`STREAM_KAFKA_*`); `register` files those options
 under the cluster's bootstrap address once, at start-up, and every client built for that
@@ -21,7 +21,7 @@ from aiokafka.helpers import create_ssl_context
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["TokenFile", "client_options", "options_for", "register"]
+__all__ = ["Token", "TokenFile", "client_options", "options_for", "register"]
 
 _OPTIONS: dict[str, dict[str, Any]] = {}
 
@@ -36,12 +36,7 @@ def client_options(settings: Settings) -> dict[str, Any]:
         options["ssl_context"] = _ssl_context(settings)
     sasl = protocol in ("SASL_PLAINTEXT", "SASL_SSL")
     if sasl and settings.kafka_sasl_mechanism == "OAUTHBEARER":
-        token_file = settings.kafka_sasl_oauth_token_file
-        if token_file is None:
-            raise StreamError("OAUTHBEARER needs STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE")
-        options.update(
-            sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=TokenFile(token_file)
-        )
+        options.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=_token(settings))
     elif sasl:
         password = _sasl_password(settings)
         if not settings.kafka_sasl_username or password is None:
@@ -55,6 +50,32 @@ def client_options(settings: Settings) -> dict[str, Any]:
             sasl_plain_password=password,
         )
     return options
+
+
+def _token(settings: Settings) -> AbstractTokenProvider:
+    token_file, token = settings.kafka_sasl_oauth_token_file, settings.kafka_sasl_oauth_token
+    if token_file is not None:
+        return TokenFile(token_file)
+    if token is not None and token.get_secret_value().strip():
+        return Token(token.get_secret_value().strip())
+    raise StreamError(
+        "OAUTHBEARER needs STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE (a file kept fresh) or "
+        "STREAM_KAFKA_SASL_OAUTH_TOKEN"
+    )
+
+
+class Token(AbstractTokenProvider):  # type: ignore[misc]
+    """A token given once (STREAM_KAFKA_SASL_OAUTH_TOKEN): for tokens that outlive the
+    process, or a test; one that expires needs TokenFile."""
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    async def token(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Token(***)"  # a token never reaches a log
 
 
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]

@@ -24,6 +24,7 @@ from instanced_stream.kafka import clients
 from instanced_stream.settings import Settings
 
 __all__ = [
+    "PARTITIONS_PER_REQUEST",
     "activity_topics",
     "batch_changelog",
     "check_partitions",
@@ -36,6 +37,7 @@ __all__ = [
     "read_topic",
     "record_limits",
     "state_changelog",
+    "topic_batches",
 ]
 
 log = logging.getLogger("stream.topics")
@@ -132,6 +134,19 @@ async def _default_replication(admin: Any) -> int:
     return 1
 
 
+# A KRaft controller refuses a request that would write more than 10,000 metadata records
+# at once (a record per partition, and per topic and config): twelve topics of 1,024
+# partitions in one CreateTopics fail whole. Half of it leaves room for those records.
+PARTITIONS_PER_REQUEST = 5_000
+
+
+def topic_batches(names: list[str], count: int) -> list[list[str]]:
+    """`names` in groups whose partitions (`count` each) one request may create; a topic
+    larger than that alone goes in a group of its own."""
+    per = max(1, PARTITIONS_PER_REQUEST // max(count, 1))
+    return [names[i : i + per] for i in range(0, len(names), per)]
+
+
 async def ensure_topics(
     bootstrap: str,
     names: Iterable[str],
@@ -148,21 +163,22 @@ async def ensure_topics(
         missing = [n for n in dict.fromkeys(names) if n not in existing]
         if missing:
             replication = replication or await _default_replication(admin)
-            # Another replica may have created one first: that is fine.
-            response = None
-            with contextlib.suppress(TopicAlreadyExistsError):
-                response = await admin.create_topics(
-                    [
-                        NewTopic(
-                            n,
-                            num_partitions=count,
-                            replication_factor=replication,
-                            topic_configs=config or {},
-                        )
-                        for n in missing
-                    ]
-                )
-            _raise_refusals(response)
+            for batch in topic_batches(missing, count):
+                # Another replica may have created one first: that is fine.
+                response = None
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    response = await admin.create_topics(
+                        [
+                            NewTopic(
+                                n,
+                                num_partitions=count,
+                                replication_factor=replication,
+                                topic_configs=config or {},
+                            )
+                            for n in batch
+                        ]
+                    )
+                _raise_refusals(response)
             log.info("created topics %s with %d partitions", missing, count)
         return missing
     finally:

@@ -25,7 +25,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -139,8 +138,10 @@ class LLM:
         pacer: Pacer | None = None,
         api_version: str | None = None,
         adapt: bool = False,
+        provider: str | None = None,
     ) -> None:
         self.model = model
+        self.provider = provider  # traces' gen_ai.provider.name; None: from the URL
         self.shape = shape or RequestShape()
         self.reasoning_effort = reasoning_effort
         # max_completion_tokens bounds hidden reasoning too: room for it on top of the
@@ -212,7 +213,7 @@ class LLM:
             # What the request may spend: its prompt (about 4 characters a token) and cap.
             await self.pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
             started = time.perf_counter()  # the endpoint's latency, not the budget's wait
-        with llm_span(self.model, urlsplit(self.base_url).hostname or "") as span:
+        with llm_span(self.model, self.base_url, self.provider) as span:
             try:
                 resp = await self.client.post(
                     "/chat/completions",

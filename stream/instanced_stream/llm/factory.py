@@ -127,6 +127,7 @@ def build_llm(
         pacer=Pacer() if settings.llm_pacing else None,
         api_version=settings.llm_api_version or spec.model.api_version,
         adapt=spec.model.request is None,
+        provider=settings.llm_provider,
     )
     llm.canary = canary(llm, PromptBuilder(spec))
     return llm

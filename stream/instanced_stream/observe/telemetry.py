@@ -16,6 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind
@@ -29,6 +30,7 @@ __all__ = [
     "context_of",
     "current_ids",
     "llm_span",
+    "provider_of",
     "setup_tracing",
     "shutdown_tracing",
 ]
@@ -87,18 +89,67 @@ def batch_span(batch_id: str, contexts: Iterable[trace.SpanContext | None]) -> I
         yield span
 
 
+# Well-known `gen_ai.provider.name` values of the GenAI conventions, by the endpoint's host
+# (its suffix); an endpoint of one's own (vLLM, Ollama, llama.cpp) is none of them.
+_PROVIDERS = (
+    ("api.openai.com", "openai"),
+    (".openai.azure.com", "azure.ai.openai"),
+    (".services.ai.azure.com", "azure.ai.inference"),
+    ("models.inference.ai.azure.com", "azure.ai.inference"),
+    ("api.anthropic.com", "anthropic"),
+    ("api.mistral.ai", "mistral_ai"),
+    ("api.groq.com", "groq"),
+    ("api.deepseek.com", "deepseek"),
+    ("api.x.ai", "x_ai"),
+    ("api.perplexity.ai", "perplexity"),
+    ("generativelanguage.googleapis.com", "gcp.gemini"),
+    ("aiplatform.googleapis.com", "gcp.vertex_ai"),
+    (".amazonaws.com", "aws.bedrock"),
+)
+# The conventions' advice for a provider they do not list: a name of one's own.
+OTHER_PROVIDER = "openai_compatible"
+
+
+def provider_of(base_url: str, configured: str | None = None) -> str:
+    """`gen_ai.provider.name` for an endpoint: the setting if given, else the
+    conventions' name for a known host, else `openai_compatible`."""
+    if configured:
+        return configured
+    host = (urlsplit(base_url).hostname or "").lower()
+    for suffix, name in _PROVIDERS:
+        if host == suffix.lstrip(".") or host.endswith(suffix):
+            return name
+    return OTHER_PROVIDER
+
+
+def _server(base_url: str) -> dict[str, Any]:
+    """`server.address` (the host only, as the conventions define it) and `server.port`."""
+    parts = urlsplit(base_url)
+    found: dict[str, Any] = {"server.address": parts.hostname or ""}
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None and parts.scheme in ("http", "https"):
+        port = 443 if parts.scheme == "https" else 80
+    if port is not None:
+        found["server.port"] = port
+    return found
+
+
 @contextlib.contextmanager
-def llm_span(model: str, base_url: str) -> Iterator[Span]:
-    """A chat request, a child of the current (batch) span; `answered` fills in usage."""
+def llm_span(model: str, base_url: str, provider: str | None = None) -> Iterator[Span]:
+    """A chat request, a child of the current (batch) span; `answered` fills in usage.
+    `base_url` is the endpoint's URL; `provider` overrides the name derived from it."""
     tracer = trace.get_tracer(_TRACER)
     with tracer.start_as_current_span(
         f"chat {model}",
         kind=SpanKind.CLIENT,
         attributes={
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "openai",
+            "gen_ai.provider.name": provider_of(base_url, provider),
             "gen_ai.request.model": model,
-            "server.address": base_url,
+            **_server(base_url),
         },
     ) as span:
         yield span

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from instanced_stream.testing.jars import BrokerError, ensure_jars, kafka_version, require
+from instanced_stream.testing.listeners import oauth_listener
 
 __all__ = [
     "BrokerError",
@@ -142,6 +143,7 @@ class LocalKafka:
         port: int | None = None,
         heap_mb: int = 512,
         tls: Tls | None = None,
+        oauth: bool = False,
         controller_port: int | None = None,
         cluster_id: str | None = None,
         overrides: dict[str, str] | None = None,
@@ -157,6 +159,7 @@ class LocalKafka:
         self._overrides = dict(overrides or {})
         self._tls = tls
         self._tls_ports: tuple[int, int] | None = None  # SSL, SASL_SSL
+        self._oauth_port: int | None = 0 if oauth else None  # SASL_PLAINTEXT OAUTHBEARER
         self._heap_mb = heap_mb
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -172,6 +175,13 @@ class LocalKafka:
         if self._tls_ports is None or not (self._tls and self._tls.sasl_users):
             raise BrokerError("LocalKafka has no SASL_SSL listener, or has not been started")
         return f"{HOST}:{self._tls_ports[1]}"
+
+    @property
+    def oauth_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener taking OAUTHBEARER with unsecured tokens."""
+        if not self._oauth_port:
+            raise BrokerError("LocalKafka has no OAUTHBEARER listener, or has not been started")
+        return f"{HOST}:{self._oauth_port}"
 
     @property
     def bootstrap(self) -> str:
@@ -200,6 +210,9 @@ class LocalKafka:
         if self._tls is not None and self._tls_ports is None:
             spare = [p for p in free_ports(4) if p not in (self._port, self._cport)]
             self._tls_ports = (spare[0], spare[1])
+        if self._oauth_port == 0:
+            used = (self._port, self._cport, *(self._tls_ports or ()))
+            self._oauth_port = next(p for p in free_ports(5) if p not in used)
         for p in (self._port, self._cport):
             _check_free(p)
         if self._dir is None:
@@ -271,6 +284,8 @@ class LocalKafka:
         props.update(self._overrides)
         if self._tls is not None and self._tls_ports is not None:
             props.update(self._tls_properties(props))
+        if self._oauth_port:
+            props.update(oauth_listener(props, HOST, self._oauth_port))
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _tls_properties(self, props: dict[str, str]) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""`stream check`: lints the agent spec and the settings without starting anything, and
-with `--endpoint` asks the model endpoint whether it knows the model and accepts the key.
+"""`stream check`: lints the agent spec and the settings without starting anything; with
+`--endpoint` asks the model endpoint whether it knows the model and accepts the key, and
+with `--kafka` connects to the brokers with the security settings.
 
 Every problem is a StreamError (the CLI prints one line and exits 2); what was checked is
 returned as lines for people, so a CI job or an init container can run it before a rollout.
@@ -15,7 +16,7 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["check", "check_endpoint", "lint_settings", "preflight"]
+__all__ = ["check", "check_endpoint", "check_kafka", "lint_settings", "preflight"]
 
 
 def lint_settings(settings: Settings) -> list[str]:
@@ -32,8 +33,19 @@ def lint_settings(settings: Settings) -> list[str]:
             f"STREAM_MIN_INSYNC_REPLICAS={isr} exceeds STREAM_REPLICATION_FACTOR={replicas}: "
             "every acks=all publish would fail"
         )
-    if settings.kafka_security_protocol.startswith("SASL") and not settings.kafka_sasl_username:
-        problems.append("a SASL protocol needs STREAM_KAFKA_SASL_USERNAME")
+    sasl = settings.kafka_security_protocol.startswith("SASL")
+    oauth = settings.kafka_sasl_mechanism == "OAUTHBEARER"
+    if sasl and not oauth and not settings.kafka_sasl_username:
+        # OAUTHBEARER's identity is its token (checked by client_options, in preflight)
+        problems.append(f"SASL {settings.kafka_sasl_mechanism} needs STREAM_KAFKA_SASL_USERNAME")
+    if settings.faust_web_port and settings.faust_web_port in (
+        settings.web_port,
+        settings.worker_web_port,
+    ):
+        problems.append(
+            f"STREAM_FAUST_WEB_PORT is {settings.faust_web_port}, a port the processor or "
+            "the activities worker holds on the same host"
+        )
     return problems
 
 
@@ -91,7 +103,34 @@ async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:
     return lines
 
 
-def check(settings: Settings, endpoint: bool = False) -> list[str]:
+async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
+    """Connects to STREAM_BOOTSTRAP_SERVERS with the STREAM_KAFKA_* settings (TLS, SASL,
+    OAUTHBEARER), as every client of the product will, and reads the cluster's topics:
+    the credentials are proven, not only parsed. Unreachable or refused: KafkaUnreachable
+    (exit code 3)."""
+    from instanced_stream.kafka.clients import register_producer
+    from instanced_stream.kafka.security import client_options, register
+    from instanced_stream.kafka.topics import product_topics
+    from instanced_stream.tools.console import topic_layout
+
+    bootstrap = settings.bootstrap_servers
+    if not bootstrap:
+        raise StreamError("--kafka needs STREAM_BOOTSTRAP_SERVERS: the cluster to connect to")
+    register(bootstrap, client_options(settings))
+    register_producer(bootstrap, settings.kafka_compression)
+    layout = await topic_layout(bootstrap)
+    how: str = settings.kafka_security_protocol
+    if how.startswith("SASL"):
+        how += f" ({settings.kafka_sasl_mechanism})"
+    missing = [t for t in product_topics(settings, spec) if t not in layout]
+    topics = f"missing {len(missing)} (`stream topics --create`)" if missing else "all present"
+    return [
+        f"kafka {bootstrap}: connected over {how}, {len(layout)} topics visible; "
+        f"the product's topics: {topics}"
+    ]
+
+
+def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
     from instanced_stream.llm.factory import endpoint as endpoint_of
 
@@ -106,4 +145,8 @@ def check(settings: Settings, endpoint: bool = False) -> list[str]:
         lines += asyncio.run(check_endpoint(settings, spec))
     else:
         lines.append(f"endpoint {endpoint_of(settings, spec)}: not contacted (add --endpoint)")
+    if kafka:
+        lines += asyncio.run(check_kafka(settings, spec))
+    else:
+        lines.append("kafka: not contacted (add --kafka)")
     return lines

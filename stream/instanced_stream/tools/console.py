@@ -1,4 +1,5 @@
-"""Console operations for people: publish a JSONL file, look at a topic, list the topics.
+"""Console operations for people: publish a JSONL file, list the topics (`tail` has its own
+module).
 
 Not for the hot path: clear messages matter more than throughput here. A user mistake
 (missing file, bad line, unknown topic, unreachable broker) is a one-line StreamError.
@@ -25,7 +26,12 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import KafkaUnreachable, StreamError
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.topics import ensure_product_topics, product_topics, state_changelog
+from instanced_stream.kafka.topics import (
+    ensure_product_topics,
+    product_topics,
+    read_topic,
+    state_changelog,
+)
 from instanced_stream.settings import Settings
 
 __all__ = [
@@ -33,18 +39,20 @@ __all__ = [
     "ProduceReport",
     "TopicRow",
     "budget_line",
+    "connected",
     "format_record",
     "parse_lines",
     "produce",
     "render_topics",
     "resolve_topic",
-    "tail",
+    "topic_layout",
     "topics",
 ]
 
 # aiokafka's own request timeout is 40 s; a person at a prompt should hear sooner.
 CONNECT_TIMEOUT_S = 10.0
 _KEEP = 10  # invalid lines listed: enough to find the mistake, never a flood
+_COUNT_LIMIT = 20_000  # offsets of a topic `stream topics` still reads to count its records
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +111,7 @@ def _n(count: int, noun: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
+async def connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
     """Starts an aiokafka client, turning "no broker there" into one clear line."""
     stop = client.close if isinstance(client, AIOKafkaAdminClient) else client.stop
     try:
@@ -121,11 +129,18 @@ async def _connected(bootstrap: str, client: Any) -> AsyncIterator[Any]:
         await stop()
 
 
-async def _layout(bootstrap: str) -> dict[str, list[int]]:
+async def topic_layout(bootstrap: str) -> dict[str, list[int]]:
     """Every topic's partitions. One metadata request for all topics, never one that names
     a topic: with auto.create.topics.enable, naming a missing one creates it (1 partition)."""
-    async with _connected(bootstrap, clients.admin(bootstrap)) as admin:
-        described = await admin.describe_topics(None)
+    async with connected(bootstrap, clients.admin(bootstrap)) as admin:
+        try:
+            described = await admin.describe_topics(None)
+        except KafkaError as exc:
+            # a refused login (an expired token) may surface here, after start()
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {bootstrap}: {type(exc).__name__} (check "
+                "STREAM_BOOTSTRAP_SERVERS and, for TLS or SASL, the STREAM_KAFKA_* settings)"
+            ) from exc
     return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
 
 
@@ -149,11 +164,11 @@ async def produce(
         raise StreamError(f"--rate must be a positive number of records per second, not {rate}")
     out, report = out or sys.stderr, ProduceReport(topic)
     with _open(path) as handle:
-        if topic not in await _layout(bootstrap):
+        if topic not in await topic_layout(bootstrap):
             raise StreamError(f"topic {topic} does not exist (`stream topics --create`)")
         # Idempotent: a send retried after a lost ack is not written twice.
         producer = clients.producer(bootstrap)
-        async with _connected(bootstrap, producer):
+        async with connected(bootstrap, producer):
             start = shown = time.monotonic()
             pending: list[asyncio.Future[Any]] = []
             number = 0
@@ -286,59 +301,16 @@ def format_record(record: Any, as_json: bool = False) -> str:
     return orjson.dumps(out).decode()
 
 
-async def tail(
-    bootstrap: str,
-    topic: str,
-    follow: bool = False,
-    last: int = 20,
-    as_json: bool = False,
-    out: TextIO | None = None,
-) -> int:
-    """Prints a topic's last records across partitions, oldest first; with follow, new ones
-    until cancelled. Returns how many it printed."""
-    if last < 0:
-        raise StreamError(f"--last must be 0 or more, not {last}")
-    out, printed = out or sys.stdout, 0
-
-    def emit(records: list[Any], keep: int | None = None) -> None:
-        nonlocal printed
-        chosen = sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
-        for r in chosen[len(chosen) - keep :] if keep is not None else chosen:
-            out.write(format_record(r, as_json) + "\n")
-            printed += 1
-        out.flush()
-
-    if not (found := (await _layout(bootstrap)).get(topic)):
-        raise StreamError(f"topic {topic} does not exist")
-    consumer = clients.consumer(bootstrap)
-    async with _connected(bootstrap, consumer):
-        tps = [TopicPartition(topic, p) for p in found]
-        consumer.assign(tps)
-        starts, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-        firsts = {tp: max(starts[tp], ends[tp] - last) for tp in tps}
-        for tp in tps:
-            consumer.seek(tp, firsts[tp])
-        todo, seen = {tp for tp in tps if firsts[tp] < ends[tp]}, []
-        while todo:
-            for tp, records in (await consumer.getmany(*todo, timeout_ms=1000)).items():
-                seen += [r for r in records if r.offset < ends[tp]]
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-        emit(seen, min(last, len(seen)))
-        while follow:
-            emit([r for rs in (await consumer.getmany(timeout_ms=1000)).values() for r in rs])
-    return printed
-
-
 @dataclass(frozen=True, slots=True)
 class TopicRow:
     name: str
     partitions: int  # 0: the topic does not exist
-    records: int  # sum of the end offsets: records ever written
+    records: int  # records held now (read committed); offsets when `exact` is False
     created: bool = False
     group: str | None = None  # the processors' group, for the input topic only
     committed: dict[int, int] | None = None  # None: the group never committed
     lag: dict[int, int] = field(default_factory=dict)
+    exact: bool = True  # False: too many to count, `records` holds the offsets
 
 
 async def topics(
@@ -352,7 +324,7 @@ async def topics(
     if partitions is not None and partitions < 1:
         raise StreamError(f"--partitions must be 1 or more, not {partitions}")
     names = [*product_topics(settings, spec), settings.topics.context, state_changelog(settings)]
-    names, before = list(dict.fromkeys(names)), await _layout(bootstrap)
+    names, before = list(dict.fromkeys(names)), await topic_layout(bootstrap)
     if create:
         chosen = settings.model_copy(update={"partitions": partitions or settings.partitions})
         await ensure_product_topics(bootstrap, chosen, spec)
@@ -360,17 +332,17 @@ async def topics(
     layout = before
     for _ in range(50) if create else ():
         # A new topic reaches the broker's metadata cache a moment after its creation.
-        if set(names) <= (layout := await _layout(bootstrap)).keys():
+        if set(names) <= (layout := await topic_layout(bootstrap)).keys():
             break
         await asyncio.sleep(0.2)
     parts = {n: layout[n] for n in names if n in layout}
     ends: dict[TopicPartition, int] = {}
+    starts: dict[TopicPartition, int] = {}
     if parts:
         consumer = clients.consumer(bootstrap)
-        async with _connected(bootstrap, consumer):
-            ends = await consumer.end_offsets(
-                [TopicPartition(n, p) for n in parts for p in parts[n]]
-            )
+        async with connected(bootstrap, consumer):
+            tps = [TopicPartition(n, p) for n in parts for p in parts[n]]
+            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
     committed = await _committed(bootstrap, group, source, parts.get(source, []))
     rows = []
     for name in names:
@@ -380,7 +352,12 @@ async def topics(
             lag = {p: e - committed.get(p, 0) for p, e in end.items()}
             extra = {"group": group, "committed": committed or None, "lag": lag}
         created = name in parts and name not in before
-        rows.append(TopicRow(name, len(end), sum(end.values()), created, **extra))
+        held = sum(e - starts[TopicPartition(name, p)] for p, e in end.items())
+        # Offsets are not records: each transaction adds a commit marker, and aborted
+        # records hold offsets too. Count what a read_committed reader gets, where cheap.
+        exact = held <= _COUNT_LIMIT
+        count = sum([1 async for _ in read_topic(bootstrap, name)]) if exact and held else held
+        rows.append(TopicRow(name, len(end), count, created, exact=exact, **extra))
     return rows
 
 
@@ -390,7 +367,7 @@ async def _committed(bootstrap: str, group: str, topic: str, parts: list[int]) -
     if not parts:
         return {}
     admin = clients.admin(bootstrap)
-    async with _connected(bootstrap, admin):
+    async with connected(bootstrap, admin):
         for attempt in range(40):
             try:
                 tps = [TopicPartition(topic, p) for p in parts]
@@ -415,16 +392,23 @@ def render_topics(rows: list[TopicRow]) -> str:
             who = f"group {r.group}" if r.committed is not None else f"no group {r.group} yet"
             per = " ".join(f"{p}:{n}" for p, n in sorted(r.lag.items()))
             note = ", ".join(x for x in (note, who, f"lag by partition {per}") if x)
-        table.append((r.name, str(r.partitions), str(r.records), lag, note))
+        records = str(r.records) if r.exact else f"~{r.records}"
+        table.append((r.name, str(r.partitions), records, lag, note))
     widths = [max(len(row[i]) for row in table) for i in range(4)]
-    return "\n".join(
+    lines = [
         "  ".join(
             [row[0].ljust(widths[0])]
             + [c.rjust(w) for c, w in zip(row[1:4], widths[1:], strict=True)]
         )
         + (f"  {row[4]}" if row[4] else "")
         for row in table
-    )
+    ]
+    if not all(r.exact for r in rows):
+        lines.append(
+            f"~: offsets, not records (over {_COUNT_LIMIT} to count here; transaction "
+            "markers and aborted records hold offsets too)"
+        )
+    return "\n".join(lines)
 
 
 def budget_line(budget: dict[str, Any] | None, page: str) -> str:

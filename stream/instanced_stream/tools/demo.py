@@ -468,10 +468,10 @@ def run_demo(
                 else ""
             )
             + f"unaccounted: {result['unaccounted']}   elapsed: {result['elapsed_s']}s\n"
-            f"audit: {result['audit']}\n"
-            f"  (again, against a broker you run: stream audit --topic-prefix "
-            f"{result['topics_prefix']})"
+            f"audit: {result['audit']}"
         )
+        if settings.bootstrap_servers:  # only the user's broker outlives the demo
+            print(f"  (again: stream audit --topic-prefix {result['topics_prefix']})")
     else:
         print(orjson.dumps(result).decode())
     with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ __all__ = [
     "Input",
     "Redrive",
     "attempt_of",
+    "left_out",
     "plan",
     "redrive",
 ]
@@ -110,6 +111,24 @@ class Redrive:
         }
 
 
+def left_out(
+    letters: Sequence[tuple[Position, dict[str, Any]]], codes: Sequence[str]
+) -> dict[str, int]:
+    """The dead letters `plan` does not consider, counted by why: a call's dead letter
+    (its item was answered otherwise), or an item's of a code not asked for."""
+    found: dict[str, int] = {}
+    for _, letter in letters:
+        code = str(letter.get("code"))
+        if letter.get("scope") != "item":
+            why = "call"
+        elif code not in codes:
+            why = code
+        else:
+            continue
+        found[why] = found.get(why, 0) + 1
+    return dict(sorted(found.items()))
+
+
 def plan(
     letters: Sequence[tuple[Position, dict[str, Any]]],
     inputs: dict[Position, Input],
@@ -167,9 +186,10 @@ async def redrive(
     since: tuple[str, int] | None = None,
     dry_run: bool = False,
     max_redrives: int = 1,
-) -> list[Redrive]:
+) -> tuple[list[Redrive], dict[str, int]]:
     """Plans the re-drives of the dead letters (from `since`: ("time", epoch ms) or
-    ("offset", n) on the dead-letter topic) and, unless `dry_run`, sends them."""
+    ("offset", n) on the dead-letter topic) and, unless `dry_run`, sends them; returns
+    them with the dead letters left out (`left_out`)."""
     inputs: dict[Position, Input] = {}
     async for rec in read_topic(bootstrap, topics.input):
         attempt = attempt_of([(k, bytes(v)) for k, v in rec.headers or ()])
@@ -181,9 +201,10 @@ async def redrive(
         where = (topics.dead_letter, rec.partition, rec.offset)
         letters.append((where, orjson.loads(json_bytes(rec.value))))
     planned = plan(letters, inputs, codes, max_redrives)
+    others = left_out(letters, codes)
     todo = [p for p in planned if p.skipped is None]
     if dry_run or not todo:
-        return planned
+        return planned, others
     producer = clients.producer(bootstrap)
     await producer.start()
     try:
@@ -194,4 +215,4 @@ async def redrive(
             await fut
     finally:
         await producer.stop()
-    return planned
+    return planned, others

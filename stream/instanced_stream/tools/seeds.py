@@ -146,11 +146,28 @@ async def run_example(
     if example == "lazy":
         out["plans"] = await _plans(bootstrap, settings, spec, approved, letters)
     if example == "manager":
-        # Untouched: no call at all (a latent updateTask also ends as "only latent calls").
-        reasons = {n["instance"]: n["reason"] for n in no_action}
-        out["no_action_reasons"] = reasons
-        out["untouched"] = sum(r != "only latent calls" for r in reasons.values())
+        out.update(_manager(items, no_action, calls))
     return out
+
+
+def _manager(
+    items: list[dict[str, Any]], no_action: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each employee's update, read from the outcome records (no plan: the latent
+    updateTask's output rides on the no-action record), and how many got none: neither an
+    update nor a call. The seed's answer updates employee_B and leaves employee_A alone."""
+    updates: dict[str, list[dict[str, Any]]] = {str(i["_instance"]): [] for i in items}
+    for rec in no_action:
+        for call in rec.get("latent", []):
+            fields = {k: v for k, v in call.items() if not k.startswith("_")}
+            if fields:
+                updates.setdefault(rec["instance"], []).append(fields)
+    acted = {r["instance"] for r in calls}
+    return {
+        "no_action_reasons": {n["instance"]: n["reason"] for n in no_action},
+        "updated": {i: u for i, u in updates.items() if u},
+        "untouched": sum(not u and i not in acted for i, u in updates.items()),
+    }
 
 
 async def _approve_until_ended(

@@ -48,8 +48,18 @@ class Target:
             return f"local model {self.model} (llama.cpp) at {self.url}"
         return f"model {self.model} at {self.url}"
 
-    def summary(self) -> dict[str, str]:
-        return {"kind": self.kind, "model": self.model, "url": self.url}
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "model": self.model, "url": self.url}
+        if self.sim is not None:
+            # The orders the simulator wrote stateful plans in (instances per order).
+            orders = {
+                k.removeprefix("plan_order."): int(v)
+                for k, v in self.sim.stats.items()
+                if k.startswith("plan_order.")
+            }
+            if orders:
+                out["plan_orders"] = orders
+        return out
 
 
 @contextmanager

@@ -34,6 +34,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.spec | default (.Files.Get "files/agent.yaml") -}}
 {{- end -}}
 
+{{/*
+The activity worker's handlers: the example's only with the chart's own spec (the worker
+refuses handlers for tools its spec does not declare, so your spec with the example's
+handlers would crash-loop the workers).
+*/}}
+{{- define "instanced-stream.activitiesModule" -}}
+{{- if .Values.activities.module -}}
+{{- .Values.activities.module -}}
+{{- else if .Values.spec -}}
+{{- fail "activities.module is required with your own spec: the default handlers are the moderation example's; build an image with your handlers and name their module (docs/kubernetes.md), or set activities.enabled=false" -}}
+{{- else -}}
+/app/examples/moderation/activities.py
+{{- end -}}
+{{- end -}}
+
 {{- define "instanced-stream.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
@@ -47,18 +62,111 @@ with other releases (or other products' metrics of the same name) is not mixed i
 {{- printf "namespace=%q, app_kubernetes_io_instance=%q, app_kubernetes_io_component=\"processor\"" .Release.Namespace .Release.Name -}}
 {{- end -}}
 
+{{/* The same for this release's activity workers. */}}
+{{- define "instanced-stream.workerSeries" -}}
+{{- printf "namespace=%q, app_kubernetes_io_instance=%q, app_kubernetes_io_component=\"activities\"" .Release.Namespace .Release.Name -}}
+{{- end -}}
+
+{{/* An alert's runbook: its section of docs/operations.md, under runbookBaseUrl. */}}
+{{- define "instanced-stream.runbook" -}}
+{{- printf "%s/operations.md#%s" (.root.Values.monitoring.prometheusRule.runbookBaseUrl | trimSuffix "/") (lower .alert) -}}
+{{- end -}}
+
 {{/* Environment both Deployments share: where Kafka is, its credentials, the spec. */}}
 {{- define "instanced-stream.env" -}}
+{{- $kafka := .Values.kafka }}
 - {name: STREAM_SPEC, value: /etc/stream/agent.yaml}
-{{- if .Values.kafka.clientSecret }}
-{{- if .Values.kafka.sasl.mechanism }}
+{{- if and $kafka.tls.clientAuth (not $kafka.clientSecret) }}
+{{- fail "kafka.clientSecret is required with kafka.tls.clientAuth: the Secret holding the client's cert and key" }}
+{{- end }}
+{{- if $kafka.clientSecret }}
+{{- if and $kafka.sasl.mechanism (ne $kafka.sasl.mechanism "OAUTHBEARER") }}
 - name: STREAM_KAFKA_SASL_PASSWORD
   valueFrom:
-    secretKeyRef: {name: {{ .Values.kafka.clientSecret | quote }}, key: password}
+    secretKeyRef: {name: {{ $kafka.clientSecret | quote }}, key: password}
 {{- end }}
-{{- if contains "SSL" .Values.kafka.securityProtocol }}
+{{- if contains "SSL" $kafka.securityProtocol }}
 - {name: STREAM_KAFKA_SSL_CAFILE, value: /etc/kafka-client/ca}
 {{- end }}
+{{- if $kafka.tls.clientAuth }}
+- {name: STREAM_KAFKA_SSL_CERTFILE, value: /etc/kafka-client/cert}
+- {name: STREAM_KAFKA_SSL_KEYFILE, value: /etc/kafka-client/key}
+{{- end }}
+{{- end }}
+{{- if eq $kafka.sasl.mechanism "OAUTHBEARER" }}
+- {name: STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE, value: {{ $kafka.sasl.oauth.tokenFile | default "/var/run/secrets/kafka-oauth/token" | quote }}}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes both Deployments mount: Kafka's client files, OAUTHBEARER's token, extras. */}}
+{{- define "instanced-stream.volumes" -}}
+{{- $kafka := .Values.kafka }}
+{{- if $kafka.clientSecret }}
+- name: kafka-client
+  secret:
+    secretName: {{ $kafka.clientSecret | quote }}
+    optional: true
+{{- end }}
+{{- if and (eq $kafka.sasl.mechanism "OAUTHBEARER") (not $kafka.sasl.oauth.tokenFile) }}
+# A token Kubernetes issues for the pod's service account and renews before it expires;
+# the clients read the file again at every authentication.
+- name: kafka-oauth
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          audience: {{ required "kafka.sasl.oauth.audience is required with OAUTHBEARER and no tokenFile: the audience your cluster's token validator expects" $kafka.sasl.oauth.audience | quote }}
+          expirationSeconds: {{ $kafka.sasl.oauth.expirationSeconds }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "instanced-stream.volumeMounts" -}}
+{{- $kafka := .Values.kafka }}
+{{- if $kafka.clientSecret }}
+- {name: kafka-client, mountPath: /etc/kafka-client, readOnly: true}
+{{- end }}
+{{- if and (eq $kafka.sasl.mechanism "OAUTHBEARER") (not $kafka.sasl.oauth.tokenFile) }}
+- {name: kafka-oauth, mountPath: /var/run/secrets/kafka-oauth, readOnly: true}
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "instanced-stream.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "instanced-stream.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level values both Deployments share: identity, pull secrets, scheduling. */}}
+{{- define "instanced-stream.podExtras" -}}
+{{- with include "instanced-stream.serviceAccountName" . }}
+serviceAccountName: {{ . | quote }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 

@@ -34,9 +34,9 @@ from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
 from instanced_stream.runtime.engine.backlog import held, lag_of
-from instanced_stream.runtime.engine.opening import Opening, Openings
+from instanced_stream.runtime.engine.lifecycle import Lifecycle, Opening, UnitState
+from instanced_stream.runtime.engine.opening import Openings
 from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.suspension import Suspended
 from instanced_stream.runtime.engine.unit import Slot, Unit
 
 __all__ = ["MAX_UNCOMMITTED", "UNSTABLE_PER_MIN", "Fetched", "Membership", "assignors"]
@@ -110,17 +110,21 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         max_uncommitted: int = MAX_UNCOMMITTED,
     ) -> None:
         self.producers, self.cap = producers, max_uncommitted
-        self.units: dict[int, Unit] = producers.owned  # the open ones: see Producers
+        # Each partition's one state (runtime/engine/lifecycle.py); `units` (the running
+        # ones, which the producers' renewal reads too) and `opening` are views of it.
+        self.lifecycle = Lifecycle()
+        self.units = producers.owned = self.lifecycle.running
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
         self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
         self.on_rebalance, self.on_assigned = on_rebalance, on_assigned
-        self.suspended = Suspended()
         abandon = functools.partial(self._close, commit=False)  # a unit that never served
-        self.openings = Openings(self._open, self._opened, abandon, on_failed, progress)
-        self.opening = self.openings.by_partition
+        self.openings = Openings(
+            self.lifecycle, self._open, self._opened, abandon, on_failed, progress
+        )
+        self.opening = self.lifecycle.opening
         self._failures = self.openings.failures
         self.rebalancing = False
         self.rebalances = 0
@@ -158,62 +162,116 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def stop(self) -> None:
         """Commits what every unit finished, drops them, leaves the group."""
         self.leaving()
-        for kept in self.suspended.settle(set())[1]:
-            await self._close(kept, commit=False)  # committed when it was suspended
         for last in (False, True):  # again after the consumer stopped: whatever came
-            await self.openings.cancel(list(self.opening))
-            for p in sorted(self.units):
-                unit = self.units.pop(p, None)
-                if unit is not None:
-                    await self._close(unit, commit=not last)
+            await self._close_all(commit=not last)
             if not last and self.consumer is not None:
                 await self.consumer.stop()
         await self.producers.stop()
 
+    async def _close_all(self, *, commit: bool) -> None:
+        held = self.lifecycle.in_state(*UnitState)
+        await self.openings.cancel([t.partition for t in held if t.opening is not None])
+        for task in self.lifecycle.in_state(UnitState.RUNNING, UnitState.SUSPENDED):
+            unit, running = task.unit, task.state is UnitState.RUNNING
+            self.lifecycle.move(task.partition, UnitState.CLOSED, unit=None)
+            if unit is not None:
+                # A suspended one committed when it was suspended.
+                await self._close(unit, commit=commit and running)
+
     # ------------------------------------------------------------------ rebalances
 
+    def _epoch(self) -> int:
+        """The epoch of the assignment this member holds now (the assignor's stamp)."""
+        return self.strategy[0].claim.epoch
+
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Suspends every partition revoked: a running unit commits its finished prefix
+        and is kept; a restore under way goes on. The next assignment says which stay."""
         self.rebalancing = True
         self.rebalances += 1
         self._rebalanced.append(time.monotonic())
         self.on_rebalance()
         gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
-        # Taken out of `units` and `opening` before the first wait: `heal` or an open
-        # task resuming meanwhile finds them gone, never half there.
-        units = [u for u in (self.units.pop(p, None) for p in gone) if u is not None]
-        await self.openings.cancel([p for p in gone if p in self.opening])
-        await self.suspended.suspend(units)  # see Suspended: kept until the assignment
+        # Moved before the first wait: `heal` or an opening finishing meanwhile finds
+        # them suspended, never half there.
+        running = []
+        for p in gone:
+            task = self.lifecycle.get(p)
+            if task is None or task.state is UnitState.SUSPENDED:
+                continue
+            if task.state is UnitState.RUNNING and task.unit is not None:
+                running.append(task.unit)
+            if task.opening is not None:
+                task.opening.resumed.clear()  # it seeks nothing until given back
+            self.lifecycle.move(p, UnitState.SUSPENDED)
+        for unit in running:
+            try:
+                await unit.commit()
+            except Exception as exc:  # the unit is void: replaced if its partition returns
+                log.warning("partition %d: commit on revocation failed: %r", unit.partition, exc)
         if gone:
             log.info("rebalance: partitions %s revoked; finished work committed", gone)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Resumes the suspended units of partitions assigned here again, closes the
-        others, and starts opening what is new, each partition in a task of its own: the
-        group waits for this callback, and a member that takes longer than its session
-        timeout is put out of the group. A stopping member takes nothing."""
+        """Resumes the suspended partitions assigned here again under the next epoch,
+        closes the others, and starts opening what is new, each partition in a task of its
+        own: the group waits for this callback, and a member that takes longer than its
+        session timeout is put out of the group. A stopping member takes nothing."""
         try:
             if self.openings.stopping:
                 log.info("rebalance: assignment not taken, the processor is stopping")
                 return
             mine = {tp.partition for tp in assigned if tp.topic == self.input}
+            epoch = self._epoch()
             self.assigned_at = time.monotonic()
             self.on_assigned(len(mine))
-            back, gone = self.suspended.settle(mine)
-            for unit in back:
-                self._resumed(unit)
             self._next = {tp: o for tp, o in self._next.items() if tp.partition in mine}
-            for unit in gone:
-                self._failures.forget(unit.partition)
-                await self._close(unit, commit=False)  # committed when it was suspended
-            new = sorted(mine - set(self.units) - set(self.opening))
+            resumed, restoring, closed = await self._settle(mine, epoch)
+            new = sorted(mine - set(self.lifecycle.tasks))
             if new:
                 self._pause(new)  # nothing of theirs is fetched until their unit is sought
                 for p in new:
-                    self.openings.begin(Opening(p))
-            moved = [[u.partition for u in units] for units in (back, gone)]
-            log.info("rebalance: partitions %s resumed, %s closed, %s opening", *moved, new)
+                    self.openings.begin(Opening(p), epoch)
+            log.info(
+                "rebalance: partitions %s resumed, %s closed, %s opening; %s restoring on "
+                "(epoch %d)",
+                resumed,
+                closed,
+                new,
+                restoring,
+                epoch,
+            )
         finally:
             self.rebalancing = False
+
+    async def _settle(self, mine: set[int], epoch: int) -> tuple[list[int], list[int], list[int]]:
+        """Each suspended partition: resumed where it was if it is assigned here again
+        under the epoch after its own (nobody else can have held it in between), else
+        closed (what it had not committed is its next owner's, or this member's anew)."""
+        resumed: list[int] = []
+        restoring: list[int] = []
+        closed: list[int] = []
+        for task in self.lifecycle.in_state(UnitState.SUSPENDED):
+            p, unit, opening = task.partition, task.unit, task.opening
+            stays = p in mine and epoch == task.epoch + 1
+            if stays and unit is not None and unit.alive:
+                self.lifecycle.move(p, UnitState.RUNNING, epoch=epoch)
+                self._resumed(unit)
+                resumed.append(p)
+            elif stays and opening is not None and opening.task is not None:
+                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)
+                opening.resumed.set()
+                restoring.append(p)
+            else:
+                if opening is not None:
+                    await self.openings.cancel([p])
+                else:
+                    self.lifecycle.move(p, UnitState.CLOSED, unit=None)
+                    if unit is not None:
+                        self._failures.forget(p)
+                        await self._close(unit, commit=False)  # committed when suspended
+                closed.append(p)
+        return resumed, restoring, closed
 
     def _resumed(self, unit: Unit) -> None:
         """A suspended unit takes work again where it was: each of its topics is read on
@@ -223,21 +281,21 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp in self._tps([unit.partition]):
             if tp in self._next:
                 self.consumer.seek(tp, self._next[tp])
-        self.units[unit.partition] = unit
 
     async def _open(self, opening: Opening) -> Unit:
         """The unit of one partition: its producer first (fencing), its store
-        (`on_open`), then the consumer sought to the committed offsets of its topics."""
+        (`on_open`), then, once the partition is assigned here (not suspended), the
+        consumer sought to the committed offsets of its topics."""
         p, after = opening.partition, opening.failed
         unit = opening.unit = await self.producers.unit(p, self._commit, after)
         if self.on_open is not None:
             await self.on_open(unit)
+        await opening.resumed.wait()
         await self._seek([opening.partition])
         return unit
 
     def _opened(self, unit: Unit) -> None:
         unit.start()
-        self.units[unit.partition] = unit
         self._resume([unit.partition])
 
     def _tps(self, partitions: list[int]) -> list[TopicPartition]:
@@ -279,16 +337,16 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def heal(self) -> None:
         """Moves each failed unit back to opening, and opens again each partition whose
         back-off is over (see `Failures`). Raises `PartitionFailing` for a partition that
-        kept failing. Works from what is owned at each step: a rebalance may revoke any
+        kept failing. Works from what is running at each step: a rebalance may revoke any
         partition while this waits."""
-        for p in sorted(self.units):
-            unit = self.units.get(p)
-            if unit is None:
-                continue
+        for task in self.lifecycle.in_state(UnitState.RUNNING):
+            unit = task.unit
+            if unit is None or task.state is not UnitState.RUNNING:
+                continue  # suspended meanwhile
             if unit.alive:
-                self._failures.healthy(p, unit)
+                self._failures.healthy(task.partition, unit)
                 continue
-            del self.units[p]
+            p = task.partition
             log.warning(
                 "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
             )
@@ -296,6 +354,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.openings.failing(p, unit.failed)
             await self._close(unit, commit=False)
         self.openings.retry()
+
+    def states(self) -> dict[int, dict[str, Any]]:
+        """Per input partition held here, its unit's state: open, restoring, failing or
+        suspended."""
+        return self.openings.states()
 
     def rebalances_last_min(self) -> int:
         """Rebalances that began in the last 60 s."""
@@ -326,10 +389,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def stable(self) -> bool:
         return self.assigned_at is not None and not self.rebalancing
-
-    def states(self) -> dict[int, dict[str, Any]]:
-        """Per assigned input partition, its unit's state: open, restoring or failing."""
-        return self.openings.states(self.units)
 
     # ------------------------------------------------------------------ fetching
 

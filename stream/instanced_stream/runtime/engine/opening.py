@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka.errors import (
@@ -26,6 +25,7 @@ from aiokafka.errors import (
 )
 
 from instanced_stream.errors import StreamError
+from instanced_stream.runtime.engine.lifecycle import Lifecycle, Opening, UnitState
 from instanced_stream.runtime.engine.recall import RecallFailed
 from instanced_stream.runtime.engine.unit import Unit
 
@@ -118,65 +118,55 @@ class Failures:
         self._since.pop(p, None)
 
 
-@dataclass(eq=False)
-class Opening:
-    """An assigned input partition whose unit does not take work yet: being opened, or
-    failed and waiting for `retry_at`."""
-
-    partition: int
-    since: float = field(default_factory=time.monotonic)
-    task: asyncio.Task[None] | None = None
-    unit: Unit | None = None  # once its producer started
-    failed: BaseException | None = None
-    retry_at: float = 0.0
-    failures: int = 0
-
-    def view(self, now: float, restored: int) -> dict[str, Any]:
-        """What readiness and the live page say about it."""
-        if self.failed is not None and self.task is None:
-            return {
-                "state": "failing",
-                "error": repr(self.failed)[:300],
-                "failures": self.failures,
-                "retry_in_s": round(max(0.0, self.retry_at - now), 1),
-            }
-        return {"state": "restoring", "for_s": round(now - self.since, 1), "restored": restored}
-
-
 class Openings:
-    """`open`: opens the unit of an `Opening` (setting its `unit` once its producer is
-    up); `opened`: takes an open unit into service; `close`: closes a unit that never
-    served; `on_failed`: told each failure; `progress`: records restored so far."""
+    """Opens units, each in a task of its own, keeping each partition's state in
+    `lifecycle`. `open`: opens the unit of an `Opening` (setting its `unit` once its
+    producer is up); `opened`: takes an open unit into service; `close`: closes a unit
+    that never served; `on_failed`: told each failure; `progress`: records restored so
+    far."""
 
     def __init__(
         self,
+        lifecycle: Lifecycle,
         open: Callable[[Opening], Awaitable[Unit]],
         opened: Callable[[Unit], None],
         close: Callable[[Unit], Awaitable[None]],
         on_failed: Callable[[int, BaseException], None],
         progress: Callable[[int], int],
     ) -> None:
+        self.lifecycle = lifecycle
         self.open, self.opened, self.close = open, opened, close
         self.on_failed, self.progress = on_failed, progress
-        self.by_partition: dict[int, Opening] = {}
+        self.by_partition = lifecycle.opening  # a view: RESTORING and FAILED
         self.failures = Failures()
         self.fatal: PartitionFailing | None = None  # raised by the next `retry`
         self.stopping = False
 
-    def begin(self, opening: Opening) -> None:
-        opening.task = asyncio.create_task(self._run(opening), name=f"open-{opening.partition}")
-        self.by_partition[opening.partition] = opening
+    def begin(self, opening: Opening, epoch: int) -> None:
+        """Opens `opening`'s partition, newly assigned (or failed before) under `epoch`."""
+        p = opening.partition
+        if self.lifecycle.state(p) is None:
+            self.lifecycle.move(p, UnitState.ASSIGNED, epoch=epoch)
+        self.lifecycle.move(p, UnitState.RESTORING, opening=opening, unit=None, epoch=epoch)
+        opening.task = asyncio.create_task(self._run(opening), name=f"open-{p}")
 
     def failing(self, p: int, exc: BaseException | None) -> None:
         """A unit of `p` that failed while it served: opened again after its back-off."""
         failed = exc or RuntimeError("unit failed")
-        opening = self.by_partition[p] = Opening(p, failed=failed)
+        opening = Opening(p, failed=failed)
+        self.lifecycle.move(p, UnitState.FAILED, opening=opening, unit=None)
         self._failed(opening, failed)
 
     async def cancel(self, partitions: list[int]) -> None:
-        """Stops opening `partitions`; a producer already started is closed. They are
-        taken out before the first wait: whatever resumes meanwhile finds them gone."""
-        stopped = [o for o in (self.by_partition.pop(p, None) for p in partitions) if o]
+        """Stops opening `partitions` (restoring, failed or suspended while restoring);
+        a producer already started is closed; they are closed in the lifecycle before the
+        first wait: whatever resumes meanwhile finds them gone."""
+        stopped = []
+        for p in partitions:
+            task = self.lifecycle.get(p)
+            if task is not None and task.opening is not None:
+                stopped.append(task.opening)
+                self.lifecycle.move(p, UnitState.CLOSED, opening=None)
         for opening in stopped:
             if opening.task is not None:
                 opening.task.cancel()
@@ -184,6 +174,10 @@ class Openings:
             if opening.unit is not None:
                 await self.close(opening.unit)
                 opening.unit = None
+
+    def _current(self, opening: Opening) -> bool:
+        task = self.lifecycle.get(opening.partition)
+        return task is not None and task.opening is opening
 
     async def _run(self, opening: Opening) -> None:
         p = opening.partition
@@ -197,19 +191,25 @@ class Openings:
             if half is not None:
                 await self.close(half)
             opening.task = None
-            self._failed(opening, exc)
+            if self._current(opening) and not self.stopping:
+                if self.lifecycle.state(p) is UnitState.SUSPENDED:
+                    opening.failed = exc  # failed while revoked: the assignment decides
+                    opening.retry_at = 0.0
+                else:
+                    self.lifecycle.move(p, UnitState.FAILED)
+                    self._failed(opening, exc)
             log.warning(
                 "partition %d: its unit did not open (%r); tried again in %.1fs",
                 p,
                 exc,
-                opening.retry_at - time.monotonic(),
+                max(0.0, opening.retry_at - time.monotonic()),
             )
             return
-        if self.by_partition.get(p) is not opening or self.stopping:
-            await self.close(unit)  # revoked, or the processor stops, meanwhile
+        if not self._current(opening) or self.stopping:
+            await self.close(unit)  # closed, or the processor stops, meanwhile
             return
-        del self.by_partition[p]
         opening.task = opening.unit = None
+        self.lifecycle.move(p, UnitState.RUNNING, unit=unit, opening=None)
         self.opened(unit)
         log.info("partition %d: unit open in %.1fs", p, time.monotonic() - opening.since)
 
@@ -224,18 +224,26 @@ class Openings:
             self.fatal = stop
 
     def retry(self) -> None:
-        """Opens again each partition whose back-off is over; raises `PartitionFailing`
-        for one that kept failing."""
+        """Opens again each failed partition whose back-off is over; raises
+        `PartitionFailing` for one that kept failing."""
         if self.fatal is not None:
             raise self.fatal
         now = time.monotonic()
-        for opening in list(self.by_partition.values()):
-            if opening.task is None and not self.stopping and now >= opening.retry_at:
-                self.begin(opening)
+        for task in self.lifecycle.in_state(UnitState.FAILED):
+            opening = task.opening
+            if opening is not None and not self.stopping and now >= opening.retry_at:
+                self.begin(opening, task.epoch)
 
-    def states(self, open: Mapping[int, Unit]) -> dict[int, dict[str, Any]]:
-        """Per partition, `open` (its unit serves) or what `Opening.view` says."""
+    def states(self) -> dict[int, dict[str, Any]]:
+        """Per partition held here, what readiness shows: `open` (its unit serves),
+        what `Opening.view` says (restoring, failing), or `suspended`."""
         now = time.monotonic()
-        out: dict[int, dict[str, Any]] = {p: {"state": "open"} for p in open}
-        out |= {p: o.view(now, self.progress(p)) for p, o in self.by_partition.items()}
-        return dict(sorted(out.items()))
+        out: dict[int, dict[str, Any]] = {}
+        for task in self.lifecycle.in_state(*UnitState):
+            if task.state is UnitState.RUNNING:
+                out[task.partition] = {"state": "open"}
+            elif task.opening is not None and task.state is not UnitState.SUSPENDED:
+                out[task.partition] = task.opening.view(now, self.progress(task.partition))
+            else:
+                out[task.partition] = {"state": task.state.value}
+        return out

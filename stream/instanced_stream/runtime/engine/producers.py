@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
@@ -90,7 +90,8 @@ class Producers:
         self.batching = {**_BATCHING, "request_timeout_ms": request_timeout_ms}
         self.replace, self.probe, self.commit_interval_s = replace, probe, commit_interval_s
         self.make = make
-        self.owned: dict[int, Unit] = {}  # the open units, whose producers a renewal swaps
+        # The open units, whose producers a renewal swaps: Membership sets its view here.
+        self.owned: Mapping[int, Unit] = {}
         # At least once: one idempotent producer for all units.
         self._shared = SharedProducer(functools.partial(self._producer, None))
 

@@ -336,11 +336,20 @@ class Stores:
     def __init__(self, reader: Recall | None = None) -> None:
         self.by_partition: dict[int, UnitStore] = {}
         self.reader = reader  # reads retired states back (none: nothing retires unread)
+        self._reading: dict[str, asyncio.Future[None]] = {}  # read-backs under way
 
     async def recall(self, instance: str) -> None:
         """Reads back the state of `instance` if an owned store keeps it only on the
         changelog (a finished workflow), so a `get` in the same step finds it. Raises
-        `RecallFailed` when it cannot be read."""
+        `RecallFailed` when it cannot be read. Callers asking for the same instance at
+        once (its result's lane and its new input's intake) share one read."""
+        reading = self._reading.get(instance)
+        if reading is None:
+            reading = self._reading[instance] = asyncio.ensure_future(self._recall(instance))
+            reading.add_done_callback(lambda _done: self._reading.pop(instance, None))
+        await asyncio.shield(reading)
+
+    async def _recall(self, instance: str) -> None:
         for _ in range(3):  # its store replaced during the read (a unit reopened): again
             store = self._holding(instance)
             offset = store.to_recall(instance) if store is not None else None

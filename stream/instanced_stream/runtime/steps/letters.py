@@ -1,4 +1,5 @@
-"""Dead letters about one record: a bad input, a bad result, an output too large.
+"""Dead letters about one record: a bad input, a bad result, an output too large, an
+item that ends unanswered, a call its workflow never runs.
 
 Each keeps a capped copy of what it is about, so the letter itself always fits the
 broker's record limit.
@@ -9,11 +10,11 @@ from __future__ import annotations
 import base64
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.messages import DeadLetter, ResultRecord, SourcePosition
+from instanced_stream.core.messages import BatchRef, Call, DeadLetter, ResultRecord, SourcePosition
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.publish import OutRecord
 
-__all__ = ["bad_record", "bad_result", "oversized"]
+__all__ = ["bad_record", "bad_result", "item_letter", "oversized", "unrun_letter"]
 
 _RAW_KEEP = 64 * 1024  # bytes of a bad record kept in its dead letter
 
@@ -63,4 +64,27 @@ def oversized(
         turn=owner.turn if owner else 1,
         raw_b64=base64.b64encode(record.value[:_RAW_KEEP]).decode(),
         raw_size=len(record.value),
+    )
+
+
+def unrun_letter(inst: Instance, call: Call, batch: BatchRef, code: str, why: str) -> DeadLetter:
+    """The dead letter of a call its workflow will never run (TurnEffects.dropped)."""
+    letter = DeadLetter.model_validate(
+        {"code": code, "reason": why, "scope": "call", "instance": inst.id}
+    )
+    update = {"source": inst.source, "call": call.wire(), "batch_id": batch.id, "turn": inst.turn}
+    return letter.model_copy(update=update)
+
+
+def item_letter(inst: Instance, code: str, reason: str, attempts: int, batch_id: str) -> DeadLetter:
+    """The dead letter an item of a batch ends in, at its turn."""
+    return DeadLetter(
+        code=code,
+        reason=reason,
+        scope="item",
+        instance=inst.id,
+        source=inst.source,
+        attempts=attempts,
+        batch_id=batch_id,
+        turn=inst.turn,
     )

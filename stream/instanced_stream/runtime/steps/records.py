@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from instanced_stream.core.advice import Consensus, gate, summarise
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.lazy import is_step
 from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
@@ -34,9 +35,21 @@ from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.validate import Opinion
-from instanced_stream.core.workflow import REVIEW, TurnEffects, Workflow
+from instanced_stream.core.workflow import (
+    REVIEW,
+    TurnEffects,
+    Workflow,
+    finish_says_stop,
+    unrun_by_stop,
+)
 from instanced_stream.kafka.publish import Origin, OutRecord
-from instanced_stream.runtime.steps.letters import bad_record, bad_result, oversized
+from instanced_stream.runtime.steps.letters import (
+    bad_record,
+    bad_result,
+    item_letter,
+    oversized,
+    unrun_letter,
+)
 from instanced_stream.runtime.steps.scopes import imported
 from instanced_stream.settings import Topics
 
@@ -145,7 +158,7 @@ class RecordBuilder:
                 TurnChange(inst, [], ref, [], failed=("internal_error", repr(error)[:200]))
             )
             why = f"processing failed: {error!r}"[:2000]
-            out.add(self.letter(_item_letter(inst, "internal_error", why, attempts, batch_id)))
+            out.add(self.letter(item_letter(inst, "internal_error", why, attempts, batch_id)))
         return out
 
     # ------------------------------------------------------------------ a solved batch
@@ -186,7 +199,7 @@ class RecordBuilder:
             out.turns.append(
                 TurnChange(miss.instance, [], ref, [], failed=(miss.code, miss.reason))
             )
-            letter = _item_letter(miss.instance, miss.code, miss.reason, miss.attempts, batch_id)
+            letter = item_letter(miss.instance, miss.code, miss.reason, miss.attempts, batch_id)
             out.add(self.letter(letter))
         return out
 
@@ -206,12 +219,20 @@ class RecordBuilder:
             ordinals[call.tool] += 1
         if flow is None:
             effects = TurnEffects(run=[cid for cid, _ in calls])
+            if self.spec.plan is None and finish_says_stop(self.spec, answer.opinions):
+                # No workflow to end, but the prompt's promise holds: a stop's calls do
+                # not run (each a dead letter `stopped`).
+                effects = TurnEffects(dropped=unrun_by_stop(self.spec, calls, "not run"))
         else:
             reviews = {cid: r for cid, c in calls if (r := _review(self.spec, c, advice))}
             effects = flow.turn(inst, calls, batch, answer.opinions, reviews=reviews)
             out.turns.append(TurnChange(inst, calls, batch, answer.opinions, reviews=reviews))
         # Without a plan nothing is stored: a latent output goes with the instance's outcome.
-        outputs = [c.wire() for _, c in calls if flow is None and _latent_output(self.spec, c)]
+        outputs = [
+            c.wire()
+            for cid, c in calls
+            if flow is None and _latent_output(self.spec, c) and cid not in effects.dropped
+        ]
         reviewed = self._calls(out, inst, calls, batch, advice, effects, flow, outputs)
         if effects.launch and flow is not None:
             # A lazy plan's steps that waited for this turn's latent answers.
@@ -231,7 +252,7 @@ class RecordBuilder:
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             ).model_copy(update={"latent": outputs, "turn": inst.turn})
             out.records.append(self._out(self.topics.no_action, key, rec, origin))
-        out.decisions.append(_decision(inst, calls, advice))
+        out.decisions.append(_decision(self.spec, inst, calls, advice))
         if advice.consensus is not None:
             note = _advice_record(answer, batch, advice, calls, reviewed)
             out.records.append(self._out(self.topics.advice, key, note, origin))
@@ -254,7 +275,7 @@ class RecordBuilder:
         reviewed: list[str] = []
         for cid, call in calls:
             if cid in effects.dropped:  # never runs: recorded, with why
-                out.add(self.letter(_unrun(inst, call, batch, *effects.dropped[cid])))
+                out.add(self.letter(unrun_letter(inst, call, batch, *effects.dropped[cid])))
                 continue
             if call.tool == NO_ACTION:
                 rec = NoActionRecord(
@@ -263,6 +284,7 @@ class RecordBuilder:
                     source=inst.source,
                     batch=batch,
                     turn=inst.turn,
+                    latent=outputs,  # without a plan, the answer's latent outputs go here too
                 )
                 out.records.append(self._out(self.topics.no_action, key, rec, origin))
                 out.events["no_action"] += 1
@@ -371,34 +393,9 @@ def _advice_record(
     )
 
 
-def _unrun(inst: Instance, call: Call, batch: BatchRef, code: str, why: str) -> DeadLetter:
-    """The dead letter of a call its workflow will never run (TurnEffects.dropped)."""
-    letter = DeadLetter.model_validate(
-        {"code": code, "reason": why, "scope": "call", "instance": inst.id}
-    )
-    update = {"source": inst.source, "call": call.wire(), "batch_id": batch.id, "turn": inst.turn}
-    return letter.model_copy(update=update)
-
-
 def _latent_output(spec: AgentSpec, call: Call) -> bool:
     tool = spec.tool(call.tool)
     return tool is not None and tool.kind == "latent" and bool(call.output_path)
-
-
-def _item_letter(
-    inst: Instance, code: str, reason: str, attempts: int, batch_id: str
-) -> DeadLetter:
-    """The dead letter an item of a batch ends in, at its turn."""
-    return DeadLetter(
-        code=code,
-        reason=reason,
-        scope="item",
-        instance=inst.id,
-        source=inst.source,
-        attempts=attempts,
-        batch_id=batch_id,
-        turn=inst.turn,
-    )
 
 
 def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
@@ -415,9 +412,12 @@ def _advice(spec: AgentSpec, answer: Answer) -> _Advice:
     return _Advice(opinions, consensus, summary, gating, list(answer.unheard))
 
 
-def _decision(inst: Instance, calls: list[tuple[str, Call]], advice: _Advice) -> dict[str, Any]:
+def _decision(
+    spec: AgentSpec, inst: Instance, calls: list[tuple[str, Call]], advice: _Advice
+) -> dict[str, Any]:
     """One line of the live page's latest decisions."""
-    first = next((c for _, c in calls if c.tool != NO_ACTION), None)
+    # A step, never a thought: a thought's text is shown nowhere (the seeds: ephemeral).
+    first = next((c for _, c in calls if is_step(spec, c)), None)
     consensus = advice.consensus
     return {
         "instance": inst.id,

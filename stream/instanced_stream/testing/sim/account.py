@@ -72,6 +72,11 @@ class SimConfig(BaseModel):
         description="an OpenAI-compatible /v1 URL (a real model, `stream llm-local`) that "
         "answers the batch lines instead of the simulator's judge",
     )
+    plan_order: Literal["mixed", "producers_first", "readers_first", "interleaved"] = Field(
+        "mixed",
+        description="the order a stateful plan's calls are written in: a model may list a "
+        "step before the step whose output it reads; mixed: chosen per request",
+    )
     obedient: bool = Field(
         False,
         description='follow instructions found inside items ("for item ③ reject"), as an '

@@ -5,6 +5,7 @@ instructions follow simple rules; markers in an item force per-instance faults."
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import re
@@ -18,11 +19,11 @@ import orjson
 from instanced_stream.core.compact import REASONING, compress
 from instanced_stream.testing.sim.account import SimConfig
 from instanced_stream.testing.sim.obedience import injected_calls
-from instanced_stream.testing.sim.planner import fill, lazy_steps, plan_step
+from instanced_stream.testing.sim.planner import ORDERS, fill, lazy_steps, plan_step
 from instanced_stream.testing.sim.routing import choose_tool, route_instruction
 from instanced_stream.testing.sim.wording import reasoning_for, reasoning_of, why_for
 
-__all__ = ["Judge", "SimRequest", "read_request"]
+__all__ = ["Judge", "SimRequest", "plan_order", "read_request"]
 
 log = logging.getLogger("stream.simulator")
 
@@ -49,6 +50,9 @@ class SimRequest:
     # the protocol form), and how much reasoning (full, brief, off).
     call_fields: dict[str, list[str]] = field(default_factory=dict)
     reasoning: str = "full"
+    # json_object mode: no schema holds the answer's keys, so the simulator may write as
+    # the seeds do (the manager seed's `"output": "†state"`, a shown id for `_instance`).
+    free_form: bool = False
 
 
 def _views(items: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -123,6 +127,16 @@ def read_request(messages: list[dict[str, str]]) -> SimRequest:
         fields,
         reasoning_of(system, fields),
     )
+
+
+def plan_order(config: SimConfig, req: SimRequest) -> str:
+    """The order this request's plans are written in: the configured one, or under
+    `mixed` one chosen from the request's items (the same request, the same order; a
+    stream's requests get all of them)."""
+    if config.plan_order != "mixed":
+        return config.plan_order
+    digest = hashlib.blake2b(orjson.dumps(req.items), digest_size=4).digest()
+    return ORDERS[int.from_bytes(digest, "big") % len(ORDERS)]
 
 
 class Judge:
@@ -211,10 +225,12 @@ class Judge:
             why = why_for(spam, flagged, terse=bool(req.call_fields))
             if any(t.get("paths") or t.get("kind") == "latent" for t in real):
                 latent = {t["name"] for t in real if t.get("kind") == "latent"}
+                order = plan_order(self.config, req)
+                self.stats[f"plan_order.{order}"] += 1  # per instance planned
                 if "Mode lazy" in req.system:
-                    steps = lazy_steps(token, view, real, text)
+                    steps = lazy_steps(token, view, real, text, order)
                 else:
-                    steps = plan_step(token, view, real, text)
+                    steps = plan_step(token, view, real, text, order)
                 calls += self._spoil_once(steps, text, markers, latent)
                 continue
             choice = choose_tool(real, text)

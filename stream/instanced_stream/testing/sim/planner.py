@@ -1,10 +1,14 @@
-"""The simulator's plans: what it calls for a stateful instance, turn by turn.
+"""The simulator's plans: what it calls for a stateful instance, turn by turn, in the
+order a request chose (`arrange`): a model may list a step's readers before it.
 
-Eager (`plan_step`): fetch what the state still lacks and write latent notes in the same
-answer, with the steps that read one branch of a fetch (they wait for it); once
-everything is known, act. Lazy (`lazy_steps`): on the planning turn the
-whole graph, latent steps without arguments, each step reading (`_scopes`) what earlier
-steps write; on a follow-up turn, the steps the plan shows as due, answered.
+Eager (`plan_step`): the latent steps the plan shows as due are answered first; then
+fetch what the state still lacks and write latent notes in the same answer, with the
+steps that read one branch of a fetch (they wait for it); in the `interleaved` order a
+latent note also reads a fetch's result (a latent intermediary: it is due again once the
+result is in). Once everything is known, act, after two private thoughts. Lazy
+(`lazy_steps`): on the planning turn the whole graph, latent steps without arguments,
+each step reading (`_scopes`) what other steps write; on a follow-up turn, the steps the
+plan shows as due, answered.
 """
 
 from __future__ import annotations
@@ -13,7 +17,24 @@ from typing import Any
 
 from instanced_stream.core.state import read_path
 
-__all__ = ["fill", "lazy_steps", "plan_step"]
+__all__ = ["ORDERS", "THOUGHT", "arrange", "fill", "lazy_steps", "plan_step"]
+
+# The orders a plan's calls may come in: producers first (as a careful model writes),
+# readers first (the reverse), or interleaved (from both ends, with a latent intermediary).
+ORDERS = ("producers_first", "readers_first", "interleaved")
+
+# How the simulator's thoughts begin: a test looks for it on every topic (never found).
+THOUGHT = "private thought"
+
+
+def arrange(calls: list[dict[str, Any]], order: str) -> list[dict[str, Any]]:
+    """`calls` (written producers first) in `order`."""
+    if order == "readers_first":
+        return calls[::-1]
+    if order == "interleaved":
+        ends = [x for pair in zip(calls[::-1], calls, strict=True) for x in pair]
+        return list({id(c): c for c in ends}.values())  # each call once, first place kept
+    return list(calls)
 
 
 def fill(schema: dict[str, Any], name: str, flagged: bool, why: str, terse: bool = False) -> Any:
@@ -43,10 +64,44 @@ def fill(schema: dict[str, Any], name: str, flagged: bool, why: str, terse: bool
 
 
 def plan_step(
+    token: str,
+    view: dict[str, Any],
+    tools: list[dict[str, Any]],
+    text: str,
+    order: str = "producers_first",
+) -> list[dict[str, Any]]:
+    """A stateful turn: the due latent steps; then fetch what the state still lacks
+    (awaited calls and latent notes), or, once everything is known, act with the final
+    tools and await nothing. In `order`."""
+    due = _due_answers(token, view, tools, text)
+    return due + arrange(_eager_calls(token, view, tools, text, order), order)
+
+
+def _due_answers(
     token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
 ) -> list[dict[str, Any]]:
-    """A stateful turn: fetch what the state still lacks (awaited calls and latent
-    notes); once everything is known, act with the final tools and await nothing."""
+    """The latent steps the plan shows as due, answered."""
+    calls = []
+    for step in view.get("plan") or []:
+        if step.get("status") != "due":
+            continue
+        tool = next((t for t in tools if t["name"] == step["tool"]), None)
+        args = fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}") if tool else {}
+        calls.append(
+            {
+                "_tool": step["tool"],
+                "_instance": token,
+                "_reasoningForCall": "the plan's due step",
+                **({"_outputPath": step["_outputPath"]} if step.get("_outputPath") else {}),
+                **(args if isinstance(args, dict) else {}),
+            }
+        )
+    return calls
+
+
+def _eager_calls(
+    token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str, order: str
+) -> list[dict[str, Any]]:
     state = view["state"]
 
     def known(paths: list[str]) -> bool:
@@ -72,7 +127,8 @@ def plan_step(
         for tool in tools:
             if tool.get("kind") != "latent" or (tool.get("paths") and known(tool["paths"])):
                 continue
-            args = fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}")
+            note = f"notes: {text[:60]}" if tool.get("paths") else f"{THOUGHT}: what is it?"
+            args = fill(tool.get("parameters", {}), "", False, note)
             call = {
                 "_tool": tool["name"],
                 "_instance": token,
@@ -81,6 +137,10 @@ def plan_step(
             }
             if tool.get("paths"):
                 call["_outputPath"] = tool["paths"][0]
+                if order == "interleaved":
+                    # A latent intermediary: the note reads what a fetch awaits, so it
+                    # waits for it (and is answered again then).
+                    call["_scopes"] = [missing[0]["paths"][0]]
             calls.append(call)
         # A step of one branch, in the same answer: it waits for the branch's writer.
         for name, path in readers.items():
@@ -99,15 +159,17 @@ def plan_step(
     urgent = bool(state.get("urgent")) or bool((state.get("customer") or {}).get("vip"))
     for tool in tools:
         if tool.get("kind") == "latent" and not tool.get("paths"):
-            # a thought before acting: kept in the trace, never published
-            calls.append(
-                {
-                    "_tool": tool["name"],
-                    "_instance": token,
-                    "_reasoningForCall": "weighing the state",
-                    **fill(tool.get("parameters", {}), "", urgent, "weighing"),
-                }
-            )
+            # Two thoughts before acting (multi-step reasoning in one turn): never
+            # stored, never published.
+            for n in (1, 2):
+                calls.append(
+                    {
+                        "_tool": tool["name"],
+                        "_instance": token,
+                        "_reasoningForCall": "weighing the state",
+                        **fill(tool.get("parameters", {}), "", urgent, f"{THOUGHT} {n}"),
+                    }
+                )
             continue
         if tool.get("paths") or tool.get("kind") == "latent" or tool["name"] in readers:
             continue
@@ -145,31 +207,20 @@ def _branch_readers(tools: list[dict[str, Any]], awaited: list[dict[str, Any]]) 
 
 
 def lazy_steps(
-    token: str, view: dict[str, Any], tools: list[dict[str, Any]], text: str
+    token: str,
+    view: dict[str, Any],
+    tools: list[dict[str, Any]],
+    text: str,
+    order: str = "producers_first",
 ) -> list[dict[str, Any]]:
-    """A lazy plan's turn: the graph (first turn), or the due latent steps (later)."""
-    plan = view.get("plan")
-    if plan:
-        calls = []
-        for step in plan:
-            if step.get("status") != "due":
-                continue
-            tool = next((t for t in tools if t["name"] == step["tool"]), None)
-            args = (
-                fill(tool.get("parameters", {}), "", False, f"notes: {text[:60]}") if tool else {}
-            )
-            calls.append(
-                {
-                    "_tool": step["tool"],
-                    "_instance": token,
-                    "_reasoningForCall": "the approved plan's due step",
-                    **({"_outputPath": step["_outputPath"]} if step.get("_outputPath") else {}),
-                    **(args if isinstance(args, dict) else {}),
-                }
-            )
-        return calls
+    """A lazy plan's turn: the graph (first turn, in `order`), or the due latent steps."""
+    if view.get("plan"):
+        return _due_answers(token, view, tools, text)
     calls = []
     written: list[str] = []
+    readers = _branch_readers(
+        tools, [t for t in tools if t.get("paths") and t.get("kind") != "latent"]
+    )
     for tool in tools:
         paths = tool.get("paths") or []
         if tool.get("kind") == "latent" and not paths:
@@ -179,9 +230,14 @@ def lazy_steps(
             "_tool": tool["name"],
             "_instance": token,
             "_reasoningForCall": "planned",
-            # Lookups read the input only (they run at once, side by side); the rest read
-            # what the steps before them write, so they wait for those.
-            "_scopes": ["input"] if fetch else ["input", *written],
+            # Lookups read the input only (they run at once, side by side); a step of one
+            # branch reads that branch (it is skipped on the other); the rest read what
+            # the steps before them write, so they wait for those.
+            "_scopes": ["input"]
+            if fetch
+            else ["input", readers[tool["name"]]]
+            if tool["name"] in readers
+            else ["input", *written],
         }
         if paths:
             call["_outputPath"] = paths[0] if tool.get("kind") == "latent" else " || ".join(paths)
@@ -190,4 +246,4 @@ def lazy_steps(
             call.update(args if isinstance(args, dict) else {})
         calls.append(call)
         written += [p.strip() for p in paths]
-    return calls
+    return arrange(calls, order)

@@ -41,6 +41,12 @@ def route_instruction(req: SimRequest, views: dict[str, dict[str, Any]]) -> list
                 if v.get("type") == "string"
             ]
             args = dict(zip(strings, [task, status], strict=False))
+            if req.free_form and shown and not req.call_fields:
+                # No schema holds the keys: the seed's own answer, verbatim (the shown id
+                # for `_instance`, the output path spelled "output").
+                seed = {"_tool": tool["name"], "_instance": shown, **args}
+                calls.append(seed | ({"output": tool["paths"][0]} if tool.get("paths") else {}))
+                continue
             call = {
                 "_tool": tool["name"],
                 "_instance": token,

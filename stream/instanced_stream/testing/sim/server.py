@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -166,6 +167,9 @@ class Simulator(Drifting):
                 req = read_request(body["messages"])
             except (KeyError, IndexError, StopIteration, orjson.JSONDecodeError, TypeError) as exc:
                 return self._unreadable(exc)
+            shape = body.get("response_format")
+            if isinstance(shape, dict) and shape.get("type") == "json_object":
+                req = replace(req, free_form=True)
             # Injected faults are for the stream's requests, not the start-up probe.
             fault = None if "x-stream-probe" in headers else self._request_fault()
         if fault:

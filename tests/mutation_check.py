@@ -1,0 +1,401 @@
+"""The mutation check of docs/seeds.md: each rule's code disabled in turn, in a copy of
+the tree, and the rule's unit tests run there; a mutation its tests do not fail on is a
+rule no test holds. Run it by hand (it is no test itself): `.venv/bin/python
+tests/mutation_check.py [rule ...]`; it prints one line per mutation and exits 1 when one
+survives or no longer applies (its code changed: update its text here)."""
+
+# The mutations quote the code they change as it is written, long lines included.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MUTATIONS", "Mutation", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    rule: str
+    module: str  # under stream/instanced_stream/
+    old: str  # the code, found exactly once
+    new: str  # what it becomes
+    tests: tuple[str, ...]  # under tests/unit/
+
+
+MUTATIONS = [
+    Mutation(
+        "hundred",
+        "tools/seeds.py",
+        'rest = list(dict.fromkeys(c["comment"] for c in comments(400)))[:97]',
+        'rest = [c["comment"] for c in comments(400)][:97]',
+        (
+            "test_seed_rules.py::test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request",
+        ),
+    ),
+    Mutation(
+        "on_modes",
+        "core/prompt.py",
+        'speak = {"request": True, "start": turn == 1, "finish": True}',
+        'speak = {"request": True, "start": True, "finish": True}',
+        ("test_seed_rules.py::test_on_modes_per_turn",),
+    ),
+    Mutation(
+        "finish_stop",
+        "core/eager.py",
+        "    if not votes:\n        return False\n    council = aggregate(votes)",
+        "    return False\n    council = aggregate(votes)",
+        ("test_no_output_lost.py::test_a_finish_stop_records_the_calls_it_does_not_run",),
+    ),
+    Mutation(
+        "stop_drops_calls",
+        "core/eager.py",
+        '    out.dropped = unrun_by_stop(spec, calls, "the workflow ended, unrun")\n',
+        "",
+        ("test_no_output_lost.py::test_a_finish_stop_records_the_calls_it_does_not_run",),
+    ),
+    Mutation(
+        "stop_without_plan",
+        "runtime/steps/records.py",
+        '                effects = TurnEffects(dropped=unrun_by_stop(self.spec, calls, "not run"))',
+        "                pass",
+        (
+            "test_no_output_lost.py::test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls",
+        ),
+    ),
+    Mutation(
+        "consult_question",
+        "core/validate.py",
+        'question = str(outcome.arguments.get("question") or "")',
+        'question = ""',
+        ("test_seed_rules.py::test_the_consult_call_carries_the_model_s_question",),
+    ),
+    Mutation(
+        "votes_independent",
+        "core/advice.py",
+        "scores[str(option)] = number / 100",
+        "scores[str(option)] = number / max(1.0, sum(float(v) for v in raw.values()))",
+        ("test_advice.py",),
+    ),
+    Mutation(
+        "weight_shown",
+        "core/prompt.py",
+        'exclude={"type", "gates"}',
+        'exclude={"type", "gates", "weight"}',
+        ("test_advice_gate.py::test_the_model_sees_each_advisor_s_weight",),
+    ),
+    Mutation(
+        "heard_on_reask",
+        "core/solve.py",
+        '    the re-asked instances are decided with the advice the seeds say comes first."""\n    shown = []',
+        '    the re-asked instances are decided with the advice the seeds say comes first."""\n    return []\n    shown = []',
+        ("test_advice_gate.py",),
+    ),
+    Mutation(
+        "request_wide_gates",
+        "core/advice.py",
+        "or bool(advisor and advisor.gates)",
+        "or False",
+        ("test_advice_gate.py",),
+    ),
+    Mutation(
+        "advisor_kind_or_type",
+        "core/spec.py",
+        'validation_alias=AliasChoices("type", "kind")',
+        'validation_alias=AliasChoices("type")',
+        (
+            "test_seed_rules.py::test_the_seeds_advisor_registers_with_kind_or_type_and_a_cyrillic_id",
+        ),
+    ),
+    Mutation(
+        "one_instance_no_token",
+        "core/validate.py",
+        '            token = next(iter(known))\n            raw = {**raw, "_instance": token}',
+        "            pass",
+        (
+            "test_seed_rules.py::test_the_seeds_advisor_response_parses_validates_and_keeps_its_scores",
+        ),
+    ),
+    Mutation(
+        "lazy_nothing_latent",
+        "core/validate.py",
+        "            if any(v is not None for v in args.values()):\n                return Refusal(",
+        "            if False:\n                return Refusal(",
+        (
+            "test_plan_rules.py::test_a_latent_result_in_a_lazy_plan_is_refused_and_the_plan_asked_again",
+        ),
+    ),
+    Mutation(
+        "lazy_outside_plan",
+        "core/lazy.py",
+        "            if id(call) not in answered and is_step(spec, call):",
+        "            if False:",
+        ("test_no_output_lost.py::test_a_call_outside_the_approved_graph_is_a_dead_letter",),
+    ),
+    Mutation(
+        "lazy_revision",
+        "core/lazy.py",
+        '    st.plan, st.status, st.revising = [], "ready", True',
+        '    st.plan, st.status, st.revising = [], "ready", False',
+        (
+            "test_plan_order.py::test_a_rejected_plan_is_planned_again_with_its_reason_up_to_max_revisions",
+        ),
+    ),
+    Mutation(
+        "eager_waits",
+        "core/plan_graph.py",
+        "                continue  # a producer still runs: wait for it",
+        "                pass",
+        (
+            "test_plan_order.py",
+            "test_graph_order.py",
+        ),
+    ),
+    Mutation(
+        "graph_not_answer_order",
+        "core/plan_graph.py",
+        "        for k, other in enumerate(graph)\n        if k != index and",
+        "        for k, other in enumerate(graph)\n        if k < index and",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "branch_skip",
+        "core/plan_graph.py",
+        '    the same place). A step reading both alternatives of a branch reads the one taken."""\n',
+        '    the same place). A step reading both alternatives of a branch reads the one taken."""\n    return False\n',
+        ("test_plan_order.py",),
+    ),
+    Mutation(
+        "ran_on_missing_input",
+        "core/plan_graph.py",
+        "        if written and not any(_exists(state, w) for w in written):\n            return True\n    return False",
+        "        pass\n    return False",
+        (
+            "test_plan_order.py",
+            "test_graph_order.py",
+        ),
+    ),
+    Mutation(
+        "skipped_input",
+        "core/plan_graph.py",
+        "                counts[why] = counts.get(why, 0) + 1",
+        "                counts[SKIPPED_BRANCH] = counts.get(SKIPPED_BRANCH, 0) + int(not failed)",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "plan_problem_cycle",
+        "core/plan_graph.py",
+        "    loop = _cycle(steps)\n",
+        "    loop = None\n",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "plan_problem_unwritten",
+        "core/plan_graph.py",
+        "            if not any(_overlap(path, o) for o in written) and not _exists(state, path):",
+        "            if False:",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "plan_check_in_validator",
+        "core/validate.py",
+        "        if self._spec.plan is not None:\n            self._check_plans(verdict, states or {})",
+        "        pass",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "latent_waits",
+        "core/eager.py",
+        "                if call is not None and step.output:",
+        "                if False:",
+        (
+            "test_graph_order.py",
+            "test_plan_order.py",
+        ),
+    ),
+    Mutation(
+        "due_answered_first",
+        "core/eager.py",
+        "        answered = {id(c) for _, c in _answer_due(st, calls)}",
+        "        answered: set[int] = set()",
+        ("test_graph_order.py",),
+    ),
+    Mutation(
+        "thought_no_step",
+        "core/plan_graph.py",
+        "            continue  # a thought: ephemeral (the seeds), never stored, nothing reads it",
+        "            pass",
+        ("test_plan_rules.py::test_a_thought_is_no_step_of_a_plan",),
+    ),
+    Mutation(
+        "thought_not_published",
+        "runtime/steps/records.py",
+        "outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and _latent_output(self.spec, c) and cid not in effects.dropped\n        ]",
+        'outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and self.spec.tool(c.tool).kind == "latent" and cid not in effects.dropped  # type: ignore[union-attr]\n        ]',
+        ("test_no_output_lost.py",),
+    ),
+    Mutation(
+        "thoughts_any_number",
+        "core/validate.py",
+        '        if self._tools[call.tool].kind == "latent" and not call.output_path:\n            calls.append(call)\n            return',
+        "        pass",
+        ("test_no_output_lost.py",),
+    ),
+    Mutation(
+        "thought_text_not_in_letters",
+        "core/validate.py",
+        "        verdict.refusals = [self._unthought(r) for r in verdict.refusals]",
+        "        pass",
+        ("test_no_output_lost.py",),
+    ),
+    Mutation(
+        "planless_latent_on_activity",
+        "runtime/steps/records.py",
+        "        latent=latent or [],",
+        "        latent=[],",
+        ("test_no_output_lost.py::test_a_planless_latent_output_rides_on_the_activity_record",),
+    ),
+    Mutation(
+        "planless_latent_on_no_action",
+        "runtime/steps/records.py",
+        "                    latent=outputs,  # without a plan, the answer's latent outputs go here too",
+        "",
+        ("test_no_output_lost.py",),
+    ),
+    Mutation(
+        "output_spelling",
+        "core/validate.py",
+        '                raw = {k: v for k, v in raw.items() if k != "output"} | {"_outputPath": value}',
+        "                pass",
+        (
+            "test_seed_rules.py::test_the_seed_s_output_spelling_is_read_as_the_output_path_never_an_argument",
+        ),
+    ),
+    Mutation(
+        "latent_branch_refused",
+        "core/call_paths.py",
+        '    if tool.kind == "latent" and len(paths) > 1:',
+        "    if False:",
+        ("test_seed_rules.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+    ),
+    Mutation(
+        "declared_paths",
+        "core/call_paths.py",
+        "    if tool.paths and not set(paths) <= set(tool.paths):",
+        "    if False:",
+        ("test_seed_rules.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+    ),
+    Mutation(
+        "scopes_resolve",
+        "core/call_paths.py",
+        "    if unknown:\n",
+        "    if False:\n",
+        ("test_seed_rules.py::test_scopes_resolve_or_are_refused",),
+    ),
+    Mutation(
+        "input_override",
+        "runtime/steps/scopes.py",
+        '        merged.update({k: v for k, v in inst.payload.items() if k != "type"})',
+        '        merged = {**{k: v for k, v in inst.payload.items() if k != "type"}, **merged}',
+        ("test_seed_rules.py::test_an_instance_input_overrides_the_global_one_in_its_scopes",),
+    ),
+    Mutation(
+        "shown_ids",
+        "core/validate.py",
+        "    if isinstance(name, str) and name not in known and name in shown:",
+        "    if False:",
+        ("test_seed_rules.py::test_the_instancing_seed_s_manager_answer_names_a_shown_id",),
+    ),
+    Mutation(
+        "silence_no_action",
+        "core/solve.py",
+        "            answered |= self._silent(verdict, tokens, by_token, out, attempt, set(why))",
+        "            pass",
+        ("test_seed_rules.py::test_the_seed_s_silent_employee_ends_in_no_action_without_a_re_ask",),
+    ),
+    Mutation(
+        "output_schema",
+        "core/binding.py",
+        "    return None if tool is None else _output_error(tool, rec.value)",
+        "    return None",
+        (
+            "test_result_safety.py",
+            "test_workflow_memory.py",
+        ),
+    ),
+    Mutation(
+        "opinion_schema",
+        "core/validate.py",
+        "error = best_match(self._opinion_validators[advisor.id].iter_errors(fields))",
+        "error = None",
+        ("test_seed_rules.py::test_an_opinion_that_breaks_its_advisor_s_schema_is_marked",),
+    ),
+    Mutation(
+        "advisor_ids_unique",
+        "core/spec.py",
+        '            raise ValueError("advisor ids must be unique")',
+        "            pass",
+        ("test_seed_rules.py::test_two_advisors_with_one_id_are_refused_at_load",),
+    ),
+]
+
+
+def _run(tree: Path, m: Mutation) -> str:
+    path = tree / "stream" / "instanced_stream" / m.module
+    src = path.read_text()
+    if src.count(m.old) != 1:
+        return f"NOT APPLIED (found {src.count(m.old)} times)"
+    path.write_text(src.replace(m.old, m.new))
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:randomly",
+                "-p",
+                "no:cacheprovider",
+                *(f"tests/unit/{t}" for t in m.tests),
+            ],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree / "stream")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        path.write_text(src)
+    return "killed" if done.returncode != 0 else "SURVIVED"
+
+
+def main(rules: list[str]) -> int:
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="stream-mutants-") as tmp:
+        tree = Path(tmp)
+        for part in ("stream", "tests", "examples", "schemas", "docs"):
+            shutil.copytree(ROOT / part, tree / part)
+        for name in ("pyproject.toml", "asyncapi.yaml"):
+            shutil.copy(ROOT / name, tree / name)
+        for m in MUTATIONS:
+            if rules and m.rule not in rules:
+                continue
+            verdict = _run(tree, m)
+            failed += verdict != "killed"
+            print(f"{m.rule}: {verdict}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
