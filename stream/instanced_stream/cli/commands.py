@@ -31,6 +31,12 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         tokens_per_minute=args.tpm,
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if (args.restarts or args.brokers > 1) and not args.churn:
+        raise StreamError(
+            "--restarts and --brokers belong to --churn: stream bench --churn --restarts N"
+        )
+    if args.brokers > 1 and not args.restarts:
+        raise StreamError("--brokers runs the restart storm: add --restarts N (20 or more)")
     if args.churn and args.restarts:
         from instanced_stream.tools.storm import storm_command
 
