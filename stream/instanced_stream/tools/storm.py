@@ -110,6 +110,7 @@ class _Flow:
     def __init__(self, bootstrap: str, topic: str, rate: float, origin: float) -> None:
         self.bootstrap, self.topic, self.rate, self.origin = bootstrap, topic, rate, origin
         self.sent: dict[tuple[int, int], float] = {}
+        self.instances: dict[tuple[int, int], str] = {}
         self._stopping = False
 
     def stop(self) -> None:
@@ -120,11 +121,12 @@ class _Flow:
         while not self._stopping:
             n = max(1, int(self.rate * 5))
             items = [{**t, "_instance": f"s{k}-{t['_instance']}"} for t in tickets(n, seed=k)]
-            self.sent.update(
-                await produce_paced(
-                    self.bootstrap, self.topic, items, self.rate, self.origin, float("inf")
-                )
+            sent = await produce_paced(
+                self.bootstrap, self.topic, items, self.rate, self.origin, float("inf")
             )
+            self.sent.update(sent)
+            # Sent one after another, in order: the k-th position is the k-th item's.
+            self.instances.update(zip(sent, (i["_instance"] for i in items), strict=False))
             k += 1
 
 
@@ -204,6 +206,12 @@ async def _run(
             stop_at = storm.now()
             first = {k: v - origin for k, v in watch.first.items()}
             result["workflows_unended_at_stop"] = len(sent) - len(watch.ended)
+            # Which, with where and when their ticket went and its first outcome.
+            result["unended_examples"] = [
+                [flow.instances.get(pos), *pos, round(at, 2), first.get(pos)]
+                for pos, at in sorted(sent.items(), key=lambda kv: kv[1])
+                if flow.instances.get(pos) not in watch.ended
+            ][:20]
             samples = list(owners.samples)
             result["owner_polls_unanswered"] = owners.failed
     finally:
