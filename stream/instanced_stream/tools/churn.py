@@ -58,7 +58,7 @@ from instanced_stream.tools.report import Endpoint
 from instanced_stream.tools.target import SimProcess
 from instanced_stream.tools.timeline import Roll, Watch, produce_paced, resume
 
-__all__ = ["ChurnPlan", "churn_command", "run_churn"]
+__all__ = ["ChurnPlan", "audit_run", "churn_command", "keep_logs_of", "run_churn"]
 
 
 @dataclass(slots=True)
@@ -248,7 +248,7 @@ async def _churn(
     result["expulsions_in_logs"] = result["expulsions"]
     result["expulsions"] = max(result["expulsions"], len(expelled))
     rebalance_times(moves, group.lives, wall_origin)
-    result["audit"] = await _audit(bootstrap, d, len(sent))
+    result["audit"] = await audit_run(bootstrap, d, len(sent))
     return result
 
 
@@ -262,7 +262,8 @@ async def _first_records(bootstrap: str, topic: str, n: int = 5) -> Any:
             return
 
 
-async def _audit(bootstrap: str, d: Deploy, inputs: int) -> dict[str, Any]:
+async def audit_run(bootstrap: str, d: Deploy, inputs: int) -> dict[str, Any]:
+    """A run's audit: its inputs, those missing, call ids twice, outcomes per input."""
     report = await audit(bootstrap, d.settings.topics, d.tools)
     per_input = await per_input_outcomes(bootstrap, d.settings, d.tools)
     return {
@@ -274,7 +275,8 @@ async def _audit(bootstrap: str, d: Deploy, inputs: int) -> dict[str, Any]:
     }
 
 
-def _keep(workdir: Path, folder: Path) -> None:
+def keep_logs_of(workdir: Path, folder: Path) -> None:
+    """The processors' logs of a run's work folder, copied to `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     for log in workdir.glob("run-*/*.log"):
         (folder / f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
@@ -303,7 +305,7 @@ async def run_churn(
         finally:
             sim.stop()
             if keep_logs is not None:
-                _keep(workdir, keep_logs)
+                keep_logs_of(workdir, keep_logs)
     # Against the steady run; honest only once every workflow of both runs ended (a
     # stranded one asks nothing more): `settled` says whether they did.
     ratio = asks = None

@@ -41,13 +41,11 @@ from instanced_stream.kafka.topics import state_changelog
 from instanced_stream.settings import Settings
 from instanced_stream.testing.cluster import LocalCluster
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.audit import audit
 from instanced_stream.tools.changelog_states import write_states
-from instanced_stream.tools.churn import workdir_
+from instanced_stream.tools.churn import audit_run, keep_logs_of, workdir_
 from instanced_stream.tools.coordinator import BrokerKiller
 from instanced_stream.tools.fleet import Group, Worker, deploy
 from instanced_stream.tools.kills import Kills
-from instanced_stream.tools.outcomes import per_input_outcomes
 from instanced_stream.tools.owners import Owners
 from instanced_stream.tools.progress import (
     Member,
@@ -246,7 +244,7 @@ async def _run(
     if brokers is not None:
         result["broker_kills"] = brokers.report(owned, plan.partitions, stop_at)
     result["processors"] = from_logs(group.lives, wall_origin)["processors"]
-    result["audit"] = await _audit(bootstrap, d, len(sent))
+    result["audit"] = await audit_run(bootstrap, d, len(sent))
     result["raw"] = {
         "sent": [[p, o, round(at, 3)] for (p, o), at in sorted(sent.items())],
         "first_outcome": [[p, o, round(at, 3)] for (p, o), at in sorted(first.items())],
@@ -267,24 +265,6 @@ async def _run(
     return result
 
 
-async def _audit(bootstrap: str, d: Any, inputs: int) -> dict[str, Any]:
-    report = await audit(bootstrap, d.settings.topics, d.tools)
-    per_input = await per_input_outcomes(bootstrap, d.settings, d.tools)
-    return {
-        "inputs": report.inputs,
-        "missing": report.unaccounted,
-        "duplicate_call_ids": report.duplicate_calls,
-        **per_input,
-        "expected_inputs": inputs,
-    }
-
-
-def _keep(workdir: Path, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for log in workdir.glob("run-*/*.log"):
-        (folder / log.name).write_bytes(log.read_bytes())
-
-
 async def run_storm(
     bootstrap: str,
     plan: StormPlan,
@@ -303,7 +283,7 @@ async def run_storm(
         finally:
             sim.stop()
             if keep_logs is not None:
-                _keep(workdir, keep_logs)
+                keep_logs_of(workdir, keep_logs)
     audit_ = run.pop("audit")
     phases: dict[str, int] = {}
     for kill in run["kills"]:
