@@ -52,7 +52,10 @@ async def test_a_group_keeps_its_offsets_when_its_coordinator_broker_is_killed()
         await ensure_topics(bootstrap, ["t"], 3, replication=3, config={"min.insync.replicas": "2"})
         assert await _replicas(bootstrap, "t") == [3, 3, 3]
         tp = TopicPartition("t", 0)
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id="g")
+        # No auto-commit: closing would commit its own position (0) over the 5.
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id="g", enable_auto_commit=False
+        )
         await consumer.start()
         try:
             consumer.assign([tp])
