@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from instanced_stream.tools.storm import StormPlan, run_storm
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(720)]
 
 
 async def test_members_killed_and_restarted_keep_every_partition_deciding(bootstrap: str) -> None:
@@ -28,7 +28,10 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
         quiet_s=10.0,
         bound_s=60.0,
         latency_ms=100.0,
-        budget_s=400.0,
+        # Room for the settling after the last ticket (bound_s + 5) on a loaded machine:
+        # the run cuts its settling short to keep 150 s of its budget for the stop and
+        # the audit, and a short budget made `settled_before_stop` fail once in 7 runs.
+        budget_s=560.0,
         seed=44,
     )
     report = await run_storm(bootstrap, plan, say=lambda _: None)
