@@ -18,9 +18,9 @@ from tests.unit.test_deploy import (
     VARIANTS,
     _container,
     _merged,
-    _object,
     _render,
     _settings,
+    _workload,
 )
 
 
@@ -79,7 +79,7 @@ def test_oauthbearer_sets_the_token_file_and_asks_no_user_name() -> None:
         env = _env(component, docs)
         assert env["STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE"] == token
         assert "STREAM_KAFKA_SASL_PASSWORD" not in env
-        pod = _object("Deployment", component, docs)["spec"]["template"]["spec"]
+        pod = _workload(component, docs)["spec"]["template"]["spec"]
         (projected,) = [v for v in pod["volumes"] if v["name"] == "kafka-oauth"]
         source = projected["projected"]["sources"][0]["serviceAccountToken"]
         assert (source["path"], source["audience"]) == ("token", "kafka")
@@ -92,7 +92,7 @@ def test_oauthbearer_sets_the_token_file_and_asks_no_user_name() -> None:
     own = _merged(VARIANTS["oauth"], {"kafka": {"sasl": {"oauth": {"tokenFile": "/t/tok"}}}})
     docs = _render(own)
     assert _env("processor", docs)["STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE"] == "/t/tok"
-    pod = _object("Deployment", "processor", docs)["spec"]["template"]["spec"]
+    pod = _workload("processor", docs)["spec"]["template"]["spec"]
     assert "kafka-oauth" not in {v["name"] for v in pod["volumes"]}
     no_audience = _merged(VARIANTS["oauth"], {"kafka": {"sasl": {"oauth": {"audience": ""}}}})
     assert "kafka.sasl.oauth.audience is required" in _refusal(no_audience)
@@ -104,7 +104,7 @@ def test_extra_values_reach_both_pods() -> None:
     (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
     assert account["metadata"]["annotations"] == extras["serviceAccount"]["annotations"]
     for component in ("processor", "activities"):
-        pod = _object("Deployment", component, docs)["spec"]["template"]["spec"]
+        pod = _workload(component, docs)["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == account["metadata"]["name"]
         assert pod["imagePullSecrets"] == [{"name": "registry"}]
         assert pod["nodeSelector"] == {"pool": "stream"}
@@ -114,7 +114,7 @@ def test_extra_values_reach_both_pods() -> None:
         container = _container(component, docs)
         assert {"name": "handlers-config", "mountPath": "/etc/ours"} in container["volumeMounts"]
         assert _env(component, docs)["STREAM_LOG_LEVEL"] == "DEBUG"
-    plain = _object("Deployment", "processor", _render())["spec"]["template"]["spec"]
+    plain = _workload("processor", _render())["spec"]["template"]["spec"]
     assert not {"serviceAccountName", "imagePullSecrets", "nodeSelector"} & set(plain)
 
 

@@ -537,8 +537,20 @@ def _object(kind: str, component: str, docs: list[dict[str, Any]] | None = None)
     return found[0]
 
 
+WORKLOADS = ("Deployment", "StatefulSet")
+
+
+def _workload(component: str, docs: list[dict[str, Any]] | None = None) -> Any:
+    """The component's Deployment, or StatefulSet (static processors)."""
+    docs = docs or _render()
+    name = f"{RELEASE}-instanced-stream-{component}"
+    found = [d for d in docs if d["kind"] in WORKLOADS and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one workload {name}, found {len(found)}"
+    return found[0]
+
+
 def _container(component: str, docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    containers = _object("Deployment", component, docs)["spec"]["template"]["spec"]["containers"]
+    containers = _workload(component, docs)["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return cast(dict[str, Any], containers[0])
 
@@ -582,6 +594,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "no-keda": {"keda": {"enabled": False}, "activities": {"enabled": False}},
+    "dynamic": {"processor": {"membership": "dynamic"}},
     "mtls": {
         "kafka": {
             "securityProtocol": "SSL",
@@ -627,7 +640,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def test_chart_renders_valid_kubernetes_and_keda_objects(variant: str) -> None:
     docs = _render(VARIANTS[variant])
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "PodDisruptionBudget", "ConfigMap", "PodMonitor"} <= kinds
+    assert {"PodDisruptionBudget", "ConfigMap", "PodMonitor"} <= kinds
+    assert _workload("processor", docs)["kind"] in kinds
     assert ("ScaledObject" in kinds) == (variant != "no-keda")
     for version in _chart_versions():
         for doc in docs:
@@ -668,7 +682,7 @@ def test_chart_passes_helm_lint() -> None:
 def test_disruption_budgets_never_hold_an_unhealthy_pod(component: str) -> None:
     """Unready pods (crash-looping, or all of them in some outage) never block a node
     drain: AlwaysAllow evicts them whatever the budget says."""
-    labels = _object("Deployment", component)["spec"]["selector"]["matchLabels"]
+    labels = _workload(component)["spec"]["selector"]["matchLabels"]
     budget = _object("PodDisruptionBudget", component)["spec"]
     assert budget["selector"]["matchLabels"] == labels
     assert budget["maxUnavailable"] == 1
@@ -791,7 +805,7 @@ def test_pods_mount_the_configmaps_the_chart_renders() -> None:
     docs = _render()
     rendered = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     for component in ("processor", "activities"):
-        pod = _object("Deployment", component, docs)["spec"]["template"]["spec"]
+        pod = _workload(component, docs)["spec"]["template"]["spec"]
         container = pod["containers"][0]
         names = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
         names |= {e["configMapRef"]["name"] for e in container.get("envFrom", [])}
@@ -807,7 +821,7 @@ def test_kubernetes_env_names_are_settings(variant: str) -> None:
     docs = _render(VARIANTS[variant])
     names = set(_settings(docs))
     for d in docs:
-        if d["kind"] == "Deployment":
+        if d["kind"] in WORKLOADS:
             names |= {e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
     unknown = names - _setting_names()
     assert not unknown, f"not Settings fields: {sorted(unknown)}"
@@ -856,15 +870,16 @@ def test_containers_have_requests_and_limits(component: str) -> None:
     resources = _container(component)["resources"]
     for kind in ("requests", "limits"):
         assert set(resources[kind]) == {"cpu", "memory"}, f"{component} {kind}"
-    pod = _object("Deployment", component)["spec"]["template"]["spec"]
+    pod = _workload(component)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == _dockerfile_user()
 
 
 def test_keda_owns_the_processor_count() -> None:
-    deployment = _object("Deployment", "processor")
+    deployment = _workload("processor")
     scaled = _object("ScaledObject", "processor")["spec"]
     assert scaled["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["scaleTargetRef"].get("kind", "Deployment") == deployment["kind"]
     # KEDA owns the replica count; a fixed one would fight it on every upgrade.
     assert "replicas" not in deployment["spec"]
     partitions = {
@@ -873,8 +888,33 @@ def test_keda_owns_the_processor_count() -> None:
         "chart": int(_settings()["STREAM_PARTITIONS"]),
     }
     assert set(partitions.values()) == {scaled["maxReplicaCount"]}, partitions
-    plain = _object("Deployment", "processor", _render(VARIANTS["no-keda"]))
+    plain = _workload("processor", _render(VARIANTS["no-keda"]))
     assert plain["spec"]["replicas"] == 1
+
+
+def test_static_processors_are_members_named_after_their_pods() -> None:
+    """Static membership (the default): a StatefulSet, so a restarted pod keeps its name,
+    and that name is the member's group.instance.id: the pod takes its partitions back
+    without a rebalance. Dynamic: a Deployment, no instance id, a surge-first rollout."""
+    static = _workload("processor")
+    assert static["kind"] == "StatefulSet"
+    assert static["spec"]["podManagementPolicy"] == "Parallel"
+    assert static["spec"]["serviceName"] == static["metadata"]["name"]
+    env = {e["name"]: e for e in _container("processor")["env"]}
+    assert env["STREAM_GROUP_INSTANCE_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    assert "STREAM_GROUP_INSTANCE_ID" in _setting_names()
+    docs = _render(VARIANTS["dynamic"])
+    dynamic = _workload("processor", docs)
+    assert dynamic["kind"] == "Deployment"
+    assert dynamic["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "STREAM_GROUP_INSTANCE_ID" not in {
+        e["name"] for e in _container("processor", docs)["env"]
+    }
+    assert "kind" not in _object("ScaledObject", "processor", docs)["spec"]["scaleTargetRef"]
+    # The activity worker is never a static member.
+    assert _workload("activities")["kind"] == "Deployment"
 
 
 # ---------------------------------------------------------------- Dockerfile

@@ -235,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
         "kills the group's coordinator broker twice",
     )
     bn.add_argument(
+        "--membership",
+        default="static",
+        choices=("static", "dynamic"),
+        help="--churn --restarts: the processors' group membership: static (default; a "
+        "stable name per member, as a StatefulSet's pods, STREAM_GROUP_INSTANCE_ID) or "
+        "dynamic (a new member each start)",
+    )
+    bn.add_argument(
         "--init-transactions",
         action="store_true",
         help="--churn: only what a move costs in init_transactions at --partitions",

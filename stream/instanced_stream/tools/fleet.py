@@ -80,12 +80,18 @@ class Life:
 
 
 class Group:
-    """Processors of one group, started and stopped by slot; each start is a new life."""
+    """Processors of one group, started and stopped by slot; each start is a new life.
+    With `static` (a name prefix), each slot is a static member (KIP-345) named
+    `{static}-{slot}` in every life, as a StatefulSet names its pods: a restarted member
+    takes its partitions back without a rebalance of the group."""
 
-    def __init__(self, env: dict[str, str], run_dir: Path, origin: float) -> None:
+    def __init__(
+        self, env: dict[str, str], run_dir: Path, origin: float, static: str | None = None
+    ) -> None:
         self.env = env
         self.run_dir = run_dir
         self.origin = origin
+        self.static = static
         self.lives: list[Life] = []
         self.running: dict[int, Life] = {}
 
@@ -93,6 +99,8 @@ class Group:
         """A new life in `slot`; `env` adds to the group's environment for it alone."""
         n = sum(1 for life in self.lives if life.name.startswith(f"p{slot}."))
         env = {**self.env, **(env or {}), "STREAM_WEB_PORT": str(free_port())}
+        if self.static is not None:
+            env["STREAM_GROUP_INSTANCE_ID"] = f"{self.static}-{slot}"
         proc = ProcessorProcess(env, self.run_dir / f"processor{slot}.{n}.log")
         proc.start()
         life = Life(f"p{slot}.{n}", proc, time.monotonic() - self.origin)

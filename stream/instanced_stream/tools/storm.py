@@ -91,6 +91,9 @@ class StormPlan:
     latency_ms: float = 300.0
     window_wait_ms: int | None = None  # the example's own
     brokers: int = 1
+    # Static members (a StatefulSet's pod names, STREAM_GROUP_INSTANCE_ID): a restarted
+    # member takes its partitions back without a rebalance; False: dynamic members.
+    static: bool = True
     broker_kills: int = 2
     broker_down_s: float = 10.0
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**32))
@@ -169,7 +172,7 @@ async def _run(
     worker.start()
     origin = time.monotonic()
     wall_origin = time.time()
-    group = Group(d.env, d.run_dir, origin)
+    group = Group(d.env, d.run_dir, origin, static="processor" if plan.static else None)
     storm = Kills(group, gid, plan, origin, say)
     for slot in range(plan.processors):
         group.start(slot)
@@ -293,6 +296,7 @@ async def run_storm(
         "states": plan.states,
         "processors": plan.processors,
         "brokers": plan.brokers,
+        "membership": "static" if plan.static else "dynamic",
         "restarts": len(run["kills"]),
         "kills_by_phase": phases,
         "decided_late": run.pop("decided_late"),
@@ -351,6 +355,7 @@ def storm_command(args: Any, settings: Settings) -> int:
         states=args.states,
         restarts=args.restarts,
         brokers=args.brokers,
+        static=args.membership == "static",
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

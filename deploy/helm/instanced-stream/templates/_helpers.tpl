@@ -72,7 +72,7 @@ with other releases (or other products' metrics of the same name) is not mixed i
 {{- printf "%s/operations.md#%s" (.root.Values.monitoring.prometheusRule.runbookBaseUrl | trimSuffix "/") (lower .alert) -}}
 {{- end -}}
 
-{{/* Environment both Deployments share: where Kafka is, its credentials, the spec. */}}
+{{/* Environment both workloads share: where Kafka is, its credentials, the spec. */}}
 {{- define "instanced-stream.env" -}}
 {{- $kafka := .Values.kafka }}
 - {name: STREAM_SPEC, value: /etc/stream/agent.yaml}
@@ -101,7 +101,7 @@ with other releases (or other products' metrics of the same name) is not mixed i
 {{- end }}
 {{- end -}}
 
-{{/* Volumes both Deployments mount: Kafka's client files, OAUTHBEARER's token, extras. */}}
+{{/* Volumes both workloads mount: Kafka's client files, OAUTHBEARER's token, extras. */}}
 {{- define "instanced-stream.volumes" -}}
 {{- $kafka := .Values.kafka }}
 {{- if $kafka.clientSecret }}
@@ -147,7 +147,7 @@ with other releases (or other products' metrics of the same name) is not mixed i
 {{- end -}}
 {{- end -}}
 
-{{/* Pod-level values both Deployments share: identity, pull secrets, scheduling. */}}
+{{/* Pod-level values both workloads share: identity, pull secrets, scheduling. */}}
 {{- define "instanced-stream.podExtras" -}}
 {{- with include "instanced-stream.serviceAccountName" . }}
 serviceAccountName: {{ . | quote }}
