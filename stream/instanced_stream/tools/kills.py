@@ -78,11 +78,18 @@ class Kills:
             await asyncio.sleep(min(0.5, max(0.0, until - time.monotonic())))
 
     async def kill(
-        self, slot: int, phase: str, found: dict[str, int] | None = None, arm: bool = False
+        self,
+        slot: int,
+        phase: str,
+        found: dict[str, int] | None = None,
+        arm: bool = False,
+        classify: bool = False,
     ) -> Life:
         """SIGKILL the slot's life (no drain, no commit) and start it again; `arm`: the
         new life kills itself at its first to third commit's `mid_commit` fault point
-        (testing/faults.py), inside the transaction."""
+        (testing/faults.py), inside the transaction. `classify`: the phase is what the
+        dead life's log shows it reached: `starting` before its join request, `running`
+        once it had an assignment, else `phase`."""
         self.check()
         life = self.group.running.get(slot)
         if life is not None and life.proc.proc is not None:
@@ -90,6 +97,8 @@ class Kills:
             life.stopped_s = self.now()
             life.exit_code = life.proc.proc.returncode
             del self.group.running[slot]
+            if classify:
+                phase = _reached(_read(life.proc.log_path), self.gid, phase)
             self._note(life, phase, found or {})
         env = None
         if arm and len(self.kills) < self.plan.restarts - 1:
@@ -103,24 +112,23 @@ class Kills:
 
     async def joining(self, life: Life, slot: int) -> None:
         """Kill `life` (just started) once its log shows its join request and before its
-        first assignment; its phase says what it was really doing."""
+        first assignment; its phase says what it was really doing, read from its log
+        after its death. A static member's join takes tens of milliseconds (the broker
+        hands back its partitions without a rebalance), so the log is read every 20 ms
+        and the kill follows the join request within 0.1 s."""
         deadline = time.monotonic() + self.plan.join_wait_s
-        phase = "starting"
         while time.monotonic() < deadline:
             self.check()
             if self.group.running.get(slot) is not life:
                 return  # it crashed meanwhile: noted as such
             text = _read(life.proc.log_path)
             if b"Setting newly assigned partitions" in text:
-                phase = "running"  # too late: it got in first
-                break
+                break  # too late: it got in first
             if f"joining group {self.gid}".encode() in text:
-                await asyncio.sleep(self.rng.uniform(0.0, 1.0))
-                text = _read(life.proc.log_path)
-                phase = "running" if b"Setting newly assigned partitions" in text else "joining"
+                await asyncio.sleep(self.rng.uniform(0.0, 0.1))
                 break
-            await asyncio.sleep(0.1)
-        await self.kill(slot, phase)
+            await asyncio.sleep(0.02)
+        await self.kill(slot, "joining", classify=True)
 
     async def gone(self, life: Life, wait_s: float) -> None:
         """Until `life` has ended (and been noted), or `wait_s` passed."""
@@ -159,6 +167,12 @@ class Kills:
                 if len(self.kills) < plan.restarts:
                     await self.joining(fresh, slot)
             await self.wait(self.rng.uniform(*plan.gap_s))
+
+
+def _reached(log: bytes, gid: str, joining: str) -> str:
+    if b"Setting newly assigned partitions" in log:
+        return "running"
+    return joining if f"joining group {gid}".encode() in log else "starting"
 
 
 def _read(path: Path) -> bytes:
