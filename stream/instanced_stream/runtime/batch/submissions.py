@@ -28,7 +28,7 @@ from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.engine.unit import Unit
 
 if TYPE_CHECKING:
-    from instanced_stream.runtime.engine.stager import Staged
+    from instanced_stream.runtime.engine.staged import Staged
     from instanced_stream.runtime.engine.tier import Windows
 
 __all__ = ["Submissions"]
