@@ -157,7 +157,7 @@ def test_the_graph_counts_every_import(tmp_path: Path) -> None:
         "    from instanced_stream.runtime.engine.unit import Unit\n"
         "def later() -> None:\n"
         "    from instanced_stream.core.spec import AgentSpec\n"
-        "from .publish import OutRecord\n"
+        "from .records import OutRecord\n"
         "from .. import retry\n"
     )
     assert _imported("kafka.probe", source, _modules()) == {
@@ -166,7 +166,7 @@ def test_the_graph_counts_every_import(tmp_path: Path) -> None:
         "kafka.clients",
         "runtime.engine.unit",
         "core.spec",
-        "kafka.publish",
+        "kafka.records",
         "",
         "retry",
     }

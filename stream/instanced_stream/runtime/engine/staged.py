@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.engine.unit import Slot, Unit
 
 __all__ = ["Staged"]

@@ -33,7 +33,8 @@ from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
-from instanced_stream.kafka.publish import OutRecord, forwarded, home_partition
+from instanced_stream.kafka.publish import forwarded, home_partition
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics

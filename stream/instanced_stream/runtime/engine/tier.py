@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.engine.staged import Staged
 
 __all__ = ["ONLINE", "Online", "Tier", "Windows"]
