@@ -14,8 +14,8 @@ import orjson
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.shape import RequestShape
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.testing.sim.judge import read_request
 from instanced_stream.testing.sim.provider import ProviderName, Refusal, refusal
+from instanced_stream.testing.sim.request import read_request
 from instanced_stream.testing.sim.server import Simulator
 
 __all__ = ["MemoryEndpoint"]

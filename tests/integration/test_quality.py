@@ -14,7 +14,7 @@ import pytest
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import comments
 from instanced_stream.testing.sim.account import Faults
-from instanced_stream.testing.sim.judge import read_request
+from instanced_stream.testing.sim.request import read_request
 
 from tests.conftest import Deployment, demo_json
 

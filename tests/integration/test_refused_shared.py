@@ -10,7 +10,7 @@ import asyncio
 import secrets
 
 import pytest
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import ensure_topics, read_topic
 from instanced_stream.runtime.engine.membership import Membership
 from instanced_stream.runtime.engine.producers import Producers

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.messages import ActivityRecord
 from instanced_stream.core.spec import Tool
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.settings import Settings

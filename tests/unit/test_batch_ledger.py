@@ -12,7 +12,7 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.runtime.batch.ledger import Ledger, Line, partition_of
 from instanced_stream.runtime.batch.submissions import Submissions
-from instanced_stream.runtime.engine.stager import Staged
+from instanced_stream.runtime.engine.staged import Staged
 from instanced_stream.runtime.engine.unit import Unit
 
 

@@ -1,5 +1,12 @@
 """The package layout keeps its promises: floors that import only from below and never in
-a circle, a pure core, an SDK without mode, and modules and classes small enough to read."""
+a circle, a pure core, an SDK without mode, and modules and classes small enough to read.
+
+An import, for the floors and the circles, is every `import` and `from ... import` of a
+module of `stream/instanced_stream` wherever it is written: at module level, inside a
+function (it runs later, but it runs), and under `if TYPE_CHECKING:` (it never runs, but
+the module still needs the other to be read, and a type that must be imported back up is
+a type on the wrong floor). `from package import name` counts the package and, when `name`
+is a module, that module too. Imports named in strings (`importlib`) are not seen."""
 
 from __future__ import annotations
 
@@ -112,36 +119,57 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-
-
-def _imported(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules `path` imports, at module level or in a function (an import
-    that runs later still runs), not those under `if TYPE_CHECKING:` (never run)."""
+def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that module `name` (its file `path`) imports anywhere in it:
+    at module level, in a function, under `if TYPE_CHECKING:` (the module docstring says
+    why); a relative import as the module it names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    here = [PACKAGE, *package.split(".")] if package else [PACKAGE]
     names: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking(node):
-            return
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
+        elif isinstance(node, ast.ImportFrom):
+            anchor = here[: len(here) - node.level + 1] if node.level else []
+            base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
     prefix = PACKAGE + "."
     local = {n.removeprefix(prefix) if n != PACKAGE else "" for n in names}
     return {n for n in local if n in modules and (n or PACKAGE in names)}
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (every import: the module docstring)."""
     modules = _modules()
-    return {name: _imported(path, modules) - {name} for name, path in modules.items()}
+    return {name: _imported(name, path, modules) - {name} for name, path in modules.items()}
+
+
+def test_the_graph_counts_every_import(tmp_path: Path) -> None:
+    """Module level, in a function, under TYPE_CHECKING, relative, a module named in a
+    `from package import`: each is an arrow of the graph the floors and circles read."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import instanced_stream.errors\n"
+        "from instanced_stream.kafka import clients\n"
+        "if TYPE_CHECKING:\n"
+        "    from instanced_stream.runtime.engine.unit import Unit\n"
+        "def later() -> None:\n"
+        "    from instanced_stream.core.spec import AgentSpec\n"
+        "from .records import OutRecord\n"
+        "from .. import retry\n"
+    )
+    assert _imported("kafka.probe", source, _modules()) == {
+        "errors",
+        "kafka",
+        "kafka.clients",
+        "runtime.engine.unit",
+        "core.spec",
+        "kafka.records",
+        "",
+        "retry",
+    }
 
 
 def _place(module: str) -> tuple[int, str]:
@@ -159,6 +187,8 @@ def _place(module: str) -> tuple[int, str]:
 
 
 def test_every_import_runs_downward() -> None:
+    """No module imports from a floor above its own, nor from another package of its
+    floor, whatever kind of import (the module docstring)."""
     upward = []
     for module, imported in sorted(_graph().items()):
         floor, package = _place(module)
@@ -171,6 +201,9 @@ def test_every_import_runs_downward() -> None:
 
 
 def test_no_import_circle() -> None:
+    """No module of the package reaches itself again by following imports, whatever kind
+    (the module docstring): not a TYPE_CHECKING import back, nor a function's. A circle is
+    a type on the wrong floor: it moves down to a module both can import."""
     graph = _graph()
     state: dict[str, int] = {}  # 1 on the path, 2 done
     circles: list[list[str]] = []

@@ -21,7 +21,7 @@ from instanced_stream.runtime.engine.lanes import Lanes
 from instanced_stream.runtime.engine.membership import Fetched
 from instanced_stream.runtime.engine.opening import Failures
 from instanced_stream.runtime.engine.recall import Recall, RecallFailed
-from instanced_stream.runtime.engine.stager import Staged
+from instanced_stream.runtime.engine.staged import Staged
 from instanced_stream.runtime.engine.store import Stores, UnitStore
 from instanced_stream.runtime.engine.unit import Unit
 from instanced_stream.runtime.engine.workflows import recalled

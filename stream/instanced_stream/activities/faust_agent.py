@@ -40,7 +40,8 @@ from faust.types.enums import ProcessingGuarantee
 from instanced_stream.activities.worker import Activities, spec_of_handlers
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.errors import SpecError
-from instanced_stream.kafka.publish import REFUSALS, OutRecord, PublishError
+from instanced_stream.kafka.publish import REFUSALS, PublishError
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.settings import Settings

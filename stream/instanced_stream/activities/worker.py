@@ -36,7 +36,8 @@ from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import SpecError
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.publish import OutRecord, Publisher, PublishError
+from instanced_stream.kafka.publish import Publisher, PublishError
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import Headers, traceparent_of
 from instanced_stream.observe.metrics import WorkerMetrics
 from instanced_stream.observe.web import WebServer, claim_port

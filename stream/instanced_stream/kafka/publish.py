@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -25,14 +24,13 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka import clients
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import TRACES, Headers, TraceContext
 from instanced_stream.retry import RetryPolicy
 
 __all__ = [
     "FORWARDED_FROM",
     "REFUSALS",
-    "Origin",
-    "OutRecord",
     "PublishError",
     "Publisher",
     "forwarded",
@@ -43,22 +41,6 @@ __all__ = [
 log = logging.getLogger("stream.publish")
 
 _BACKOFF = RetryPolicy(base_s=0.2, cap_s=10.0)  # unacknowledged publishes
-
-
-Origin = tuple[str, int, int] | None  # (topic, partition, offset) of an input record
-
-
-@dataclass(frozen=True, slots=True)
-class OutRecord:
-    topic: str
-    key: bytes | None
-    value: bytes
-    origin: Origin = None  # the input record this one answers
-    partition: int | None = None  # None: the key decides
-    headers: Headers = ()  # else the origin's traceparent (kafka/tracing.py)
-    # A state store's change order (its changelog records, > 0): however a transaction
-    # gathers its records, these are written in it, so compaction keeps the newest.
-    seq: int = 0
 
 
 # Errors about one record itself: retrying that record cannot help. Every other error

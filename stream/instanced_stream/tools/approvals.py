@@ -17,7 +17,8 @@ from typing import Any
 
 from instanced_stream.core.messages import ApprovalRecord
 from instanced_stream.errors import StreamError
-from instanced_stream.kafka.publish import OutRecord, Publisher
+from instanced_stream.kafka.publish import Publisher
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import read_json
 from instanced_stream.settings import Settings
 

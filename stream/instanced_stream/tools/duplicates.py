@@ -11,17 +11,42 @@ every item, twins included.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from instanced_stream.tools.report import Endpoint, Result
+from instanced_stream.tools.target import SimProcess, Target
 
-if TYPE_CHECKING:
-    from instanced_stream.tools.bench import Bench
-
-__all__ = ["DEDUPE", "duplicate_runs", "with_duplicates"]
+__all__ = ["DEDUPE", "Runs", "duplicate_runs", "with_duplicates"]
 
 # The setting the third run adds (the spec's `dedupe` section, core/dedupe.py).
 DEDUPE: dict[str, Any] = {"enabled": True, "cache_ttl_s": 3600, "cache_items": 100_000}
+
+
+class Runs(Protocol):
+    """What the duplicate runs need of the bench (`tools/bench.py`'s `Bench`): its items,
+    which they swap for a while, its endpoint, and a run of the product."""
+
+    items: list[dict[str, str]]
+    results: list[Result]
+
+    @property
+    def sim(self) -> SimProcess | None:
+        """The simulator, or None for a real endpoint (`target`)."""
+
+    @property
+    def target(self) -> Target:
+        """The endpoint the processors ask."""
+
+    async def product(
+        self,
+        name: str,
+        window: int,
+        *,
+        partitions: int = 4,
+        in_flight: int = 16,
+        model: dict[str, Any] | None = None,
+    ) -> Result:
+        """One run of the product over `items`, its result appended to `results`."""
 
 
 def with_duplicates(
@@ -47,7 +72,7 @@ def _ratio(run: Result, base: Result) -> str:
 
 
 async def duplicate_runs(
-    bench: Bench, endpoint: Endpoint, window: int, share: float, partitions: int
+    bench: Runs, endpoint: Endpoint, window: int, share: float, partitions: int
 ) -> list[Result]:
     # The AIMD ceiling, as the bench's other runs: it finds the account's limit.
     in_flight = endpoint.concurrency * 2 if bench.sim else 2 * (bench.target.slots or 4)

@@ -13,16 +13,13 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from instanced_stream.tools.coordinator import BrokerKiller
 from instanced_stream.tools.fleet import Group, Life
 from instanced_stream.tools.owners import uncommitted
 
-if TYPE_CHECKING:
-    from instanced_stream.tools.storm import StormPlan
-
-__all__ = ["Kills"]
+__all__ = ["KillPlan", "Kills"]
 
 # What an armed fault point logs as it kills its process (testing/faults.py).
 _FAULT_KILL = b"fault injection: SIGKILL at mid_commit"
@@ -30,10 +27,22 @@ _FAULT_KILL = b"fault injection: SIGKILL at mid_commit"
 Say = Callable[[str], None]
 
 
+class KillPlan(Protocol):
+    """What the kills read of the storm's plan (`tools/storm.py`'s `StormPlan`); times in
+    seconds."""
+
+    seed: int  # of the kills' random draws
+    restarts: int  # members killed in all
+    gap_s: tuple[float, float]  # the pause between two kills, drawn between these
+    aim_s: float  # a kill aimed inside a commit waits this long for one
+    join_wait_s: float  # a restarted member's join request, at most
+    broker_kills: int  # the group coordinator killed this often, between the kills
+
+
 class Kills:
     """Kills and restarts members of `group`, and notes what happened to each."""
 
-    def __init__(self, group: Group, gid: str, plan: StormPlan, origin: float, say: Say) -> None:
+    def __init__(self, group: Group, gid: str, plan: KillPlan, origin: float, say: Say) -> None:
         self.group, self.gid, self.plan, self.origin, self.say = group, gid, plan, origin, say
         self.rng = random.Random(plan.seed)
         self.kills: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import read_changelog
 
 __all__ = ["Ledger", "Line", "partition_of"]

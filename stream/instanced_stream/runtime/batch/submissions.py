@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.runtime.batch.ledger import Ledger
 from instanced_stream.runtime.engine.unit import Unit
 
 if TYPE_CHECKING:
-    from instanced_stream.runtime.engine.stager import Staged
+    from instanced_stream.runtime.engine.staged import Staged
     from instanced_stream.runtime.engine.tier import Windows
 
 __all__ = ["Submissions"]

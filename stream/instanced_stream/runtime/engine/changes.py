@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 
 __all__ = ["ChangeOrder", "Open", "last_change", "next_change"]
 

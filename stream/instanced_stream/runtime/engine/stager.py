@@ -19,7 +19,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -34,12 +33,14 @@ from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
-from instanced_stream.kafka.publish import OutRecord, forwarded, home_partition
+from instanced_stream.kafka.publish import forwarded, home_partition
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
+from instanced_stream.runtime.engine.staged import Staged
 from instanced_stream.runtime.engine.tier import ONLINE, Tier
 from instanced_stream.runtime.engine.unit import Slot, Unit
 from instanced_stream.runtime.engine.workflows import Flows, recalled
@@ -62,7 +63,6 @@ from instanced_stream.settings import Settings
 __all__ = [
     "BATCH_TRIES",
     "QueuedTurns",
-    "Staged",
     "Stager",
     "make_solver",
     "orphaned",
@@ -101,18 +101,6 @@ async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -
             error = exc
             await asyncio.sleep(_BACKOFF.delay(attempt))
     return error
-
-
-@dataclass(slots=True, eq=False)
-class Staged:
-    """An instance in a window, with the unit and slot its outcome is staged on."""
-
-    instance: Instance
-    unit: Unit
-    slot: Slot | None  # None: a workflow's next turn (its input was committed before)
-    text: bytes
-    tokens: int | None = None
-    changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
 
 
 def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.Task[None]]:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.engine.changes import next_change
 from instanced_stream.runtime.engine.recall import Recall, RecallFailed
 

@@ -4,12 +4,10 @@ nothing; the Batch API tier (`runtime/batch/submissions.py`) is the other."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from instanced_stream.kafka.publish import OutRecord
-
-if TYPE_CHECKING:
-    from instanced_stream.runtime.engine.stager import Staged
+from instanced_stream.kafka.records import OutRecord
+from instanced_stream.runtime.engine.staged import Staged
 
 __all__ = ["ONLINE", "Online", "Tier", "Windows"]
 

@@ -32,7 +32,8 @@ from aiokafka.errors import (
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
-from instanced_stream.kafka.publish import REFUSALS, OutRecord
+from instanced_stream.kafka.publish import REFUSALS
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import Headers
 from instanced_stream.runtime.engine.changes import ChangeOrder, last_change
 

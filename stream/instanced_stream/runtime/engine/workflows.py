@@ -29,7 +29,7 @@ from instanced_stream.core.messages import (
 )
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.engine.recall import RecallFailed
 from instanced_stream.runtime.engine.store import Stores, UnitStore

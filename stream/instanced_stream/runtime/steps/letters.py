@@ -12,7 +12,7 @@ import base64
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, DeadLetter, ResultRecord, SourcePosition
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 
 __all__ = ["bad_record", "bad_result", "item_letter", "oversized", "unrun_letter"]
 

@@ -42,7 +42,7 @@ from instanced_stream.core.workflow import (
     finish_says_stop,
     unrun_by_stop,
 )
-from instanced_stream.kafka.publish import Origin, OutRecord
+from instanced_stream.kafka.records import Origin, OutRecord
 from instanced_stream.runtime.steps.letters import (
     bad_record,
     bad_result,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 
 from instanced_stream.core.messages import SourcePosition
-from instanced_stream.kafka.publish import OutRecord
+from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.steps.records import Planned, RecordBuilder, oversized
 
 __all__ = ["fit", "refused"]

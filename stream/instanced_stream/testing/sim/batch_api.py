@@ -19,17 +19,19 @@ tell a batch polled from a batch submitted again.
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import ClientSession, web
 
-if TYPE_CHECKING:
-    from instanced_stream.testing.sim.server import Simulator
+from instanced_stream.testing.sim.account import SimConfig
 
-__all__ = ["BatchEndpoints"]
+__all__ = ["BatchEndpoints", "Chat"]
 
 _ENDPOINT = "/v1/chat/completions"
 _EXPIRED = "This request could not be executed before the completion window expired."
@@ -50,8 +52,28 @@ def _line(custom_id: str, status: int | None, body: Any, error: Any = None) -> b
     return orjson.dumps({**row, "response": response, "error": error}) + b"\n"
 
 
+class Chat(Protocol):
+    """What the endpoints need of the simulator that serves them (`server.Simulator`): its
+    chat completion, its configuration (a batch failing as a whole counts
+    `batch_fail_next` down in it), its stats and its random draws."""
+
+    config: SimConfig
+    rng: random.Random
+    stats: Counter[str]
+
+    async def respond(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        *,
+        batch: bool = False,
+    ) -> web.Response:
+        """One chat completion; `batch`: a Batch API line, answered off-line."""
+
+
 class BatchEndpoints:
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Chat) -> None:
         self.sim = sim
         self.files: dict[str, dict[str, Any]] = {}
         self.contents: dict[str, bytes] = {}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from instanced_stream.testing.sim.judge import SimRequest
 from instanced_stream.testing.sim.keyed_judge import KeyedJudge
+from instanced_stream.testing.sim.request import SimRequest
 
 __all__ = ["Drifting", "disagreeing", "flip"]
 

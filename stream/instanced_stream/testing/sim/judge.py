@@ -1,7 +1,8 @@
-"""The simulator's "judgement": how it reads our multi-instance request and answers it.
-It is not a language model: a trained classifier (alt-profanity-check, whose model ships
-in its wheel) plus spam rules decide moderation; advisor personas, plan steps and routed
-instructions follow simple rules; markers in an item force per-instance faults."""
+"""The simulator's "judgement": how it answers our multi-instance request (as
+`request.py` reads it). It is not a language model: a trained classifier
+(alt-profanity-check, whose model ships in its wheel) plus spam rules decide moderation;
+advisor personas, plan steps and routed instructions follow simple rules; markers in an
+item force per-instance faults."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import logging
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -20,10 +20,11 @@ from instanced_stream.core.compact import REASONING, compress
 from instanced_stream.testing.sim.account import SimConfig
 from instanced_stream.testing.sim.obedience import injected_calls
 from instanced_stream.testing.sim.planner import ORDERS, fill, lazy_steps, plan_step
+from instanced_stream.testing.sim.request import SimRequest
 from instanced_stream.testing.sim.routing import choose_tool, route_instruction
-from instanced_stream.testing.sim.wording import reasoning_for, reasoning_of, why_for
+from instanced_stream.testing.sim.wording import reasoning_for, why_for
 
-__all__ = ["Judge", "SimRequest", "plan_order", "read_request"]
+__all__ = ["Judge", "plan_order"]
 
 log = logging.getLogger("stream.simulator")
 
@@ -35,24 +36,6 @@ _SPAM = re.compile(
 _RUDE = re.compile(r"\b(idiot|moron|stupid|fuck\w*|shit|loser|clown|hell)\b")
 _REPEAT = re.compile(r"(.)\1{7,}")
 _MARKER = re.compile(r"\[\[sim:([a-z-]+)\]\]")
-
-
-@dataclass(frozen=True, slots=True)
-class SimRequest:
-    system: str
-    tools: list[dict[str, Any]]
-    items: list[dict[str, Any]]
-    advisors: list[dict[str, Any]]
-    active: tuple[str, ...]
-    may_consult: bool
-    instruction: str = ""
-    # The answer the request asks for: the compact form's call positions per tool (empty:
-    # the protocol form), and how much reasoning (full, brief, off).
-    call_fields: dict[str, list[str]] = field(default_factory=dict)
-    reasoning: str = "full"
-    # json_object mode: no schema holds the answer's keys, so the simulator may write as
-    # the seeds do (the manager seed's `"output": "†state"`, a shown id for `_instance`).
-    free_form: bool = False
 
 
 def _views(items: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -86,47 +69,6 @@ def _is_spam(text: str) -> bool:
     letters = sum(map(str.isalpha, text))
     shouting = letters >= 12 and sum(map(str.isupper, text)) / letters > 0.7
     return bool(_SPAM.search(text.lower())) or shouting or _REPEAT.search(text) is not None
-
-
-def read_request(messages: list[dict[str, str]]) -> SimRequest:
-    """Finds tools and advisors (system message), the instances (the user message that
-    is a JSON array) and which advisors speak (the user message that is an object)."""
-    system = next(m["content"] for m in messages if m["role"] == "system")
-    sections = system.split("\n\n")
-    tools = orjson.loads(sections[sections.index("# Tools") + 1])
-    advisors: list[dict[str, Any]] = []
-    instruction = ""
-    for k, section in enumerate(sections[:-1]):
-        if section.startswith("# Advisors"):
-            advisors = orjson.loads(sections[k + 1])
-        if section == "# Global inputs":
-            for message in orjson.loads(sections[k + 1]):
-                instruction += str(message.get("instruction", ""))
-    items: list[dict[str, Any]] = []
-    control: dict[str, Any] = {}
-    for m in messages:
-        if m["role"] != "user":
-            continue
-        try:
-            data = orjson.loads(m["content"])
-        except orjson.JSONDecodeError:
-            continue  # prose: a re-ask's reasons, which the simulator does not read
-        if isinstance(data, list):
-            items = [d for d in data if isinstance(d, dict) and "_instance" in d]
-        elif isinstance(data, dict):
-            control = data
-    fields = {t["name"]: t["call"] for t in tools if "call" in t}
-    return SimRequest(
-        system,
-        tools,
-        items,
-        advisors,
-        tuple(control.get("activeAdvisors", ())),
-        bool(control.get("mayConsult", False)),
-        instruction,
-        fields,
-        reasoning_of(system, fields),
-    )
 
 
 def plan_order(config: SimConfig, req: SimRequest) -> str:

@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 
 from instanced_stream.core import keyed
-from instanced_stream.testing.sim.judge import Judge, SimRequest
+from instanced_stream.testing.sim.judge import Judge
+from instanced_stream.testing.sim.request import SimRequest
 
 __all__ = ["KeyedJudge"]
 

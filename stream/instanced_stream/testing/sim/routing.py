@@ -6,10 +6,9 @@ among argument-less tools (the Advisor seed's deploy / rollback / delay)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from instanced_stream.testing.sim.judge import SimRequest
+from instanced_stream.testing.sim.request import SimRequest
 
 __all__ = ["choose_tool", "route_instruction"]
 

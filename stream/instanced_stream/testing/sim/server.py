@@ -41,9 +41,9 @@ from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.testing.sim.account import MODEL_NAME, Faults, SimConfig
 from instanced_stream.testing.sim.batch_api import BatchEndpoints
 from instanced_stream.testing.sim.disagree import Drifting
-from instanced_stream.testing.sim.judge import SimRequest, read_request
 from instanced_stream.testing.sim.provider import Refusal, account_fault, reasoning_model, refusal
 from instanced_stream.testing.sim.quota import Quota
+from instanced_stream.testing.sim.request import SimRequest, read_request
 
 __all__ = [
     "MODEL_NAME",
