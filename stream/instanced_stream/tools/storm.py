@@ -60,7 +60,7 @@ from instanced_stream.tools.report import Endpoint
 from instanced_stream.tools.target import SimProcess
 from instanced_stream.tools.timeline import Watch, produce_paced
 
-__all__ = ["StormPlan", "run_storm", "storm_command"]
+__all__ = ["BAR", "StormPlan", "run_storm", "storm_command", "verdict"]
 
 Say = Callable[[str], None]
 
@@ -348,6 +348,26 @@ def _brokers(plan: StormPlan, configured: str | None) -> Iterator[tuple[str, Bro
         yield cluster.bootstrap, BrokerKiller(cluster, plan.broker_down_s)
 
 
+# Issue 44's bar: each figure's upper limit.
+BAR: dict[str, float] = {
+    "decided_late": 0,
+    "max_unowned_s": 30.0,
+    "max_join_s": 30.0,
+    "crashes": 0,
+    "missing": 0,
+    "duplicate_outcomes": 0,
+}
+
+
+def verdict(report: dict[str, Any]) -> dict[str, tuple[Any, float, bool]]:
+    """Each figure of the bar: its value, its limit, whether it is met (a figure the run
+    could not compute, None, is not)."""
+    return {
+        k: (report[k], limit, report[k] is not None and report[k] <= limit)
+        for k, limit in BAR.items()
+    }
+
+
 def storm_command(args: Any, settings: Settings) -> int:
     """`stream bench --churn --restarts N [--brokers 3]`: the storm, DIR/churn.json."""
     plan = StormPlan(
@@ -365,17 +385,10 @@ def storm_command(args: Any, settings: Settings) -> int:
 
     with _brokers(plan, settings.bootstrap_servers) as (bootstrap, brokers):
         report = asyncio.run(run_storm(bootstrap, plan, say, brokers, keep_logs=out / "logs"))
+    report["bar"] = verdict(report)
     (out / "churn.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    keys = (
-        "restarts",
-        "decided_late",
-        "max_unowned_s",
-        "max_join_s",
-        "rebalances_per_min",
-        "crashes",
-        "missing",
-        "duplicate_outcomes",
-        "elapsed_s",
-    )
-    print(" ".join(f"{k}={report[k]}" for k in keys))
+    shape = ("membership", "brokers", "restarts", "rebalances_per_min", "elapsed_s")
+    print(" ".join(f"{k}={report[k]}" for k in shape))
+    for figure, (value, limit, met) in report["bar"].items():
+        print(f"{figure:20} {value!s:>8}  limit {limit:>4}  {'met' if met else 'MISSED'}")
     return 0
