@@ -8,9 +8,10 @@ state is published as a done record. A lazy plan stores each turn's calls as a p
 and runs them only when approved.
 
 Every method changes state at once (one get and one put, no await in between, so nothing
-else runs meanwhile). A caller that must publish a change's effects before storing the
-change (so that a crash between the two repeats the effects instead of losing them) asks
-a `rehearsal()` first: the same workflow over a store that keeps its writes to itself.
+else runs meanwhile). A caller that must know a change's effects (its records, its next
+turn) before the change is made asks a `rehearsal()` first: the same workflow over a
+store that keeps its writes to itself (a batch's records are built on one, so a retried
+build stores nothing).
 """
 
 from __future__ import annotations
