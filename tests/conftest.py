@@ -261,7 +261,7 @@ async def stuck_report(dep: Deployment, tools: list[str]) -> str:
     counts = {dep.settings.topics.results: len(results)}
     counts |= {t: len(await dep.records(t)) for t in map(dep.activity_topic, tools)}
     states = {
-        k: (st["status"], st["turn"], sorted(st["pending"]), len(st["outbox"]))
+        k: (st["status"], st["turn"], sorted(st["pending"]))
         for k, st in (await workflow_states(dep)).items()
     }
     seen = sorted((r["instance"], r["call_id"].split("/", 1)[1]) for r in results)

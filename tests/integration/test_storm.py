@@ -1,5 +1,5 @@
 """Processors SIGKILLed and restarted while items flow keep deciding them: progress is
-asserted from what happened while they ran (DESIGN.md section 10), before any stop's drain
+asserted from what happened while they ran (docs/performance.md), before any stop's drain
 could finish what a stuck group left; then nothing lost and nothing decided twice. The
 restart storm of `stream bench --churn --restarts N`, small."""
 

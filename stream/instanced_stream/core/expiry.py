@@ -22,8 +22,8 @@ class DueIndex:
 
     def due_at(self, st: InstanceState) -> float | None:
         times = [p.deadline for p in st.pending.values()]
-        if st.ended is not None and st.status == "done" and not st.outbox:
-            times.append(st.ended.at + self.retention_s)  # an outbox is still owed: kept
+        if st.ended is not None and st.status == "done":
+            times.append(st.ended.at + self.retention_s)
         return min(times) if times else None
 
     def update(self, st: InstanceState) -> None:

@@ -3,7 +3,7 @@ store keyed by the producer's instance id (runtime/engine/store.py: a unit's sto
 its changelog partition).
 
 The changelog record of an instance goes to the partition its input came from, so the
-worker that owns an input partition also owns (and recovers) the state of the instances
+worker that owns an input partition also owns (and restores) the state of the instances
 that arrive on it. Writes are idempotent per trigger: a batch redone after a crash finds
 its own trigger recorded and does not apply the same effect twice.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from instanced_stream.core.messages import SourcePosition, TraceEntry
 from instanced_stream.core.plan_graph import Step
@@ -22,7 +22,6 @@ __all__ = [
     "Ended",
     "InstanceState",
     "MemoryStore",
-    "Outgoing",
     "Pending",
     "StagedStore",
     "StateStore",
@@ -42,15 +41,6 @@ class Pending(BaseModel):
     turn: int
 
 
-class Outgoing(BaseModel):
-    """A record a state change owes the world, kept with the change until the broker
-    acknowledged it (an outbox): a crash in between republishes it, byte for byte."""
-
-    topic: str
-    value: str
-    partition: int | None = None
-
-
 class Ended(BaseModel):
     """How a workflow ended: done, stopped, turn_limit, rejected, or dead_lettered."""
 
@@ -60,6 +50,14 @@ class Ended(BaseModel):
 
 
 class InstanceState(BaseModel):
+    """One instance's workflow state: the value of its record on the state changelog.
+
+    A field the model no longer has is ignored on read and not written again: records on
+    a changelog written by an older version still load (a compacted changelog keeps them
+    until their key is written again)."""
+
+    model_config = ConfigDict(extra="ignore")
+
     instance: str
     partition: int
     source: SourcePosition | None = None
@@ -79,9 +77,6 @@ class InstanceState(BaseModel):
     applied: list[str] = Field(
         default_factory=list, description="Recent triggers already applied (idempotence)"
     )
-    outbox: list[Outgoing] = Field(
-        default_factory=list, description="Records owed by the last change, until acked"
-    )
     ended: Ended | None = None
     revisions: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -93,24 +88,8 @@ class InstanceState(BaseModel):
         description="What its plan's run counted: skipped_branch, ran_on_missing_input",
     )
     owner: str = Field(
-        default="",
-        description="The processor that last changed this state: recovery takes over only "
-        "states another (an earlier or a moved-away) processor left",
+        default="", description="The processor that last changed this state (its worker id)"
     )
-    outbox_owner: str = Field(
-        default="",
-        description="The processor that wrote the outbox: one that another processor left "
-        "is still owed after this one changed the state for other reasons (a result)",
-    )
-
-    def owe(self, owed: list[Outgoing], owner: str) -> None:
-        """A change by `owner` owes these records until they are acknowledged."""
-        if self.outbox and self.outbox_owner != owner:
-            # Another processor's outbox is still owed (a crash mid-publish): it stays,
-            # with this change's records after it, until recovery has published them all.
-            self.outbox = [*self.outbox, *owed]
-        else:
-            self.outbox, self.outbox_owner = owed, owner
 
     def mark(self, trigger: str) -> bool:
         """Records a trigger; False when it was applied before (a redo)."""

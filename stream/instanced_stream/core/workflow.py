@@ -8,9 +8,10 @@ state is published as a done record. A lazy plan stores each turn's calls as a p
 and runs them only when approved.
 
 Every method changes state at once (one get and one put, no await in between, so nothing
-else runs meanwhile). A caller that must publish a change's effects before storing the
-change (so that a crash between the two repeats the effects instead of losing them) asks
-a `rehearsal()` first: the same workflow over a store that keeps its writes to itself.
+else runs meanwhile). A caller that must know a change's effects (its records, its next
+turn) before the change is made asks a `rehearsal()` first: the same workflow over a
+store that keeps its writes to itself (a batch's records are built on one, so a retried
+build stores nothing).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import (
     Ended,
     InstanceState,
-    Outgoing,
     StagedStore,
     StateStore,
     path_problem,
@@ -59,7 +59,7 @@ class Workflow:
     ) -> None:
         self.spec = spec
         self.store = store
-        self.owner = owner  # stamped on every change (see `owing`)
+        self.owner = owner  # stamped on every state this workflow puts (`_put`)
         self.timeout = pending_timeout_s
         self.retention_s = retention_s
         self.results_ignored = 0
@@ -86,7 +86,8 @@ class Workflow:
         """An input or state record arrives: it starts (or restarts) its instance's
         workflow, and the model sees the instance's state with it. None: this very record
         started the workflow before (redelivered after a crash) and its first turn was
-        applied; what that turn owed is in the outbox (`recover`), so nothing is redone."""
+        applied; that turn's records were staged with its state change and committed with
+        it, so nothing is redone."""
         st = self.store.get(inst.id)
         if st is not None and st.source == inst.source and st.status != "new":
             return None
@@ -107,13 +108,11 @@ class Workflow:
         calls: list[tuple[str, Call]],
         batch: BatchRef,
         opinions: list[Opinion],
-        owed: list[Outgoing] | None = None,
         reviews: dict[str, str] | None = None,
     ) -> TurnEffects:
         """Applies a turn's answer to the instance's state (once, however often the batch
-        is redone) and says which calls run now. `owed`: the records this turn publishes,
-        kept in the outbox until `paid`; `reviews`: the advice gate's verdicts by call
-        id, kept with a step that waits for a result."""
+        is redone) and says which calls run now. `reviews`: the advice gate's verdicts by
+        call id, kept with a step that waits for a result."""
         st = self.store.get(inst.id)
         if st is None:
             return TurnEffects(run=[cid for cid, _ in calls])
@@ -131,8 +130,6 @@ class Workflow:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
             out = eager.turn(self.spec, st, inst, calls, first_time, self.timeout, reviews)
-        if owed is not None:
-            st.owe(owed, self.owner)
         self._put(st)
         return out
 
@@ -157,15 +154,6 @@ class Workflow:
         if not self.index.built:
             self.index.rebuild(self.store.items(), self.store.retired())
         return self.index.due(now, owns)
-
-    def paid(self, instance: str, *, theirs: bool = False) -> None:
-        """The outbox's records were acknowledged by the broker. `theirs`: recovery
-        republished an outbox another processor left; else only an outbox written here
-        is emptied."""
-        st = self.store.get(instance)
-        if st is not None and st.outbox and (theirs or st.outbox_owner == self.owner):
-            st.outbox, st.outbox_owner = [], self.owner
-            self._put(st)
 
     def next_turn(self, st: InstanceState) -> Instance | None:
         """The instance's next turn, when its workflow is ready for one."""
@@ -257,7 +245,7 @@ class Workflow:
             if st is None or not owns(st.partition):
                 self.index.drop(name)
                 continue
-            if st.ended is not None and not st.outbox and st.ended.at < now - self.retention_s:
+            if st.ended is not None and st.ended.at < now - self.retention_s:
                 self.store.delete(st.instance, st.partition)
                 self.index.drop(name)
                 continue
@@ -273,9 +261,7 @@ class Workflow:
                 self.index.update(st)  # due by an older deadline or end: next time is later
         return out
 
-    def on_approval(
-        self, rec: ApprovalRecord, owed: list[Outgoing] | None = None
-    ) -> tuple[list[dict[str, Any]], DoneRecord | None]:
+    def on_approval(self, rec: ApprovalRecord) -> tuple[list[dict[str, Any]], DoneRecord | None]:
         """A proposal's answer: its calls to run now, or the end of the workflow. One that
         names another proposal is ignored (the caller refuses it first: `refusal`)."""
         st = self.store.get(rec.instance)
@@ -283,8 +269,6 @@ class Workflow:
             self.results_ignored += 1
             return [], None
         st.mark(binding.approved(rec.proposal_id))
-        if owed is not None:
-            st.owe(owed, self.owner)
         if not rec.approve:
             done = lazy.reject(self.spec, st, rec.reason or "proposal rejected")
             self._put(st)

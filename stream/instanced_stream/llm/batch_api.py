@@ -119,7 +119,7 @@ def read_results(raw: bytes, latency_s: float) -> dict[str, Completion | LLMErro
 
 class BatchModel:
     """`llm`: the online model, whose client, request shape and caps the lines use (and
-    which answers re-asks when `settings.reask` is online)."""
+    which answers re-asks when the spec's `batch.reask` is online)."""
 
     def __init__(self, llm: LLM, settings: BatchTier, on_submitted: Submitted) -> None:
         self.llm = llm

@@ -1,4 +1,4 @@
-"""`stream bench --churn`: what a rebalance costs at size (issue 37, DESIGN.md section 9).
+"""`stream bench --churn`: what a rebalance costs at size (issue 37).
 
 One broker, the LLM simulator and the tickets example's activity worker as their own
 processes. First a steady run: one processor, tickets paced at a fixed rate, its LLM

@@ -1,5 +1,5 @@
-"""What a move costs the one-producer-per-partition model (DESIGN.md section 9: no
-KIP-447 in aiokafka, so fencing needs a transactional producer per input partition): P
+"""What a move costs the one-producer-per-partition model (no KIP-447 in aiokafka, so
+fencing needs a transactional producer per input partition: docs/architecture.md): P
 producers' init_transactions side by side, as an assignment opens its units, and again on
 the same ids, each fencing its predecessor; and one processor owning every partition,
 restarted, its whole assignment callback timed."""

@@ -22,7 +22,8 @@ async def per_input_outcomes(
     """Outcomes per input, read_committed: each turn of each workflow should be decided
     by one batch. A second batch's decision of the same turn (calls, or a no-action) is
     a duplicate outcome, however many copies of each are on the topics; copies of one
-    outcome (a republished outbox) are counted apart, as `outcome_copies`."""
+    outcome (the same record written again, as at least once may) are counted apart, as
+    `outcome_copies`."""
     t = settings.topics
     decisions: dict[tuple[str, object], set[str]] = defaultdict(set)
     copies: Counter[tuple[object, ...]] = Counter()

@@ -17,8 +17,8 @@ from instanced_stream.tools.fleet import Group, Life
 
 __all__ = ["OPEN", "Owners", "uncommitted"]
 
-# A unit that serves. `running` is the lifecycle's name for it (DESIGN.md section 10), in
-# case readiness says that instead of `open`.
+# A unit that serves. `running` is the lifecycle's name for it (runtime/engine/lifecycle.py),
+# in case readiness says that instead of `open`.
 OPEN = frozenset({"open", "running"})
 
 

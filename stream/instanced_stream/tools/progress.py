@@ -1,4 +1,5 @@
-"""Progress figures of a fault run (DESIGN.md section 10), from its raw timeline: items
+"""Progress figures of a fault run (progress is judged while the processors run, not
+after the stop: docs/performance.md, the restart storm), from its raw timeline: items
 decided late, the longest a partition had no open unit, the longest join, rebalances a
 minute. Pure functions of what was recorded, every one cut at the stop: a stop's drain
 can finish what a stuck group left, so nothing at or after the stop counts in a

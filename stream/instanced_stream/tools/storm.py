@@ -1,6 +1,6 @@
-"""`stream bench --churn --restarts N`: progress under a restart storm (issue 44, DESIGN.md
-section 10). Safety is counted after the stop; progress must be seen while the
-processors run, before any stop's drain can finish what a stuck group left.
+"""`stream bench --churn --restarts N`: progress under a restart storm (issue 44). Safety
+is counted after the stop; progress must be seen while the processors run, before any
+stop's drain can finish what a stuck group left.
 
 The run: the churn bench's deployment (tools/fleet.py: fresh topics, the tickets example,
 its activity worker, the simulator) with `states` finished workflow states already on

@@ -1,8 +1,8 @@
-"""The lifecycle of each input partition this member was given: one state per partition
-with its transitions checked in one place, as Kafka Streams' `Task.State` (DESIGN.md
-section 10). Every other structure is a view of it: the running units (`running`, what
-the fetch loop, the stager and the producers' renewal read), the openings (`opening`,
-what readiness, lag and the back-off read), the suspended ones.
+"""The lifecycle of each input partition this member was given (docs/architecture.md,
+`Lifecycle`): one state per partition with its transitions checked in one place, as
+Kafka Streams' `Task.State`. Every other structure is a view of it: the running units
+(`running`, what the fetch loop, the stager and the producers' renewal read), the
+openings (`opening`, what readiness, lag and the back-off read), the suspended ones.
 
     ASSIGNED -> RESTORING -> RUNNING -> SUSPENDED -> RUNNING       (given back, same epoch)
                     |  ^         |          |

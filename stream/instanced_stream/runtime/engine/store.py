@@ -9,7 +9,7 @@ not at all. An aborted or fenced unit is dropped with its store; the next owner 
 what was committed. A change whose record would pass the broker's limit is refused before
 anything is stored or staged.
 
-A finished workflow's state (done, owing nothing) leaves memory once its changelog record
+A finished workflow's state (done) leaves memory once its changelog record
 is written: until its retention is over (when its tombstone is written, as before) the
 store keeps only where that record is and when the workflow ended (`Retired`). A repeated
 answer or a new input of the instance reads it back first (`Stores.recall`, one fetch by
@@ -42,10 +42,9 @@ log = logging.getLogger("stream.store")
 
 
 def _ended_at(st: InstanceState) -> float | None:
-    """When the workflow ended, if it ended and owes nothing: nothing reads it then but a
-    repeated answer, a new input of its instance, and the deletion at the end of its
-    retention."""
-    if st.status == "done" and st.ended is not None and not st.outbox:
+    """When the workflow ended, if it is done: nothing reads it then but a repeated answer,
+    a new input of its instance, and the deletion at the end of its retention."""
+    if st.status == "done" and st.ended is not None:
         return st.ended.at
     return None
 

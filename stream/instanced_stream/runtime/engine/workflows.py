@@ -5,8 +5,8 @@ Every change is made in one synchronous step on the unit's store, and the change
 records it queued are taken at once and handed back with the trigger's output records:
 they are staged together on the trigger's slot (or, for a next turn or a deadline, with
 the unit's next commit), so state and outputs commit in one transaction or not at all.
-There is no outbox and no rehearsal-then-publish ordering to get right: a crash before
-the commit leaves neither; the next owner restores the store and redoes the trigger.
+No order between storing a change and publishing its records has to be kept: a crash
+before the commit leaves neither; the next owner restores the store and redoes the trigger.
 """
 
 from __future__ import annotations
