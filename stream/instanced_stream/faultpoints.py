@@ -25,6 +25,7 @@ POINTS = frozenset(
         "after_commit",
         "after_result",
         "after_approval",
+        "joined",
     }
 )
 

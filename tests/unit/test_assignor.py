@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
@@ -227,3 +228,32 @@ def test_a_topic_with_fewer_partitions_gets_only_the_numbers_it_has() -> None:
     a = CoPartitionedAssignor()
     out = a.assign(cluster, {"A": _join(a, ["in", "results"])})
     assert dict(out["A"].assignment) == {"in": [0, 1, 2, 3], "results": [0, 1]}
+
+
+class _Trap:
+    """A probe that raises at one point, as an armed `raise:` fault does."""
+
+    def __init__(self, point: str) -> None:
+        self.point, self.seen = point, 0
+
+    def at(self, point: str) -> None:
+        if point == self.point:
+            self.seen += 1
+            raise RuntimeError(point)
+
+    def watches(self, point: str) -> bool:
+        return point == self.point
+
+
+def test_the_joined_point_comes_before_the_member_takes_its_partitions() -> None:
+    """The restart storm's `joined` kill (tools/kills.py) dies where the group has answered
+    the join and the member holds nothing yet: its claim is still the one it joined with."""
+    topics = ["in", "results", "approvals"]
+    trap = _Trap("joined")
+    a = CoPartitionedAssignor(trap)
+    given = a.assign(_Cluster(dict.fromkeys(topics, 4)), {"A": _join(a, topics)})
+    with pytest.raises(RuntimeError, match="joined"):
+        _deliver(a, given["A"])
+    assert trap.seen == 1
+    assert a.claim == Claim()
+    assert _deliver(CoPartitionedAssignor(), given["A"]) == {t: [0, 1, 2, 3] for t in topics}

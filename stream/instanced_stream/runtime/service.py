@@ -153,6 +153,7 @@ class _Service(mode.Service):
             progress=self.restores.progress if self.restores else lambda _p: 0,
             on_open=self._opened if self.flows or self.submissions else None,
             on_close=self._closed,
+            probe=probe,
         )
         self.follower = OverrideFollower(
             bootstrap, topics.context, spec, messages, ends, self._reconfigure

@@ -16,7 +16,8 @@ none staged on a unit yet, inside the retry), `mid_commit` (runtime/engine/unit.
 of a commit sent and its offsets too, the transaction still open), `after_commit`
 (unit.py: a commit done, before the unit goes on), `after_result` and `after_approval`
 (runtime/service.py: a result's or an approval's change staged on its unit, not yet
-committed).
+committed), `joined` (runtime/engine/assignor.py: the group answered the member's join
+with its partitions, which it has not taken yet).
 
 The pipeline never calls this module: its pieces take a `instanced_stream.faultpoints.Probe`,
 and `stream process` passes a `FaultProbe` only when STREAM_CRASH_AT is set.

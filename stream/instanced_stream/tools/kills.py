@@ -1,15 +1,19 @@
 """The restart storm's kills (tools/storm.py): a random member of a group SIGKILLed and
 started again, by turns aimed inside a commit (its live API shows consumed records not
 yet committed, as the chaos demo aims), at a random moment, and while the restarted
-member joins (its log shows its join request and no assignment yet); every other aimed
-kill also arms the restarted member's `mid_commit` fault point, so it kills itself inside
-a commit's transaction. Each kill is noted with its phase as found; a member that exits
-on its own otherwise is a crash, started again too."""
+member joins: by turns from outside (its log shows its join request and no assignment
+yet) and by its own `joined` fault point (the group answered its join with partitions it
+has not taken yet: a static member's join takes tens of milliseconds, which a kill from
+outside rarely meets). Every other aimed kill also arms the restarted member's
+`mid_commit` fault point, so it kills itself inside a commit's transaction. Each kill is
+noted with its phase as found; a member that exits on its own otherwise is a crash,
+started again too."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +25,10 @@ from instanced_stream.tools.owners import uncommitted
 
 __all__ = ["KillPlan", "Kills"]
 
-# What an armed fault point logs as it kills its process (testing/faults.py).
-_FAULT_KILL = b"fault injection: SIGKILL at mid_commit"
+# What an armed fault point logs as it kills its process (testing/faults.py), and the
+# phase each point's kill is noted under.
+_FAULT_KILL = re.compile(rb"fault injection: SIGKILL at (\w+)")
+_FAULT_PHASE = {b"mid_commit": "mid_commit", b"joined": "joining"}
 
 Say = Callable[[str], None]
 
@@ -57,8 +63,9 @@ class Kills:
         self.group.sample()
         for life in self.group.exited():
             slot = int(life.name[1:].split(".")[0])
-            if _FAULT_KILL in _read(life.proc.log_path):
-                self._note(life, "mid_commit", {})
+            fault = _FAULT_KILL.search(_read(life.proc.log_path))
+            if fault is not None and fault[1] in _FAULT_PHASE:
+                self._note(life, _FAULT_PHASE[fault[1]], {}, fault[1].decode())
             else:
                 self.crashes.append(
                     {"processor": life.name, "at_s": round(self.now(), 1), "code": life.exit_code}
@@ -66,7 +73,9 @@ class Kills:
                 self.say(f"storm: {life.name} exited on its own ({life.exit_code}); restarting")
             self.group.start(slot)
 
-    def _note(self, life: Life, phase: str, found: dict[str, int]) -> None:
+    def _note(
+        self, life: Life, phase: str, found: dict[str, int], fault: str | None = None
+    ) -> None:
         at = self.now() if life.stopped_s is None else life.stopped_s
         self.kills.append(
             {
@@ -74,6 +83,7 @@ class Kills:
                 "at_s": round(at, 2),
                 "processor": life.name,
                 "phase": phase,
+                "fault_point": fault,  # the member killed itself there; None: from outside
                 "age_s": round(at - life.started_s, 2),
                 "uncommitted": found,
             }
@@ -91,12 +101,13 @@ class Kills:
         slot: int,
         phase: str,
         found: dict[str, int] | None = None,
-        arm: bool = False,
+        fault: str | None = None,
         classify: bool = False,
     ) -> Life:
-        """SIGKILL the slot's life (no drain, no commit) and start it again; `arm`: the
-        new life kills itself at its first to third commit's `mid_commit` fault point
-        (testing/faults.py), inside the transaction. `classify`: the phase is what the
+        """SIGKILL the slot's life (no drain, no commit) and start it again; `fault`: the
+        new life kills itself at that fault point (testing/faults.py): `mid_commit` at
+        its first to third commit, inside the transaction; `joined` at its first join's
+        answer, before it takes its partitions. `classify`: the phase is what the
         dead life's log shows it reached: `starting` before its join request, `running`
         once it had an assignment, else `phase`."""
         self.check()
@@ -110,14 +121,15 @@ class Kills:
                 phase = _reached(_read(life.proc.log_path), self.gid, phase)
             self._note(life, phase, found or {})
         env = None
-        if arm and len(self.kills) < self.plan.restarts - 1:
-            env = {"STREAM_CRASH_AT": f"mid_commit:{self.rng.randint(1, 3)}"}
+        if fault is not None and len(self.kills) < self.plan.restarts - 1:
+            hit = self.rng.randint(1, 3) if fault == "mid_commit" else 1
+            env = {"STREAM_CRASH_AT": f"{fault}:{hit}"}
         return self.group.start(slot, env)
 
-    async def aimed(self, slot: int, arm: bool = False) -> Life:
+    async def aimed(self, slot: int, fault: str | None = None) -> Life:
         life = self.group.running.get(slot)
         found = await uncommitted(life, self.plan.aim_s) if life is not None else {}
-        return await self.kill(slot, "in_commit" if found else "running", found, arm)
+        return await self.kill(slot, "in_commit" if found else "running", found, fault)
 
     async def joining(self, life: Life, slot: int) -> None:
         """Kill `life` (just started) once its log shows its join request and before its
@@ -161,16 +173,22 @@ class Kills:
                 await self.wait(self.rng.uniform(*plan.gap_s))
             slot = self.rng.choice(sorted(self.group.running) or [0])
             manner = turn % 3
+            # Every other time, the restarted member is armed to die at a fault point
+            # (inside a commit; at its join's answer, the first round): that death is the
+            # next kill, and the gap runs from it.
+            odd_round = (turn // 3) % 2 == 1
             turn += 1
             if manner == 0:
-                # Every other time, the restarted member is armed to die inside a commit:
-                # that death is the next kill, and the gap runs from it.
-                fresh = await self.aimed(slot, arm=turn % 6 == 4)
+                fresh = await self.aimed(slot, "mid_commit" if odd_round else None)
                 if "STREAM_CRASH_AT" in fresh.proc.env:
                     await self.gone(fresh, plan.join_wait_s + 60)
             elif manner == 1:
                 await self.wait(self.rng.uniform(0, 3))
                 await self.kill(slot, "running")
+            elif not odd_round:
+                fresh = await self.aimed(slot, "joined")
+                if "STREAM_CRASH_AT" in fresh.proc.env:
+                    await self.gone(fresh, plan.join_wait_s + 60)
             else:
                 fresh = await self.aimed(slot)
                 if len(self.kills) < plan.restarts:

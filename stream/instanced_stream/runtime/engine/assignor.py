@@ -32,6 +32,8 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from instanced_stream.faultpoints import NO_PROBE, Probe
+
 __all__ = ["Claim", "CoPartitionedAssignor", "assign_numbers", "fewest_moves"]
 
 log = logging.getLogger("stream.membership")
@@ -131,8 +133,9 @@ class CoPartitionedAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     name = "copartitioned-sticky"
     version = 0
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Probe = NO_PROBE) -> None:
         self.claim = Claim()
+        self.probe = probe
 
     # aiokafka declares these as classmethods and calls them on what it was given: here
     # they are the instance's, because the claim is the member's.
@@ -178,6 +181,9 @@ class CoPartitionedAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         return ConsumerProtocolMemberMetadata(self.version, list(topics), self.claim.encode())
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        # The group answered this member's sync: it holds these partitions for the
+        # broker, and has not taken them yet.
+        self.probe.at("joined")
         try:
             epoch = int(orjson.loads(assignment.user_data)["epoch"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):

@@ -30,6 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.structs import TopicPartition
 
+from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
@@ -61,7 +62,7 @@ class Fetched:
     slot: Slot
 
 
-def assignors() -> tuple[CoPartitionedAssignor]:
+def assignors(probe: Probe = NO_PROBE) -> tuple[CoPartitionedAssignor]:
     """The group's assignment protocols, one object per consumer: exactly one. aiokafka
     0.14 sends a JoinGroup per listed assignor, each after the previous one's answer (its
     join loop sits inside the loop over assignors), so with two the first join lists one
@@ -69,7 +70,7 @@ def assignors() -> tuple[CoPartitionedAssignor]:
     generation completes and starts another one. Under restarts that kept a group
     rebalancing for minutes, two partitions unserved (tests/unit/test_join.py). Earlier
     versions listed this protocol first, so a rolling upgrade still finds it in common."""
-    return (CoPartitionedAssignor(),)
+    return (CoPartitionedAssignor(probe),)
 
 
 def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
@@ -108,6 +109,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
         progress: Callable[[int], int] = lambda _p: 0,
         max_uncommitted: int = MAX_UNCOMMITTED,
+        probe: Probe = NO_PROBE,
     ) -> None:
         self.producers, self.cap = producers, max_uncommitted
         # Each partition's one state (runtime/engine/lifecycle.py); `units` (the running
@@ -131,7 +133,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._rebalanced: deque[float] = deque()  # when each rebalance began, last minute
         self.started_at = time.monotonic()
         self.assigned_at: float | None = None  # the last assignment taken
-        self.strategy = assignors()
+        self.strategy = assignors(probe)
         self.consumer: AIOKafkaConsumer | None = None
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
 
