@@ -20,8 +20,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from instanced_stream.activities.worker import load_activities
 from instanced_stream.kafka.security import options_for
+from instanced_stream.ops.audit import AuditReport
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.audit import AuditReport
 from instanced_stream.tools.demo import ProcessorProcess
 
 from tests.conftest import (

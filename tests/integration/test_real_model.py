@@ -32,12 +32,12 @@ from instanced_stream.kafka.topics import activity_topics, read_json, read_topic
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.llm.local import running_local_llm
+from instanced_stream.ops.workflow_audit import audit_workflows
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
 from instanced_stream.testing.samples import comments, tickets
 from instanced_stream.tools.demo import ProcessorProcess, launch_processor, produce, wait_accounted
 from instanced_stream.tools.seeds import run_example
 from instanced_stream.tools.target import Target
-from instanced_stream.tools.workflow_audit import audit_workflows
 from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]

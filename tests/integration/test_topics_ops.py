@@ -13,8 +13,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.topics import check_partitions, ensure_product_topics, ensure_topics
+from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
-from instanced_stream.tools.audit import audit
 from instanced_stream.tools.demo import produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -39,6 +39,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime.engine",),
     ("runtime.batch",),
     ("runtime", "runtime.service"),
+    ("ops",),
     ("tools",),
     ("cli",),
 )

@@ -2,20 +2,14 @@
 `churn` (rebalances at size, with `fleet`, `timeline`, `rebalances`, `outcomes`, `moves`
 and `changelog_states`),
 `chaos`, `injection`, `seeds` (the seeds' examples), `report`/`figures` (their output),
-`target` (what they run against), and the operator's tools: `audit`,
-`workflow_audit`, `approvals`, `console` (produce, tail, topics), `check`, `schemas`
-and `asyncapi`. Modules are imported where used."""
+`target` (what they run against). The operator's commands are the floor below (`ops`).
+Modules are imported where used."""
 
 __all__ = [
-    "approvals",
-    "asyncapi",
-    "audit",
     "bench",
     "changelog_states",
     "chaos",
-    "check",
     "churn",
-    "console",
     "demo",
     "eval",
     "figures",
@@ -26,10 +20,8 @@ __all__ = [
     "outcomes",
     "rebalances",
     "report",
-    "schemas",
     "seeds",
     "soak",
     "target",
     "timeline",
-    "workflow_audit",
 ]

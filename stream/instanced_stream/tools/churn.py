@@ -23,7 +23,7 @@ Measured, and written to DIR/churn.json:
   of the callback;
 - requests per item against the steady run, items/s during and outside the moves, the
   peak RSS of every processor incarnation;
-- missing inputs (tools.audit) and duplicate outcomes counted per input: one turn of
+- missing inputs (ops.audit) and duplicate outcomes counted per input: one turn of
   one workflow decided by two batches is two outcomes, however many copies each has.
 
 `init_transactions` measures what the one-producer-per-partition ceiling costs a move:
@@ -46,9 +46,9 @@ from typing import Any
 import orjson
 
 from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.audit import audit
 from instanced_stream.tools.changelog_states import same_format, write_states
 from instanced_stream.tools.fleet import Deploy, Group, Worker, deploy
 from instanced_stream.tools.moves import init_transactions, processor_moves
