@@ -14,7 +14,7 @@ Floors, each importing only from those below it (tests/unit/test_layout.py check
 - `runtime`: the processor: pipeline steps, quality control, the exactly-once engine, the
   Batch API tier, and the service that assembles them.
 - `ops`: the operator's commands: audit, redrive, approvals, console, tail, check, schemas.
-- `tools`: the benchmark and demo harness: demo, bench, churn, storm, soak, load, eval.
+- `harness`: the benchmark and demo harness: demo, bench, churn, storm, soak, load, eval.
 - `cli`: the `stream` command.
 """
 

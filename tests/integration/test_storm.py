@@ -6,7 +6,7 @@ restart storm of `stream bench --churn --restarts N`, small."""
 from __future__ import annotations
 
 import pytest
-from instanced_stream.tools.storm import StormPlan, run_storm
+from instanced_stream.harness.storm import StormPlan, run_storm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(720)]
 

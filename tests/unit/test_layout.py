@@ -40,7 +40,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime.batch",),
     ("runtime", "runtime.service"),
     ("ops",),
-    ("tools",),
+    ("harness",),
     ("cli",),
 )
 # `python -m instanced_stream` is the CLI's.

@@ -68,13 +68,13 @@ def _llm_local(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.harness.demo import run_demo
     from instanced_stream.settings import EXAMPLES
-    from instanced_stream.tools.demo import run_demo
 
     secure(settings)  # a configured broker may need TLS or SASL
 
     if args.example == "seeds":
-        from instanced_stream.tools.seeds import run_seeds
+        from instanced_stream.harness.seeds import run_seeds
 
         return run_seeds(args.json, timeout=args.timeout, llm=args.llm)
     # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.

@@ -4,8 +4,8 @@ items back (`redrive`), approve a lazy plan's proposals (`approvals`), publish a
 and list or create the topics (`console`), read a topic's last records (`tail`), lint the
 spec and settings and ask the endpoint and brokers (`check`), and write the contracts
 (`schemas`, `asyncapi`). Nothing here starts a broker, a simulator or a processor: that is
-the harness in `tools`, the floor above, which may import these and never the reverse.
-Modules are imported where used."""
+`harness`, the floor above, which may import these and never the reverse. Modules are
+imported where used."""
 
 __all__ = [
     "approvals",
