@@ -1,4 +1,4 @@
-"""The operator's commands, run against a live deployment's topics and settings: is every
+"""The operator's commands, for a deployment's topics, spec and settings: is every
 item accounted for (`audit`, and `workflow_audit` for stateful workflows), send dead-lettered
 items back (`redrive`), approve a lazy plan's proposals (`approvals`), publish a JSONL file
 and list or create the topics (`console`), read a topic's last records (`tail`), lint the
