@@ -34,7 +34,7 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "hundred",
-        "tools/seeds.py",
+        "harness/seeds.py",
         'rest = list(dict.fromkeys(c["comment"] for c in comments(400)))[:97]',
         'rest = [c["comment"] for c in comments(400)][:97]',
         (

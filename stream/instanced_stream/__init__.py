@@ -13,7 +13,8 @@ Floors, each importing only from those below it (tests/unit/test_layout.py check
   fault injection.
 - `runtime`: the processor: pipeline steps, quality control, the exactly-once engine, the
   Batch API tier, and the service that assembles them.
-- `tools`: demo, bench, soak, eval, audit, approvals, console, check, schemas.
+- `ops`: the operator's commands: audit, redrive, approvals, console, tail, check, schemas.
+- `harness`: the benchmark and demo harness: demo, bench, churn, storm, soak, load, eval.
 - `cli`: the `stream` command.
 """
 

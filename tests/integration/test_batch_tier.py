@@ -19,9 +19,9 @@ import pytest
 import yaml
 from instanced_stream.activities.worker import load_activities
 from instanced_stream.kafka.topics import batch_changelog
+from instanced_stream.ops.audit import AuditReport
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.audit import AuditReport
 
 from tests.conftest import Deployment
 

@@ -18,10 +18,10 @@ from aiokafka.structs import OffsetAndMetadata
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.topics import ensure_product_topics, product_topics, read_topic
+from instanced_stream.ops.console import produce, render_topics, resolve_topic, topics
+from instanced_stream.ops.tail import tail
 from instanced_stream.settings import Settings
 from instanced_stream.testing.samples import comments
-from instanced_stream.tools.console import produce, render_topics, resolve_topic, topics
-from instanced_stream.tools.tail import tail
 
 from tests.conftest import Deployment
 

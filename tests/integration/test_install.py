@@ -175,11 +175,11 @@ def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
     assert ignored.stdout.strip(), "the generated copy must be ignored by git"
     (thin,) = out.glob("*.whl")
     assert len(list(out.glob("*.tar.gz"))) == 1
-    # the worker, its command and what they import: no processor, tool, test support or
-    # the product's CLI
+    # the worker, its command and what they import: no processor, harness, operator
+    # command, test support or the product's CLI
     shipped = [n for n in zipfile.ZipFile(thin).namelist() if n.endswith(".py")]
     assert "instanced_stream_worker/activities/worker.py" in shipped, shipped
-    heavy = ("runtime/", "tools/", "testing/", "cli/main.py", "cli/commands.py")
+    heavy = ("runtime/", "harness/", "ops/", "testing/", "cli/main.py", "cli/commands.py")
     pulled = [n for n in shipped if n.removeprefix("instanced_stream_worker/").startswith(heavy)]
     assert not pulled, pulled
 

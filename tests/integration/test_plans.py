@@ -17,13 +17,13 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.activities.worker import load_activities
 from instanced_stream.core.messages import ApprovalRecord
+from instanced_stream.harness.seeds import seed_items
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.ops.approvals import pending_now
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import tickets
 from instanced_stream.testing.sim.planner import THOUGHT
-from instanced_stream.tools.approvals import pending_now
-from instanced_stream.tools.seeds import seed_items
 
 from tests.conftest import Deployment, workflow_states
 from tests.flows import until

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from instanced_stream.ops.asyncapi import CHANNELS, render_asyncapi
 from instanced_stream.settings import Topics
-from instanced_stream.tools.asyncapi import CHANNELS, render_asyncapi
 
 FILE = Path(__file__).resolve().parents[2] / "asyncapi.yaml"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 import pytest
+from instanced_stream.ops import audit as audit_module
+from instanced_stream.ops.audit import AuditReport, audit
 from instanced_stream.settings import Topics
-from instanced_stream.tools import audit as audit_module
-from instanced_stream.tools.audit import AuditReport, audit
 
 TOPICS = Topics("t.", "t.items")
 TOOL = TOPICS.activity("moderateComment")

@@ -66,7 +66,7 @@ def test_the_rate_what_is_left_and_when_the_ceiling_is_met() -> None:
 
 
 def test_stream_topics_says_the_rate_what_is_left_and_when_the_ceiling_is_met() -> None:
-    from instanced_stream.tools.console import budget_line
+    from instanced_stream.ops.console import budget_line
 
     shown = {"usd_per_hour": 2.0, "spend_usd_per_hour": 1.5, "headroom_usd_per_hour": 0.5}
     assert budget_line({**shown, "met_in_s": None, "paced": False}, "p") == (

@@ -17,8 +17,8 @@ from instanced_stream.cli.parser import build_parser
 from instanced_stream.errors import StreamError
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.web import claim_port
+from instanced_stream.ops.audit import parse_since
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.tools.audit import parse_since
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
 

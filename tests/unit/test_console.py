@@ -13,14 +13,14 @@ from instanced_stream.core.messages import (
     DoneRecord,
     SourcePosition,
 )
-from instanced_stream.settings import Settings
-from instanced_stream.tools.console import (
+from instanced_stream.ops.console import (
     TopicRow,
     format_record,
     parse_lines,
     render_topics,
     resolve_topic,
 )
+from instanced_stream.settings import Settings
 
 SOURCE = SourcePosition(topic="p.items", partition=2, offset=1042, key="c-42")
 BATCH = BatchRef(id="b-1", size=3, token="①", attempt=1)

@@ -30,7 +30,7 @@ What counts as a reference (a span without spaces; a trailing `()` is dropped):
     `advice.max_consults`, `settings.max_output_bytes`, an activity record's
     `batch.token`, the Helm chart's `activities.replicas`), so such a span also resolves
     as a key path (fields by name or alias) of the agent spec, of `Settings`, of a
-    message contract (tools/schemas.py), or of the chart's values.yaml.
+    message contract (ops/schemas.py), or of the chart's values.yaml.
   Anything else is not a reference to this package: env vars (`STREAM_SPEC`), CLI flags,
   topics (`stream.results`, `activity.<tool>`), other libraries' names (`mode.Service`,
   faust's `Stream.ack`), and the first parts in `FOREIGN`, which name another
@@ -53,8 +53,8 @@ from typing import Any
 import pytest
 import yaml
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.ops.schemas import CONTRACTS
 from instanced_stream.settings import Settings
-from instanced_stream.tools.schemas import CONTRACTS
 from pydantic import AliasChoices, BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -441,7 +441,7 @@ def test_the_rule_finds_references_of_every_kind() -> None:
         ("docs/DESIGN.md", "no such file or folder"),
         ("test_docs_refs.py", None),
         ("mode.Service", None),  # not this package's
-        ("asyncapi.yaml", None),  # a file's name, not tools/asyncapi.py's `yaml`
+        ("asyncapi.yaml", None),  # a file's name, not ops/asyncapi.py's `yaml`
         ("settings.max_output_bytes", None),  # a field of Settings
         ("batch.token", None),  # a key of an activity record
         ("activities.replicaz", "no module activities defines replicaz"),

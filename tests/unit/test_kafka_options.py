@@ -45,7 +45,7 @@ async def test_oauthbearer_errors_are_one_line(tmp_path: Path) -> None:
 
 
 async def test_oauthbearer_takes_a_token_from_the_environment_and_no_user_name() -> None:
-    from instanced_stream.tools.check import lint_settings
+    from instanced_stream.ops.check import lint_settings
 
     settings = _oauth(kafka_sasl_oauth_token="env.jwt.token")
     provider = client_options(settings)["sasl_oauth_token_provider"]

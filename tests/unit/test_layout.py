@@ -39,7 +39,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime.engine",),
     ("runtime.batch",),
     ("runtime", "runtime.service"),
-    ("tools",),
+    ("ops",),
+    ("harness",),
     ("cli",),
 )
 # `python -m instanced_stream` is the CLI's.

@@ -1,12 +1,12 @@
-"""`stream redrive`'s plan (tools/redrive.py) and the audit's view of re-driven inputs."""
+"""`stream redrive`'s plan (ops/redrive.py) and the audit's view of re-driven inputs."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any
 
-from instanced_stream.tools.audit import final_attempts
-from instanced_stream.tools.redrive import (
+from instanced_stream.ops.audit import final_attempts
+from instanced_stream.ops.redrive import (
     REDRIVE,
     REDRIVE_COUNT,
     REDRIVE_OF,

@@ -5,7 +5,7 @@ from pathlib import Path
 import orjson
 import pytest
 from instanced_stream.core.spec import spec_document
-from instanced_stream.tools.schemas import render
+from instanced_stream.ops.schemas import render
 from jsonschema import Draft202012Validator
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from instanced_stream.ops.approvals import pending_proposals
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.approvals import pending_proposals
 
 from tests.flows import Rig, lazy, tickets_spec
 

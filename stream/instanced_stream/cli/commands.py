@@ -13,16 +13,16 @@ from typing import Any
 import orjson
 
 from instanced_stream.errors import StreamError
+from instanced_stream.harness.report import Endpoint
 from instanced_stream.settings import Settings
-from instanced_stream.tools.report import Endpoint
 
 __all__ = ["bench", "evaluate", "soak"]
 
 
 def bench(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.harness.bench import bench_spec, results_json, run_bench
+    from instanced_stream.harness.report import judge_of, markdown, plots
     from instanced_stream.testing.broker import kafka_bootstrap
-    from instanced_stream.tools.bench import bench_spec, results_json, run_bench
-    from instanced_stream.tools.report import judge_of, markdown, plots
 
     endpoint = Endpoint(
         latency_ms=args.latency_ms,
@@ -38,11 +38,11 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.brokers > 1 and not args.restarts:
         raise StreamError("--brokers runs the restart storm: add --restarts N (20 or more)")
     if args.churn and args.restarts:
-        from instanced_stream.tools.storm import storm_command
+        from instanced_stream.harness.storm import storm_command
 
         return storm_command(args, settings)
     if args.churn:
-        from instanced_stream.tools.churn import churn_command
+        from instanced_stream.harness.churn import churn_command
 
         return churn_command(args, settings)
     if args.soak:
@@ -86,8 +86,8 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def soak(args: argparse.Namespace, endpoint: Endpoint, settings: Settings) -> int:
+    from instanced_stream.harness.soak import markdown, plot, run_soak
     from instanced_stream.testing.broker import kafka_bootstrap
-    from instanced_stream.tools.soak import markdown, plot, run_soak
 
     out = Path(args.out)
     with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
@@ -102,12 +102,12 @@ def soak(args: argparse.Namespace, endpoint: Endpoint, settings: Settings) -> in
 def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.core.prompt import PromptBuilder
     from instanced_stream.core.spec import load_spec
+    from instanced_stream.harness.eval import disagreements, load_items, markdown
+    from instanced_stream.harness.eval import evaluate as run_eval
+    from instanced_stream.harness.target import llm_target
     from instanced_stream.llm.client import LLM
     from instanced_stream.llm.factory import initial_shape, resolve_api_key
     from instanced_stream.llm.preflight import probe
-    from instanced_stream.tools.eval import disagreements, load_items, markdown
-    from instanced_stream.tools.eval import evaluate as run_eval
-    from instanced_stream.tools.target import llm_target
 
     spec = load_spec(settings.spec)
     try:

@@ -24,8 +24,8 @@ __all__ = ["main"]
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.ops.check import preflight
     from instanced_stream.runtime.service import run_processor
-    from instanced_stream.tools.check import preflight
 
     spec, bootstrap = configured(settings)
     preflight(settings, spec)  # what `stream check` refuses, refused here the same way
@@ -68,13 +68,13 @@ def _llm_local(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.harness.demo import run_demo
     from instanced_stream.settings import EXAMPLES
-    from instanced_stream.tools.demo import run_demo
 
     secure(settings)  # a configured broker may need TLS or SASL
 
     if args.example == "seeds":
-        from instanced_stream.tools.seeds import run_seeds
+        from instanced_stream.harness.seeds import run_seeds
 
         return run_seeds(args.json, timeout=args.timeout, llm=args.llm)
     # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.
@@ -110,8 +110,8 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.asyncapi import render_asyncapi
-    from instanced_stream.tools.schemas import write_schemas
+    from instanced_stream.ops.asyncapi import render_asyncapi
+    from instanced_stream.ops.schemas import write_schemas
 
     if args.register:
         return _register(settings, force=args.force)
@@ -159,8 +159,8 @@ async def _page_quality(url: str, part: str = "quality") -> dict[str, Any] | Non
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.kafka.topics import activity_topics
     from instanced_stream.observe.agreement import quality_line
-    from instanced_stream.tools.audit import audit, parse_since
-    from instanced_stream.tools.workflow_audit import audit_workflows
+    from instanced_stream.ops.audit import audit, parse_since
+    from instanced_stream.ops.workflow_audit import audit_workflows
 
     spec, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
@@ -190,8 +190,8 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _redrive(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.audit import parse_since
-    from instanced_stream.tools.redrive import WORTH, redrive
+    from instanced_stream.ops.audit import parse_since
+    from instanced_stream.ops.redrive import WORTH, redrive
 
     _, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
@@ -251,7 +251,7 @@ def _advice(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _approve(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.approvals import approve, pending_now
+    from instanced_stream.ops.approvals import approve, pending_now
 
     _, bootstrap = configured(settings)
     if args.list:
@@ -265,7 +265,7 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _produce(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import produce, resolve_topic
+    from instanced_stream.ops.console import produce, resolve_topic
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic) if args.topic else settings.topics.input
@@ -276,8 +276,8 @@ def _produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _tail(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import resolve_topic
-    from instanced_stream.tools.tail import tail
+    from instanced_stream.ops.console import resolve_topic
+    from instanced_stream.ops.tail import tail
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic)
@@ -289,7 +289,7 @@ def _tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.console import budget_line, render_topics, topics
+    from instanced_stream.ops.console import budget_line, render_topics, topics
 
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
@@ -301,7 +301,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.tools.check import check
+    from instanced_stream.ops.check import check
 
     for line in check(settings, endpoint=args.endpoint, kafka=args.kafka):
         print(line)

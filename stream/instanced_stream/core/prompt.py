@@ -23,7 +23,7 @@ from instanced_stream.core.strict_form import MAX_ENUM_VALUES, enum_values, stri
 from instanced_stream.core.tokenizer import estimate_tokens
 
 # `Instance` lives in instanced_stream.core.instance; it is re-exported here for the modules that
-# still import it from the prompt (solve, tools.eval).
+# still import it from the prompt (solve, harness.eval).
 __all__ = [
     "Ask",
     "Instance",

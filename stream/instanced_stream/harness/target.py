@@ -1,4 +1,4 @@
-"""Which model a tool (demo, eval, bench) talks to: the bundled simulator, a real model
+"""Which model a harness run (demo, eval, bench) talks to: the bundled simulator, a real model
 served locally by llama.cpp, or the user's own OpenAI-compatible endpoint.
 
     --llm simulator   the simulator (default): fast, fault injection, not a model

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka import clients
-from instanced_stream.tools.console import connected, format_record, topic_layout
+from instanced_stream.ops.console import connected, format_record, topic_layout
 
 __all__ = ["last_records", "tail"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from instanced_stream.harness.fleet import Group, deploy
+from instanced_stream.harness.rebalances import parse_log, wait_assigned
+from instanced_stream.harness.target import SimProcess
 from instanced_stream.kafka import clients
-from instanced_stream.tools.fleet import Group, deploy
-from instanced_stream.tools.rebalances import parse_log, wait_assigned
-from instanced_stream.tools.target import SimProcess
 
 __all__ = ["init_transactions", "processor_moves"]
 

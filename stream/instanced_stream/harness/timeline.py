@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from instanced_stream.harness.fleet import Life
+from instanced_stream.harness.load import TopicReader
 from instanced_stream.kafka import clients
-from instanced_stream.tools.fleet import Life
-from instanced_stream.tools.load import TopicReader
 
 __all__ = ["Roll", "Watch", "produce_paced", "resume", "stalls"]
 

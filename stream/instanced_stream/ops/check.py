@@ -111,7 +111,7 @@ async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
     from instanced_stream.kafka.clients import register_producer
     from instanced_stream.kafka.security import client_options, register
     from instanced_stream.kafka.topics import product_topics
-    from instanced_stream.tools.console import topic_layout
+    from instanced_stream.ops.console import topic_layout
 
     bootstrap = settings.bootstrap_servers
     if not bootstrap:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any, Protocol
 
-from instanced_stream.tools.report import Endpoint, Result
-from instanced_stream.tools.target import SimProcess, Target
+from instanced_stream.harness.report import Endpoint, Result
+from instanced_stream.harness.target import SimProcess, Target
 
 __all__ = ["DEDUPE", "Runs", "duplicate_runs", "with_duplicates"]
 
@@ -23,7 +23,7 @@ DEDUPE: dict[str, Any] = {"enabled": True, "cache_ttl_s": 3600, "cache_items": 1
 
 
 class Runs(Protocol):
-    """What the duplicate runs need of the bench (`tools/bench.py`'s `Bench`): its items,
+    """What the duplicate runs need of the bench (`harness/bench.py`'s `Bench`): its items,
     which they swap for a while, its endpoint, and a run of the product."""
 
     items: list[dict[str, str]]

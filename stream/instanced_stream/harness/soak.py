@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from instanced_stream.tools.bench import Bench, bench_session, bench_spec
-from instanced_stream.tools.load import Tally, produce_items, rss_mb
-from instanced_stream.tools.report import Endpoint
+from instanced_stream.harness.bench import Bench, bench_session, bench_spec
+from instanced_stream.harness.load import Tally, produce_items, rss_mb
+from instanced_stream.harness.report import Endpoint
 
 __all__ = ["Sample", "SoakResult", "markdown", "plot", "run_soak", "soak"]
 

@@ -23,7 +23,7 @@ Measured, and written to DIR/churn.json:
   of the callback;
 - requests per item against the steady run, items/s during and outside the moves, the
   peak RSS of every processor incarnation;
-- missing inputs (tools.audit) and duplicate outcomes counted per input: one turn of
+- missing inputs (ops.audit) and duplicate outcomes counted per input: one turn of
   one workflow decided by two batches is two outcomes, however many copies each has.
 
 `init_transactions` measures what the one-producer-per-partition ceiling costs a move:
@@ -45,18 +45,18 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.harness.changelog_states import same_format, write_states
+from instanced_stream.harness.fleet import Deploy, Group, Worker, deploy
+from instanced_stream.harness.moves import init_transactions, processor_moves
+from instanced_stream.harness.outcomes import per_input_outcomes
+from instanced_stream.harness.rebalances import from_logs, rebalance_times, wait_assigned
+from instanced_stream.harness.report import Endpoint
+from instanced_stream.harness.target import SimProcess
+from instanced_stream.harness.timeline import Roll, Watch, produce_paced, resume
 from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
 from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.audit import audit
-from instanced_stream.tools.changelog_states import same_format, write_states
-from instanced_stream.tools.fleet import Deploy, Group, Worker, deploy
-from instanced_stream.tools.moves import init_transactions, processor_moves
-from instanced_stream.tools.outcomes import per_input_outcomes
-from instanced_stream.tools.rebalances import from_logs, rebalance_times, wait_assigned
-from instanced_stream.tools.report import Endpoint
-from instanced_stream.tools.target import SimProcess
-from instanced_stream.tools.timeline import Roll, Watch, produce_paced, resume
 
 __all__ = ["ChurnPlan", "audit_run", "churn_command", "keep_logs_of", "run_churn"]
 

@@ -16,10 +16,10 @@ import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from instanced_stream.harness.demo import ProcessorProcess
+from instanced_stream.harness.report import Result
 from instanced_stream.kafka.topics import ensure_topics
 from instanced_stream.testing.samples import comments
-from instanced_stream.tools.demo import ProcessorProcess
-from instanced_stream.tools.report import Result
 
 _MIN_SPAN_S = 2.0  # outcomes spread over less than this: too few waves for a slope
 

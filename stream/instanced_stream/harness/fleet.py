@@ -19,13 +19,13 @@ from pathlib import Path
 import yaml
 
 from instanced_stream.core.spec import load_spec
+from instanced_stream.harness.demo import ProcessorProcess
+from instanced_stream.harness.load import rss_mb
+from instanced_stream.harness.target import SimProcess
 from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, ensure_topics
 from instanced_stream.settings import EXAMPLES, Settings
 from instanced_stream.testing.broker import free_port
 from instanced_stream.testing.sim.server import MODEL_NAME
-from instanced_stream.tools.demo import ProcessorProcess
-from instanced_stream.tools.load import rss_mb
-from instanced_stream.tools.target import SimProcess
 
 __all__ = ["ACTIVITIES", "SPEC", "Deploy", "Group", "Life", "Worker", "deploy"]
 

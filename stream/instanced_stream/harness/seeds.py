@@ -25,14 +25,14 @@ import orjson
 
 from instanced_stream.core.messages import ApprovalRecord
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.harness.demo import launch_processor, produce, report_when_accounted
+from instanced_stream.harness.target import Target, llm_target, processor_usage
 from instanced_stream.kafka.topics import activity_topics, read_json
+from instanced_stream.ops.approvals import pending_now
 from instanced_stream.settings import EXAMPLES, Settings
 from instanced_stream.testing.broker import free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments
 from instanced_stream.testing.sim.server import SimConfig
-from instanced_stream.tools.approvals import pending_now
-from instanced_stream.tools.demo import launch_processor, produce, report_when_accounted
-from instanced_stream.tools.target import Target, llm_target, processor_usage
 
 __all__ = ["run_example", "run_seeds", "seed_items"]
 

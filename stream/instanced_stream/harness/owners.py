@@ -1,7 +1,7 @@
 """Which input partitions each running processor has open, polled while a run goes on:
 every ~0.5 s each live member's `/readyz` (its units per assigned partition: `open`
 serves; restoring and failing do not). The raw answers are kept, per poll and member, so
-the longest time a partition had no open unit anywhere in the group (tools/progress.py)
+the longest time a partition had no open unit anywhere in the group (harness/progress.py)
 is measured while the processors run, never inferred after the stop."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from instanced_stream.tools.fleet import Group, Life
+from instanced_stream.harness.fleet import Group, Life
 
 __all__ = ["OPEN", "Owners", "uncommitted"]
 

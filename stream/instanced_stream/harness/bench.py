@@ -9,7 +9,7 @@ minute limits); on the same machine, in the same run:
 - both delivery modes at window 50, LLM-bound and with an instant simulator (the
   machine's limit, against a raw aiokafka passthrough; medians of alternating runs);
 - with `--scaling`: 1 and 2 processor processes on 1, 4 and 16 partitions;
-- with `--duplicates`: what answering duplicates once saves (tools/duplicates.py).
+- with `--duplicates`: what answering duplicates once saves (harness/duplicates.py).
 
 Each product run drains a backlog loaded while its processors are held stopped, then a
 paced phase at half its throughput measures produce-to-activity latency (docs/performance.md).
@@ -31,15 +31,10 @@ import orjson
 import yaml
 
 from instanced_stream.core.spec import ModelEndpoint, load_spec
-from instanced_stream.kafka.topics import activity_topics, ensure_product_topics
-from instanced_stream.observe.progress import Progress
-from instanced_stream.settings import DEFAULT_SPEC, Settings
-from instanced_stream.testing.broker import free_port
-from instanced_stream.testing.sim.server import MODEL_NAME
-from instanced_stream.tools.demo import ProcessorProcess
-from instanced_stream.tools.duplicates import duplicate_runs
-from instanced_stream.tools.figures import llm_figures
-from instanced_stream.tools.load import (
+from instanced_stream.harness.demo import ProcessorProcess
+from instanced_stream.harness.duplicates import duplicate_runs
+from instanced_stream.harness.figures import llm_figures
+from instanced_stream.harness.load import (
     Tally,
     all_ready,
     bench_items,
@@ -48,8 +43,13 @@ from instanced_stream.tools.load import (
     produce_items,
     rss_mb,
 )
-from instanced_stream.tools.report import Endpoint, Result, median_run
-from instanced_stream.tools.target import SimProcess, Target, llm_target, processor_usage
+from instanced_stream.harness.report import Endpoint, Result, median_run
+from instanced_stream.harness.target import SimProcess, Target, llm_target, processor_usage
+from instanced_stream.kafka.topics import activity_topics, ensure_product_topics
+from instanced_stream.observe.progress import Progress
+from instanced_stream.settings import DEFAULT_SPEC, Settings
+from instanced_stream.testing.broker import free_port
+from instanced_stream.testing.sim.server import MODEL_NAME
 
 __all__ = ["Bench", "bench_session", "bench_spec", "results_json", "run_bench"]
 
@@ -78,7 +78,7 @@ class Bench:
         spec = {**self.spec, "window": {**self.spec.get("window", {})}}
         spec["model"] = {**self.spec.get("model", {}), **model}
         spec["quality"] = spec["model"].pop("quality", self.spec.get("quality", {}))
-        # Off unless a run asks (windows measured alone; tools/duplicates.py compares).
+        # Off unless a run asks (windows measured alone; harness/duplicates.py compares).
         spec["dedupe"] = spec["model"].pop("dedupe", {"enabled": False})
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
         if spec["model"].get("tier") == "batch":  # a short turnaround: the simulator's
@@ -283,7 +283,7 @@ async def bench_session(
     machine_items: int = MACHINE_ITEMS,
 ) -> AsyncIterator[Bench]:
     """The simulator as its own process (so its work does not share our GIL), or the
-    real model `llm` names (see instanced_stream.tools.target)."""
+    real model `llm` names (see instanced_stream.harness.target)."""
     items = bench_items(max(n, machine_items))
     with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
         workdir = Path(tmp)

@@ -6,7 +6,7 @@ is produced again to the input topic, same key and value, or, where retention re
 it, the bytes the dead letter carries (`raw_b64`). Headers say what it is: the dead
 letter it re-drives and the first attempt's position, so `stream audit` counts the
 re-driven record as the same input's later attempt, accounted once by its final outcome
-(tools/audit.py). A dead letter already re-driven is not re-driven again (running the
+(ops/audit.py). A dead letter already re-driven is not re-driven again (running the
 command twice sends nothing twice), and one of a re-driven record is re-driven only up to
 `max_redrives` times in all: an item that keeps failing stops, it does not loop.
 """

@@ -9,7 +9,7 @@ tier shows what the provider would bill for it, online re-asks included at their
 from __future__ import annotations
 
 from instanced_stream.core.spec import ModelEndpoint
-from instanced_stream.tools.report import Endpoint, Result
+from instanced_stream.harness.report import Endpoint, Result
 
 __all__ = ["llm_figures"]
 

@@ -2,7 +2,7 @@
 is counted after the stop; progress must be seen while the processors run, before any
 stop's drain can finish what a stuck group left.
 
-The run: the churn bench's deployment (tools/fleet.py: fresh topics, the tickets example,
+The run: the churn bench's deployment (harness/fleet.py: fresh topics, the tickets example,
 its activity worker, the simulator) with `states` finished workflow states already on
 the changelog and `processors` members started together. Once every partition is open,
 tickets flow at a steady rate while a random member is SIGKILLed and restarted, `restarts`
@@ -15,8 +15,8 @@ group is SIGKILLed `broker_kills` times during the storm and restarted after
 until every input is decided and every workflow ended (at most `bound_s` past the last
 send); then the stop, then the audit.
 
-Every figure (tools/progress.py) is cut at the stop: `decided_late`, `max_unowned_s`
-(polled from each live member's /readyz every 0.5 s, tools/owners.py), `max_join_s`,
+Every figure (harness/progress.py) is cut at the stop: `decided_late`, `max_unowned_s`
+(polled from each live member's /readyz every 0.5 s, harness/owners.py), `max_join_s`,
 `rebalances_per_min` (from the generations in the members' logs); `crashes` are lives
 that ended on their own; `missing` and `duplicate_outcomes` come from the audit after the
 stop, as the churn bench counts them.
@@ -37,17 +37,13 @@ from typing import Any
 import orjson
 
 from instanced_stream.errors import StreamError
-from instanced_stream.kafka.topics import state_changelog
-from instanced_stream.settings import Settings
-from instanced_stream.testing.cluster import LocalCluster
-from instanced_stream.testing.samples import tickets
-from instanced_stream.tools.changelog_states import write_states
-from instanced_stream.tools.churn import audit_run, keep_logs_of, workdir_
-from instanced_stream.tools.coordinator import BrokerKiller
-from instanced_stream.tools.fleet import Group, Worker, deploy
-from instanced_stream.tools.kills import Kills
-from instanced_stream.tools.owners import Owners
-from instanced_stream.tools.progress import (
+from instanced_stream.harness.changelog_states import write_states
+from instanced_stream.harness.churn import audit_run, keep_logs_of, workdir_
+from instanced_stream.harness.coordinator import BrokerKiller
+from instanced_stream.harness.fleet import Group, Worker, deploy
+from instanced_stream.harness.kills import Kills
+from instanced_stream.harness.owners import Owners
+from instanced_stream.harness.progress import (
     Member,
     decided_late,
     join_times,
@@ -55,10 +51,14 @@ from instanced_stream.tools.progress import (
     rebalances_per_min,
     unowned,
 )
-from instanced_stream.tools.rebalances import from_logs, group_facts, wait_assigned
-from instanced_stream.tools.report import Endpoint
-from instanced_stream.tools.target import SimProcess
-from instanced_stream.tools.timeline import Watch, produce_paced
+from instanced_stream.harness.rebalances import from_logs, group_facts, wait_assigned
+from instanced_stream.harness.report import Endpoint
+from instanced_stream.harness.target import SimProcess
+from instanced_stream.harness.timeline import Watch, produce_paced
+from instanced_stream.kafka.topics import state_changelog
+from instanced_stream.settings import Settings
+from instanced_stream.testing.cluster import LocalCluster
+from instanced_stream.testing.samples import tickets
 
 __all__ = ["BAR", "StormPlan", "run_storm", "storm_command", "verdict"]
 

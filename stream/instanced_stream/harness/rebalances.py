@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from instanced_stream.tools.fleet import Group, Life
+from instanced_stream.harness.fleet import Group, Life
 
 __all__ = [
     "LogFacts",

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from instanced_stream.harness.progress import unowned
 from instanced_stream.kafka import clients
 from instanced_stream.testing.cluster import LocalCluster
-from instanced_stream.tools.progress import unowned
 
 __all__ = ["BrokerKiller"]
 

@@ -28,16 +28,16 @@ from aiokafka import AIOKafkaProducer
 from instanced_stream.activities.worker import Activities, load_activities
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
+from instanced_stream.harness.chaos import Chaos
+from instanced_stream.harness.target import Target, llm_target, processor_live, processor_usage
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, read_json
+from instanced_stream.ops.audit import AuditReport, audit
+from instanced_stream.ops.workflow_audit import audit_workflows
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
 from instanced_stream.testing.broker import die_with_parent, free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments, malformed_records, tickets
 from instanced_stream.testing.sim.server import SimConfig
-from instanced_stream.tools.audit import AuditReport, audit
-from instanced_stream.tools.chaos import Chaos
-from instanced_stream.tools.target import Target, llm_target, processor_live, processor_usage
-from instanced_stream.tools.workflow_audit import audit_workflows
 
 _T = TypeVar("_T")
 

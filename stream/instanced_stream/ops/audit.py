@@ -21,8 +21,8 @@ from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.publish import forwarded_from
 from instanced_stream.kafka.topics import read_topic
+from instanced_stream.ops.redrive import attempt_of
 from instanced_stream.settings import Topics
-from instanced_stream.tools.redrive import attempt_of
 
 __all__ = ["AuditReport", "Since", "audit", "final_attempts", "parse_since"]
 

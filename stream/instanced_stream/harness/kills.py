@@ -1,4 +1,4 @@
-"""The restart storm's kills (tools/storm.py): a random member of a group SIGKILLed and
+"""The restart storm's kills (harness/storm.py): a random member of a group SIGKILLed and
 started again, by turns aimed inside a commit (its live API shows consumed records not
 yet committed, as the chaos demo aims), at a random moment, and while the restarted
 member joins: by turns from outside (its log shows its join request and no assignment
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from instanced_stream.tools.coordinator import BrokerKiller
-from instanced_stream.tools.fleet import Group, Life
-from instanced_stream.tools.owners import uncommitted
+from instanced_stream.harness.coordinator import BrokerKiller
+from instanced_stream.harness.fleet import Group, Life
+from instanced_stream.harness.owners import uncommitted
 
 __all__ = ["KillPlan", "Kills"]
 
@@ -34,7 +34,7 @@ Say = Callable[[str], None]
 
 
 class KillPlan(Protocol):
-    """What the kills read of the storm's plan (`tools/storm.py`'s `StormPlan`); times in
+    """What the kills read of the storm's plan (`harness/storm.py`'s `StormPlan`); times in
     seconds."""
 
     seed: int  # of the kills' random draws
