@@ -246,7 +246,7 @@ class _Trap:
 
 
 def test_the_joined_point_comes_before_the_member_takes_its_partitions() -> None:
-    """The restart storm's `joined` kill (tools/kills.py) dies where the group has answered
+    """The restart storm's `joined` kill (harness/kills.py) dies where the group has answered
     the join and the member holds nothing yet: its claim is still the one it joined with."""
     topics = ["in", "results", "approvals"]
     trap = _Trap("joined")
