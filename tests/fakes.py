@@ -12,7 +12,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
-from instanced_stream.runtime.engine.recall import Recall
+from instanced_stream.runtime.state.recall import Recall
 from instanced_stream.testing.sim.request import SimRequest, read_request
 from instanced_stream.testing.sim.server import Simulator
 

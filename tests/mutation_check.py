@@ -64,7 +64,7 @@ MUTATIONS = [
     ),
     Mutation(
         "stop_without_plan",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         '                effects = TurnEffects(dropped=unrun_by_stop(self.spec, calls, "not run"))',
         "                pass",
         (
@@ -237,7 +237,7 @@ MUTATIONS = [
     ),
     Mutation(
         "thought_not_published",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and _latent_output(self.spec, c) and cid not in effects.dropped\n        ]",
         'outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and self.spec.tool(c.tool).kind == "latent" and cid not in effects.dropped  # type: ignore[union-attr]\n        ]',
         ("test_no_output_lost.py",),
@@ -258,14 +258,14 @@ MUTATIONS = [
     ),
     Mutation(
         "planless_latent_on_activity",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "        latent=latent or [],",
         "        latent=[],",
         ("test_no_output_lost.py::test_a_planless_latent_output_rides_on_the_activity_record",),
     ),
     Mutation(
         "planless_latent_on_no_action",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "                    latent=outputs,  # without a plan, the answer's latent outputs go here too",
         "",
         ("test_no_output_lost.py",),
@@ -302,7 +302,7 @@ MUTATIONS = [
     ),
     Mutation(
         "input_override",
-        "runtime/steps/scopes.py",
+        "runtime/pipeline/outcomes/scopes.py",
         '        merged.update({k: v for k, v in inst.payload.items() if k != "type"})',
         '        merged = {**{k: v for k, v in inst.payload.items() if k != "type"}, **merged}',
         ("test_seed_rules.py::test_an_instance_input_overrides_the_global_one_in_its_scopes",),

@@ -15,7 +15,7 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Opinion, Validator
-from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.settings import Settings
 
 

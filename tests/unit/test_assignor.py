@@ -1,4 +1,4 @@
-"""The processor group's assignor (runtime/engine/assignor.py): partition numbers over
+"""The processor group's assignor (runtime/units/assignor.py): partition numbers over
 members, balanced within one, sticky, the fewest moved; and its aiokafka wiring (claims in
 the join metadata, the epoch in the assignment, every topic's p to one member)."""
 
@@ -13,7 +13,7 @@ from aiokafka.coordinator.protocol import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from instanced_stream.runtime.engine.assignor import (
+from instanced_stream.runtime.units.assignor import (
     Claim,
     CoPartitionedAssignor,
     assign_numbers,

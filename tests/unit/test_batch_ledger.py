@@ -10,10 +10,10 @@ import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.llm.batch_api import BatchModel
-from instanced_stream.runtime.batch.ledger import Ledger, Line, partition_of
-from instanced_stream.runtime.batch.submissions import Submissions
-from instanced_stream.runtime.engine.staged import Staged
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.batch_api.ledger import Ledger, Line, partition_of
+from instanced_stream.runtime.batch_api.submissions import Submissions
+from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.units.unit import Unit
 
 
 def _inst(partition: int, offset: int) -> Instance:

@@ -7,7 +7,7 @@ import pytest
 from aiokafka import TopicPartition
 from instanced_stream.core.overrides import apply_overrides
 from instanced_stream.core.spec import AgentSpec, load_spec
-from instanced_stream.runtime.engine.overrides import OverrideFollower
+from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.settings import DEFAULT_SPEC
 
 

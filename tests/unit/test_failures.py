@@ -1,5 +1,5 @@
 """When a failed partition is opened again, and when a partition that keeps failing stops
-the process (runtime/engine/opening.py, `Failures`)."""
+the process (runtime/units/opening.py, `Failures`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
-from instanced_stream.runtime.engine.opening import (
+from instanced_stream.runtime.units.opening import (
     BROKER_PATIENCE_S,
     MAX_FAILURES,
     Failures,
     PartitionFailing,
 )
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.unit import Unit
 
 from tests.fakes import FakeProducer
 

@@ -1,4 +1,4 @@
-"""A join of the processor's group is one JoinGroup request (runtime/engine/membership.py,
+"""A join of the processor's group is one JoinGroup request (runtime/units/membership.py,
 `assignors`).
 
 aiokafka 0.14 sends one JoinGroup per listed assignor, each after the answer to the one
@@ -18,8 +18,8 @@ from typing import Any
 from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
-from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
-from instanced_stream.runtime.engine.membership import assignors
+from instanced_stream.runtime.units.assignor import CoPartitionedAssignor
+from instanced_stream.runtime.units.membership import assignors
 
 
 class _Answer:

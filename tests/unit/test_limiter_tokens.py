@@ -8,7 +8,7 @@ import time
 import pytest
 from instanced_stream.core.tokenizer import Tokenizer, estimate_tokens
 from instanced_stream.llm.limiter import Limiter
-from instanced_stream.runtime.steps.windowing import Windower
+from instanced_stream.runtime.pipeline.windows.windowing import Windower
 
 
 async def test_limit_grows_one_slot_per_round_trip_while_healthy() -> None:
@@ -141,7 +141,7 @@ def test_timeouts_halve_the_window_and_answers_in_time_grow_it_back() -> None:
 
 def test_windows_shrink_to_what_the_endpoint_answered_in_time() -> None:
     from instanced_stream.core.spec import load_spec
-    from instanced_stream.runtime.steps.window_size import WindowSize
+    from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
     from instanced_stream.settings import DEFAULT_SPEC
 
     spec = load_spec(DEFAULT_SPEC)
@@ -158,7 +158,7 @@ def test_the_window_size_is_the_smallest_of_its_four_authors() -> None:
     """Spec, quality controller, limiter and output budget each bound the window; the one
     object every reader asks answers the smallest, and names which kind it was."""
     from instanced_stream.core.spec import load_spec
-    from instanced_stream.runtime.steps.window_size import WindowSize
+    from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
     from instanced_stream.settings import DEFAULT_SPEC
 
     spec = load_spec(DEFAULT_SPEC)

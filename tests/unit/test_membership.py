@@ -2,7 +2,7 @@
 partition at a time outside the assignment callback, a partition that fails to open
 holds no other back and is opened again, `heal` survives a revocation while it waits,
 and a stopping member takes no assignment and leaves no producer open
-(runtime/engine/membership.py, runtime/engine/opening.py)."""
+(runtime/units/membership.py, runtime/units/opening.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 from aiokafka.structs import TopicPartition
-from instanced_stream.runtime.engine.assignor import Claim
-from instanced_stream.runtime.engine.lifecycle import IllegalTransition, Lifecycle, UnitState
-from instanced_stream.runtime.engine.membership import Membership
-from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.assignor import Claim
+from instanced_stream.runtime.units.lifecycle import IllegalTransition, Lifecycle, UnitState
+from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit import Unit
 
 from tests.fakes import FakeConsumer, FakeProducer
 
@@ -314,7 +314,7 @@ async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storm
     """Readiness's view of the group: before its first assignment and while a rebalance
     is under way a member is not stable; more than UNSTABLE_PER_MIN rebalances in a
     minute is a storm (the livelock of issue 44 kept every member 'ready')."""
-    from instanced_stream.runtime.engine.membership import UNSTABLE_PER_MIN
+    from instanced_stream.runtime.units.membership import UNSTABLE_PER_MIN
 
     membership, _consumer = _membership(_Producers())
     assert not membership.stable()

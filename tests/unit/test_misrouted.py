@@ -4,7 +4,7 @@ another partition than its instance's input is refused, whether the record says 
 
 from __future__ import annotations
 
-from instanced_stream.runtime.engine.workflows import misrouted
+from instanced_stream.runtime.pipeline.workflows import misrouted
 
 
 def test_a_result_naming_another_partition_is_misrouted() -> None:

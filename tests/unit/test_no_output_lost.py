@@ -21,7 +21,7 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.validate import Opinion, Validator
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.settings import Settings
 
 from tests.flows import lazy, tickets_spec

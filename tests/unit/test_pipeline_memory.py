@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from instanced_stream.core.spec import AgentSpec, Tool, load_spec
-from instanced_stream.runtime.engine.stager import orphaned
+from instanced_stream.runtime.pipeline.stager import orphaned
 from instanced_stream.settings import DEFAULT_SPEC
 
 from tests.flows import Rig

@@ -13,7 +13,7 @@ from instanced_stream.core.plan_graph import steps_of
 from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import CROSS_INSTANCE, LATENT_IN_LAZY_PLAN, Validator
-from instanced_stream.runtime.steps.scopes import imported
+from instanced_stream.runtime.pipeline.outcomes.scopes import imported
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
 from instanced_stream.testing.sim.obedience import injected_calls
 

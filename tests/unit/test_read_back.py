@@ -1,5 +1,5 @@
 """Read-backs of finished states fail a unit, never the process, and hold nothing else
-(runtime/engine/workflows.py `recalled`, runtime/engine/lanes.py, runtime/engine/recall.py,
+(runtime/pipeline/workflows.py `recalled`, runtime/units/lanes.py, runtime/state/recall.py,
 the stager's `_read_back`): any error of the broker's client at a read-back is the unit's
 failure with back-off; a lane waiting on a slow read-back holds no other partition; a
 batch whose instance's workflow finished meanwhile reads its state back instead of being
@@ -17,14 +17,14 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.state import Ended, InstanceState
-from instanced_stream.runtime.engine.lanes import Lanes
-from instanced_stream.runtime.engine.membership import Fetched
-from instanced_stream.runtime.engine.opening import Failures
-from instanced_stream.runtime.engine.recall import Recall, RecallFailed
-from instanced_stream.runtime.engine.staged import Staged
-from instanced_stream.runtime.engine.store import Stores, UnitStore
-from instanced_stream.runtime.engine.unit import Unit
-from instanced_stream.runtime.engine.workflows import recalled
+from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.pipeline.workflows import recalled
+from instanced_stream.runtime.state.recall import Recall, RecallFailed
+from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream.runtime.units.lanes import Lanes
+from instanced_stream.runtime.units.membership import Fetched
+from instanced_stream.runtime.units.opening import Failures
+from instanced_stream.runtime.units.unit import Unit
 from instanced_stream.testing.samples import tickets
 
 from tests.fakes import FakeProducer

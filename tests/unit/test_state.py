@@ -12,7 +12,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka import clients
-from instanced_stream.runtime.engine.store import UnitStore
+from instanced_stream.runtime.state.store import UnitStore
 
 # A waiting workflow's record as versions before the transactional state store wrote it: the
 # records its last change still had to publish (`outbox`) and who wrote them.

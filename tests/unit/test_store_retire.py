@@ -17,9 +17,9 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, SourcePosition
 from instanced_stream.core.state import Ended, InstanceState
 from instanced_stream.kafka import clients
-from instanced_stream.runtime.engine.restore import AT_ONCE, Restores
-from instanced_stream.runtime.engine.store import NotRecalled, Stores, UnitStore
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.pipeline.restore import AT_ONCE, Restores
+from instanced_stream.runtime.state.store import NotRecalled, Stores, UnitStore
+from instanced_stream.runtime.units.unit import Unit
 
 from tests.fakes import FakeProducer, FakeRecall
 from tests.flows import Rig, tickets_spec

@@ -1,4 +1,4 @@
-"""Twins (runtime/steps/twins.py): the content key, the split of a window, the expansion
+"""Twins (runtime/pipeline/windows/twins.py): the content key, the split of a window, the expansion
 of its outcome to every twin, and the answer cache's TTL and bound."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from instanced_stream.core.messages import Call, SourcePosition
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome, Unanswered
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.runtime.steps.twins import AnswerCache, Twins
-from instanced_stream.runtime.steps.windowing import FixedSize, Windower
+from instanced_stream.runtime.pipeline.windows.twins import AnswerCache, Twins
+from instanced_stream.runtime.pipeline.windows.windowing import FixedSize, Windower
 
 SPEC: dict[str, Any] = {
     "name": "t",

@@ -11,9 +11,9 @@ from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from aiokafka.structs import TopicPartition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka.records import OutRecord
-from instanced_stream.runtime.engine.changes import ChangeOrder, next_change
-from instanced_stream.runtime.engine.store import UnitStore
-from instanced_stream.runtime.engine.unit import Slot, Unit, UnitGone, uncommitted
+from instanced_stream.runtime.state.changes import ChangeOrder, next_change
+from instanced_stream.runtime.state.store import UnitStore
+from instanced_stream.runtime.units.unit import Slot, Unit, UnitGone, uncommitted
 
 from tests.fakes import FakeProducer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from instanced_stream.runtime.steps.windowing import FixedSize, Windower
+from instanced_stream.runtime.pipeline.windows.windowing import FixedSize, Windower
 
 
 async def test_window_closes_on_items_tokens_and_wait() -> None:

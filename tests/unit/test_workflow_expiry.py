@@ -10,7 +10,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, SourcePosition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.runtime.engine.store import Stores
+from instanced_stream.runtime.state.store import Stores
 
 from tests.flows import Rig, tickets_spec
 

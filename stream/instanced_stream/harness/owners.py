@@ -17,7 +17,7 @@ from instanced_stream.harness.fleet import Group, Life
 
 __all__ = ["OPEN", "Owners", "uncommitted"]
 
-# A unit that serves. `running` is the lifecycle's name for it (runtime/engine/lifecycle.py),
+# A unit that serves. `running` is the lifecycle's name for it (runtime/units/lifecycle.py),
 # in case readiness says that instead of `open`.
 OPEN = frozenset({"open", "running"})
 

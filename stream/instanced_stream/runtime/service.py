@@ -37,21 +37,21 @@ from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.observe.web import WebServer
-from instanced_stream.runtime.batch.ledger import Ledger
-from instanced_stream.runtime.batch.submissions import Submissions
-from instanced_stream.runtime.engine.lanes import Lanes
-from instanced_stream.runtime.engine.membership import Fetched, Membership
-from instanced_stream.runtime.engine.overrides import OverrideFollower
-from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.recall import Recall
-from instanced_stream.runtime.engine.restore import Restores
-from instanced_stream.runtime.engine.stager import Stager, orphaned
-from instanced_stream.runtime.engine.store import Stores
-from instanced_stream.runtime.engine.tier import ONLINE
-from instanced_stream.runtime.engine.unit import Unit, oldest_open_since, uncommitted
-from instanced_stream.runtime.engine.workflows import Flows, instance_of, recalled
-from instanced_stream.runtime.steps.intake import source_of
-from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.runtime.batch_api.ledger import Ledger
+from instanced_stream.runtime.batch_api.submissions import Submissions
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
+from instanced_stream.runtime.pipeline.overrides import OverrideFollower
+from instanced_stream.runtime.pipeline.restore import Restores
+from instanced_stream.runtime.pipeline.stager import Stager, orphaned
+from instanced_stream.runtime.pipeline.tier import ONLINE
+from instanced_stream.runtime.pipeline.windows.intake import source_of
+from instanced_stream.runtime.pipeline.workflows import Flows, instance_of, recalled
+from instanced_stream.runtime.state.recall import Recall
+from instanced_stream.runtime.state.store import Stores
+from instanced_stream.runtime.units.lanes import Lanes
+from instanced_stream.runtime.units.membership import Fetched, Membership
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit import Unit, oldest_open_since, uncommitted
 from instanced_stream.settings import Settings
 
 __all__ = ["every", "limiter_for", "run_processor"]
@@ -436,7 +436,7 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     from instanced_stream.kafka.topics import check_partitions, ensure_product_topics
     from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
     from instanced_stream.observe.web import claim_port
-    from instanced_stream.runtime.engine.overrides import load_overrides
+    from instanced_stream.runtime.pipeline.overrides import load_overrides
 
     llm_url = endpoint(settings, spec)
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network

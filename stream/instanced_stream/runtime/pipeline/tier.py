@@ -1,13 +1,13 @@
 """The tier a stager is given: what happens to an item between the intake and its window,
 and to the provider lines of a solved window. `ONLINE` windows every item and settles
-nothing; the Batch API tier (`runtime/batch/submissions.py`) is the other."""
+nothing; the Batch API tier (`runtime/batch_api/submissions.py`) is the other."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from instanced_stream.kafka.records import OutRecord
-from instanced_stream.runtime.engine.staged import Staged
+from instanced_stream.runtime.pipeline.staged import Staged
 
 __all__ = ["ONLINE", "Online", "Tier", "Windows"]
 
@@ -25,7 +25,7 @@ class Windows(Protocol):
 class Tier(Protocol):
     """What happens to an item between the intake and its window, and to a solved window's
     provider lines. The stager is given one: `ONLINE`, or the Batch API tier
-    (`runtime/batch/submissions.py`), which parks the items whose line is in a batch
+    (`runtime/batch_api/submissions.py`), which parks the items whose line is in a batch
     submitted before a restart and settles the lines of solved windows."""
 
     async def offer(self, item: Staged, windows: Windows) -> None:

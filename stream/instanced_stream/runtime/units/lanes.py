@@ -1,7 +1,7 @@
 """Lanes: the results and approvals of each owned partition, applied in order by a task of
 the partition's own, off the fetch loop.
 
-Applying one may first read a finished state back from the changelog (runtime/engine/
+Applying one may first read a finished state back from the changelog (runtime/state/
 recall.py): up to seconds while the changelog is slow. Done in the fetch loop, that held
 every partition of the member, and the consumer's poll with them. Here a lane waits
 alone: other partitions' answers and every input go on, and the group keeps hearing
@@ -16,8 +16,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from instanced_stream.runtime.engine.membership import Fetched
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.membership import Fetched
+from instanced_stream.runtime.units.unit import Unit
 
 __all__ = ["Lanes"]
 

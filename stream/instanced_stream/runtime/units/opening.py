@@ -25,9 +25,9 @@ from aiokafka.errors import (
 )
 
 from instanced_stream.errors import StreamError
-from instanced_stream.runtime.engine.lifecycle import Lifecycle, Opening, UnitState
-from instanced_stream.runtime.engine.recall import RecallFailed
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.state.recall import RecallFailed
+from instanced_stream.runtime.units.lifecycle import Lifecycle, Opening, UnitState
+from instanced_stream.runtime.units.unit import Unit
 
 __all__ = [
     "BROKER_PATIENCE_S",
@@ -99,7 +99,7 @@ class Failures:
         """Counts a failure of partition `p`; returns when to open it again."""
         tries = self._tries[p] = self._tries.get(p, 0) + 1
         since = self._since.setdefault(p, now)
-        # A read-back that failed is the changelog's broker too (runtime/engine/recall.py).
+        # A read-back that failed is the changelog's broker too (runtime/state/recall.py).
         brokers = isinstance(exc, KafkaError | RecallFailed) and not fatal(exc)
         if fatal(exc):
             log.error("partition %d: the broker refuses for good: %r", p, exc)

@@ -13,7 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.unit import Unit
 
 __all__ = ["held", "lag_of"]
 

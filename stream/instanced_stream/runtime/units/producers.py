@@ -15,8 +15,8 @@ from typing import Any
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import record_limits
-from instanced_stream.runtime.engine.opening import broken_producer
-from instanced_stream.runtime.engine.unit import LINGER_S, CommitOffsets, Refusals, Replace, Unit
+from instanced_stream.runtime.units.opening import broken_producer
+from instanced_stream.runtime.units.unit import LINGER_S, CommitOffsets, Refusals, Replace, Unit
 
 __all__ = ["Producers", "SharedProducer"]
 

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.llm.batch_api import BatchModel
-from instanced_stream.runtime.batch.ledger import Ledger
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.batch_api.ledger import Ledger
+from instanced_stream.runtime.units.unit import Unit
 
 if TYPE_CHECKING:
-    from instanced_stream.runtime.engine.staged import Staged
-    from instanced_stream.runtime.engine.tier import Windows
+    from instanced_stream.runtime.pipeline.staged import Staged
+    from instanced_stream.runtime.pipeline.tier import Windows
 
 __all__ = ["Submissions"]
 

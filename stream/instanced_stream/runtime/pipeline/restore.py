@@ -15,9 +15,9 @@ import logging
 import time
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.runtime.engine.store import UnitStore
-from instanced_stream.runtime.engine.unit import Unit
-from instanced_stream.runtime.engine.workflows import Flows
+from instanced_stream.runtime.pipeline.workflows import Flows
+from instanced_stream.runtime.state.store import UnitStore
+from instanced_stream.runtime.units.unit import Unit
 
 __all__ = ["AT_ONCE", "KEEP_S", "Restores"]
 

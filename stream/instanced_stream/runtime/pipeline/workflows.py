@@ -31,12 +31,17 @@ from instanced_stream.core.workflow import Workflow
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.observe.metrics import Metrics
-from instanced_stream.runtime.engine.recall import RecallFailed
-from instanced_stream.runtime.engine.store import Stores, UnitStore
-from instanced_stream.runtime.engine.unit import Slot, Unit
-from instanced_stream.runtime.steps.letters import bad_record
-from instanced_stream.runtime.steps.records import Planned, RecordBuilder, TurnChange, bad_result
-from instanced_stream.runtime.steps.size_guard import fit
+from instanced_stream.runtime.pipeline.outcomes.letters import bad_record
+from instanced_stream.runtime.pipeline.outcomes.records import (
+    Planned,
+    RecordBuilder,
+    TurnChange,
+    bad_result,
+)
+from instanced_stream.runtime.pipeline.outcomes.size_guard import fit
+from instanced_stream.runtime.state.recall import RecallFailed
+from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream.runtime.units.unit import Slot, Unit
 
 __all__ = ["Flows", "Staging", "instance_of", "misrouted", "recalled"]
 

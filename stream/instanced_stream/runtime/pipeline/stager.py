@@ -40,24 +40,24 @@ from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.runtime.engine.staged import Staged
-from instanced_stream.runtime.engine.tier import ONLINE, Tier
-from instanced_stream.runtime.engine.unit import Slot, Unit
-from instanced_stream.runtime.engine.workflows import Flows, recalled
-from instanced_stream.runtime.quality.control import QualityControl
-from instanced_stream.runtime.steps.intake import read_item
-from instanced_stream.runtime.steps.records import (
+from instanced_stream.runtime.pipeline.outcomes.records import (
     Planned,
     RecordBuilder,
     bad_record,
     oversized,
     position,
 )
-from instanced_stream.runtime.steps.size_guard import refused
-from instanced_stream.runtime.steps.spend import Spend
-from instanced_stream.runtime.steps.twins import Twins
-from instanced_stream.runtime.steps.window_size import WindowSize
-from instanced_stream.runtime.steps.windowing import Windower
+from instanced_stream.runtime.pipeline.outcomes.size_guard import refused
+from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
+from instanced_stream.runtime.pipeline.windows.intake import read_item
+from instanced_stream.runtime.pipeline.windows.spend import Spend
+from instanced_stream.runtime.pipeline.windows.twins import Twins
+from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
+from instanced_stream.runtime.pipeline.windows.windowing import Windower
+from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.runtime.quality.control import QualityControl
+from instanced_stream.runtime.units.unit import Slot, Unit
 from instanced_stream.settings import Settings
 
 __all__ = [

@@ -33,8 +33,8 @@ from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.records import OutRecord
-from instanced_stream.runtime.engine.changes import next_change
-from instanced_stream.runtime.engine.recall import Recall, RecallFailed
+from instanced_stream.runtime.state.changes import next_change
+from instanced_stream.runtime.state.recall import Recall, RecallFailed
 
 __all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore"]
 

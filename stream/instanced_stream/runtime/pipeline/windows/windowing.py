@@ -1,7 +1,7 @@
 """Collects instances into batches: a window closes at its size (`Size.limit`: the most
 items, or the items whose answers fit the output budget), its prompt tokens for items
 (`Size.item_tokens`), or max wait after its first item, whichever comes first. The size
-is read, never kept: `runtime/steps/window_size.py` is its one author.
+is read, never kept: `runtime/pipeline/windows/window_size.py` is its one author.
 
 Counting an item's tokens exactly costs more than everything else done per item, and a
 window rarely comes near its token budget: with `bound_of`, a cheap upper bound of an
@@ -68,7 +68,7 @@ class Windower(Generic[T]):
         self._on_close = on_close
         self._tokens_of = tokens_of
         self._bound_of = bound_of or tokens_of
-        # An item that will not be asked (a twin, runtime/steps/twins.py) takes no place.
+        # An item that will not be asked (a twin, runtime/pipeline/windows/twins.py) takes no place.
         self._free = free
         self._spared = 0  # free items in the open window
         self._items: list[T] = []

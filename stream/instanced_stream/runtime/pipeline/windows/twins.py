@@ -4,7 +4,7 @@ Within a window the first of its twins is asked and its answer is given to the o
 across windows a bounded answer cache, keyed by the content and the spec's fingerprint
 (instructions, tools, global inputs, model and answer form), answers later twins for
 `dedupe.cache_ttl_s`. Each twin keeps its own instance, so the records built from its
-answer carry its own id, source and call_ids (runtime/steps/records.py): what is shared
+answer carry its own id, source and call_ids (runtime/pipeline/outcomes/records.py): what is shared
 is only what the model was asked. A content a batch in flight is asking is not asked
 by another: that batch's twins wait for the answer (and ask it themselves if none came).
 """

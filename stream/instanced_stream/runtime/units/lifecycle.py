@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from instanced_stream.errors import StreamError
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.unit import Unit
 
 __all__ = ["IllegalTransition", "Lifecycle", "Opening", "PartitionTask", "UnitState"]
 
@@ -56,7 +56,7 @@ _NEXT: dict[UnitState, frozenset[UnitState]] = {
 
 @dataclass(eq=False)
 class Opening:
-    """The opening of a partition's unit (runtime/engine/opening.py): its task, the unit
+    """The opening of a partition's unit (runtime/units/opening.py): its task, the unit
     once its producer started, and, failed, when it is tried again. `resumed`: clear while
     the partition is suspended; the opening waits for it before it seeks the consumer (a
     seek during a rebalance finds the partition unassigned)."""

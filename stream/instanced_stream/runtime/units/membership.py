@@ -1,7 +1,7 @@
 """Membership: the processor's place in its consumer group, and the units it owns.
 
 One aiokafka consumer (read_committed, no auto commit, the sticky co-partitioned assignor
-of runtime/engine/assignor.py, so partition p of the input, results and approvals topics
+of runtime/units/assignor.py, so partition p of the input, results and approvals topics
 goes to one member and stays there while the group's size does) subscribes to the three
 co-partitioned topics. The assignment callback only records what changed: each new
 input partition's topics are paused and its unit is opened by a task of its own, outside
@@ -33,12 +33,12 @@ from aiokafka.structs import TopicPartition
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.tracing import traceparent_of
-from instanced_stream.runtime.engine.assignor import CoPartitionedAssignor
-from instanced_stream.runtime.engine.backlog import held, lag_of
-from instanced_stream.runtime.engine.lifecycle import Lifecycle, Opening, UnitState
-from instanced_stream.runtime.engine.opening import Openings
-from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.unit import Slot, Unit
+from instanced_stream.runtime.units.assignor import CoPartitionedAssignor
+from instanced_stream.runtime.units.backlog import held, lag_of
+from instanced_stream.runtime.units.lifecycle import Lifecycle, Opening, UnitState
+from instanced_stream.runtime.units.opening import Openings
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit import Slot, Unit
 
 __all__ = ["MAX_UNCOMMITTED", "UNSTABLE_PER_MIN", "Fetched", "Membership", "assignors"]
 
@@ -112,7 +112,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         probe: Probe = NO_PROBE,
     ) -> None:
         self.producers, self.cap = producers, max_uncommitted
-        # Each partition's one state (runtime/engine/lifecycle.py); `units` (the running
+        # Each partition's one state (runtime/units/lifecycle.py); `units` (the running
         # ones, which the producers' renewal reads too) and `opening` are views of it.
         self.lifecycle = Lifecycle()
         self.units = producers.owned = self.lifecycle.running

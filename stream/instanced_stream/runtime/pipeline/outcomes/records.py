@@ -3,7 +3,7 @@
 Pure: nothing here publishes, counts or stores. A `Planned` holds the records in the order
 they are to be published, the events they mean (counted by `Stager.count`), the decisions
 the live page shows, and the turns whose state changes are made when the records are
-staged, on the same slot, so that both commit in one transaction (runtime/engine/workflows.py).
+staged, on the same slot, so that both commit in one transaction (runtime/pipeline/workflows.py).
 A stateful batch's turns are played on a rehearsal of the workflow while its records are
 built, so building stores nothing, however often it is retried.
 """
@@ -43,14 +43,14 @@ from instanced_stream.core.workflow import (
     unrun_by_stop,
 )
 from instanced_stream.kafka.records import Origin, OutRecord
-from instanced_stream.runtime.steps.letters import (
+from instanced_stream.runtime.pipeline.outcomes.letters import (
     bad_record,
     bad_result,
     item_letter,
     oversized,
     unrun_letter,
 )
-from instanced_stream.runtime.steps.scopes import imported
+from instanced_stream.runtime.pipeline.outcomes.scopes import imported
 from instanced_stream.settings import Topics
 
 __all__ = [

@@ -9,7 +9,7 @@ import base64
 
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.kafka.records import OutRecord
-from instanced_stream.runtime.steps.records import Planned, RecordBuilder, oversized
+from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder, oversized
 
 __all__ = ["fit", "refused"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.kafka.records import OutRecord
-from instanced_stream.runtime.engine.unit import Slot, Unit
+from instanced_stream.runtime.units.unit import Slot, Unit
 
 __all__ = ["Staged"]
 

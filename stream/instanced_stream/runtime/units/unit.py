@@ -35,7 +35,7 @@ from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import REFUSALS
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import Headers
-from instanced_stream.runtime.engine.changes import ChangeOrder, last_change
+from instanced_stream.runtime.state.changes import ChangeOrder, last_change
 
 __all__ = [
     "LINGER_S",
