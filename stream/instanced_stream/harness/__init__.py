@@ -14,9 +14,12 @@ it). What each run talks to: `target` (the simulator, a local model or an endpoi
 - decisions measured without Kafka: `eval` (window sizes), `injection` (one item's text
   changing another's decision).
 
+What runs beside a measured run while `async with` holds it: `background`.
+
 Modules are imported where used."""
 
 __all__ = [
+    "background",
     "bench",
     "changelog_states",
     "chaos",

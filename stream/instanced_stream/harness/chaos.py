@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-__all__ = ["Chaos"]
+__all__ = ["Chaos", "uncommitted_at"]
 
 
 class Process(Protocol):
@@ -53,7 +53,9 @@ class Chaos:
             if k:
                 await asyncio.sleep(rng.uniform(*self.between_s))
             victim = rng.randrange(len(self.procs))
-            work = await _work(self.procs[victim], self.aim_s)
+            work = await uncommitted_at(
+                self.procs[victim].env.get("STREAM_WEB_PORT", 0), self.aim_s
+            )
             await asyncio.to_thread(self.procs[victim].kill)  # SIGKILL: no drain, no commit
             self.done.append(round(time.monotonic() - started, 1))
             self.with_work += bool(work)
@@ -74,10 +76,11 @@ class Chaos:
         }
 
 
-async def _work(proc: Process, wait_s: float) -> dict[str, int]:
-    """Once `proc` owns a partition with consumed records not yet committed (its live
-    API's `units`): those records per partition; empty when not within `wait_s`."""
-    url = f"http://127.0.0.1:{proc.env.get('STREAM_WEB_PORT', 0)}/api/live"
+async def uncommitted_at(port: int | str, wait_s: float) -> dict[str, int]:
+    """Once the processor serving its live API on `port` owns a partition with consumed
+    records not yet committed (the API's `units`): those records per partition; empty
+    when not within `wait_s`."""
+    url = f"http://127.0.0.1:{port}/api/live"
     deadline = time.monotonic() + wait_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
         while time.monotonic() < deadline:

@@ -4,18 +4,18 @@ a tally of which inputs ended (and how late) read from the outcome topics."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from instanced_stream.harness.background import Background
 from instanced_stream.harness.demo import ProcessorProcess
 from instanced_stream.harness.report import Result
 from instanced_stream.kafka.topics import ensure_topics
@@ -66,7 +66,7 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-class TopicReader:
+class TopicReader(Background):
     """Reads `topics` read_committed from the start in a background task while the body of
     `async with` runs, handing each fetch to `_take`: what a user's consumer sees, so an
     aborted transaction's records never count."""
@@ -76,10 +76,10 @@ class TopicReader:
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
-        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
 
-    async def __aenter__(self) -> Self:
-        consumer = AIOKafkaConsumer(
+    async def _open(self) -> None:
+        self._consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
@@ -87,17 +87,11 @@ class TopicReader:
             fetch_max_wait_ms=self.fetch_max_wait_ms,
             isolation_level="read_committed",
         )
-        await consumer.start()
-        self._task = asyncio.create_task(self._run(consumer))
-        return self
+        await self._consumer.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+    async def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None  # opened by `_open`
         try:
             while True:
                 found = await consumer.getmany(timeout_ms=200, max_records=5000)

@@ -7,12 +7,13 @@ is measured while the processors run, never inferred after the stop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
 import aiohttp
 
+from instanced_stream.harness.background import Background
+from instanced_stream.harness.chaos import uncommitted_at
 from instanced_stream.harness.fleet import Group, Life
 
 __all__ = ["OPEN", "Owners", "uncommitted"]
@@ -26,7 +27,7 @@ def _port(life: Life) -> str:
     return life.proc.env.get("STREAM_WEB_PORT", "0")
 
 
-class Owners:
+class Owners(Background):
     """Polls the group's running members in a background task while `async with` runs;
     `samples` holds (seconds since `origin`, {life: open partitions, None when it did not
     answer})."""
@@ -37,17 +38,6 @@ class Owners:
         self.every_s = every_s
         self.samples: list[tuple[float, dict[str, list[int] | None]]] = []
         self.failed = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Owners:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def latest(self) -> set[int]:
         """The partitions open anywhere at the last poll."""
@@ -83,19 +73,6 @@ class Owners:
 
 
 async def uncommitted(life: Life, wait_s: float) -> dict[str, int]:
-    """Once `life` owns a partition with consumed records not yet committed (its live
-    API's `units`, as the chaos demo aims): those records per partition; empty when not
-    within `wait_s`."""
-    url = f"http://127.0.0.1:{_port(life)}/api/live"
-    deadline = time.monotonic() + wait_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(url) as resp:
-                    units: dict[str, int] = (await resp.json()).get("units", {})
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                units = {}
-            if sum(units.values()) > 0:
-                return units
-            await asyncio.sleep(0.05)
-    return {}
+    """Once `life` owns a partition with consumed records not yet committed (as the chaos
+    demo aims): those records per partition; empty when not within `wait_s`."""
+    return await uncommitted_at(_port(life), wait_s)

@@ -6,7 +6,6 @@ input waiting, nothing decided), per move the time until every partition decided
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from instanced_stream.harness.background import Background
 from instanced_stream.harness.fleet import Life
 from instanced_stream.harness.load import TopicReader
 from instanced_stream.kafka import clients
@@ -51,7 +51,7 @@ class Watch(TopicReader):
         self.first.setdefault((int(src["partition"]), int(src["offset"])), now)
 
 
-class Roll:
+class Roll(Background):
     """The group as the broker describes it, polled: which processes (by the pid in
     their client id) were members when. A member that leaves the group while its process
     runs and is not being stopped was expelled (a callback past the session timeout, a
@@ -63,17 +63,6 @@ class Roll:
         self.origin = origin
         self.polls: list[tuple[float, set[int]]] = []  # (seconds since origin, pids)
         self.failed = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Roll:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         admin = clients.admin(self.bootstrap, request_timeout_ms=5000)
