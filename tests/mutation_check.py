@@ -87,7 +87,7 @@ MUTATIONS = [
         "core/advice.py",
         "scores[str(option)] = number / 100",
         "scores[str(option)] = number / max(1.0, sum(float(v) for v in raw.values()))",
-        ("test_advice.py",),
+        ("core/test_advice.py",),
     ),
     Mutation(
         "weight_shown",
@@ -101,14 +101,14 @@ MUTATIONS = [
         "core/solve.py",
         '    the re-asked instances are decided with the advice the seeds say comes first."""\n    shown = []',
         '    the re-asked instances are decided with the advice the seeds say comes first."""\n    return []\n    shown = []',
-        ("test_advice_gate.py",),
+        ("core/test_advice_gate.py",),
     ),
     Mutation(
         "request_wide_gates",
         "core/advice.py",
         "or bool(advisor and advisor.gates)",
         "or False",
-        ("test_advice_gate.py",),
+        ("core/test_advice_gate.py",),
     ),
     Mutation(
         "advisor_kind_or_type",
@@ -161,8 +161,8 @@ MUTATIONS = [
         "                continue  # a producer still runs: wait for it",
         "                pass",
         (
-            "test_plan_order.py",
-            "test_graph_order.py",
+            "core/test_plan_order.py",
+            "core/test_plan_graph.py",
         ),
     ),
     Mutation(
@@ -170,14 +170,14 @@ MUTATIONS = [
         "core/plan_graph.py",
         "        for k, other in enumerate(graph)\n        if k != index and",
         "        for k, other in enumerate(graph)\n        if k < index and",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "branch_skip",
         "core/plan_graph.py",
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n',
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n    return False\n',
-        ("test_plan_order.py",),
+        ("core/test_plan_order.py",),
     ),
     Mutation(
         "ran_on_missing_input",
@@ -185,8 +185,8 @@ MUTATIONS = [
         "        if written and not any(_exists(state, w) for w in written):\n            return True\n    return False",
         "        pass\n    return False",
         (
-            "test_plan_order.py",
-            "test_graph_order.py",
+            "core/test_plan_order.py",
+            "core/test_plan_graph.py",
         ),
     ),
     Mutation(
@@ -194,28 +194,28 @@ MUTATIONS = [
         "core/plan_graph.py",
         "                counts[why] = counts.get(why, 0) + 1",
         "                counts[SKIPPED_BRANCH] = counts.get(SKIPPED_BRANCH, 0) + int(not failed)",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_problem_cycle",
         "core/plan_graph.py",
         "    loop = _cycle(steps)\n",
         "    loop = None\n",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_problem_unwritten",
         "core/plan_graph.py",
         "            if not any(_overlap(path, o) for o in written) and not _exists(state, path):",
         "            if False:",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_check_in_validator",
         "core/validate.py",
         "        if self._spec.plan is not None:\n            self._check_plans(verdict, states or {})",
         "        pass",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "latent_waits",
@@ -223,8 +223,8 @@ MUTATIONS = [
         "                if call is not None and step.output:",
         "                if False:",
         (
-            "test_graph_order.py",
-            "test_plan_order.py",
+            "core/test_plan_graph.py",
+            "core/test_plan_order.py",
         ),
     ),
     Mutation(
@@ -232,7 +232,7 @@ MUTATIONS = [
         "core/eager.py",
         "        answered = {id(c) for _, c in _answer_due(st, calls)}",
         "        answered: set[int] = set()",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "thought_no_step",
@@ -246,21 +246,21 @@ MUTATIONS = [
         "runtime/pipeline/outcomes/records.py",
         "outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and _latent_output(self.spec, c) and cid not in effects.dropped\n        ]",
         'outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and self.spec.tool(c.tool).kind == "latent" and cid not in effects.dropped  # type: ignore[union-attr]\n        ]',
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "thoughts_any_number",
         "core/validate.py",
         '        if self._tools[call.tool].kind == "latent" and not call.output_path:\n            calls.append(call)\n            return',
         "        pass",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "thought_text_not_in_letters",
         "core/validate.py",
         "        verdict.refusals = [self._unthought(r) for r in verdict.refusals]",
         "        pass",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "planless_latent_on_activity",
@@ -276,7 +276,7 @@ MUTATIONS = [
         "runtime/pipeline/outcomes/records.py",
         "                    latent=outputs,  # without a plan, the answer's latent outputs go here too",
         "",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "output_spelling",
@@ -337,8 +337,8 @@ MUTATIONS = [
         "    return None if tool is None else _output_error(tool, rec.value)",
         "    return None",
         (
-            "test_result_safety.py",
-            "test_workflow_memory.py",
+            "core/test_result_safety.py",
+            "core/test_workflow.py",
         ),
     ),
     Mutation(
