@@ -1,4 +1,4 @@
-"""#24 item 3: finished workflows are deleted after `state_retention_s`, and the expiry
+"""Finished workflows are deleted after `state_retention_s`, and the expiry
 tick reads only the states that are due."""
 
 from __future__ import annotations

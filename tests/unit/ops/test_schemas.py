@@ -8,7 +8,7 @@ from instanced_stream.core.spec import spec_document
 from instanced_stream.ops.schemas import render
 from jsonschema import Draft202012Validator
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCHEMAS = ROOT / "schemas"
 
 

@@ -1,4 +1,4 @@
-"""#38 items 1 and 2: a plan runs as its graph says. An eager step that reads what
+"""A plan runs as its graph says. An eager step that reads what
 another step of the same answer awaits waits for that result; after a branching step,
 only the taken branch's readers run, the others are skipped and counted."""
 

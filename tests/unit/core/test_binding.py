@@ -1,4 +1,4 @@
-"""#24 item 5: approvals and results bind to what they answer; state arrives only from
+"""Approvals and results bind to what they answer; state arrives only from
 the processor's own turns and results unless the spec opts in to state input."""
 
 from __future__ import annotations

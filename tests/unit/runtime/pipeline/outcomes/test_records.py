@@ -1,4 +1,4 @@
-"""#38 items 4 and 5: every call ends published, as an explicit no-action, or as a dead
+"""Every call ends published, as an explicit no-action, or as a dead
 letter with a reason; a thought (a latent call without `_outputPath`) is never published.
 Read from the records a solved batch (or a workflow's turn) produces."""
 

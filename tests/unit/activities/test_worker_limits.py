@@ -1,4 +1,4 @@
-"""#24 item 2: records over the broker's limit are dead-lettered, by the activity worker
+"""Records over the broker's limit are dead-lettered, by the activity worker
 (its results) and by the processor (results its state cannot hold, and their letters),
 instead of crashing either."""
 

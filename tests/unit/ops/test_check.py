@@ -20,7 +20,7 @@ from instanced_stream.observe.web import claim_port
 from instanced_stream.ops.audit import parse_since
 from instanced_stream.settings import DEFAULT_SPEC
 
-SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
+SPEC = Path(__file__).resolve().parents[3] / "examples" / "moderation" / "agent.yaml"
 
 
 @pytest.fixture(autouse=True)

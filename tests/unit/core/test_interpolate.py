@@ -9,7 +9,7 @@ from instanced_stream.core.interpolate import interpolate
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import SpecError
 
-SPEC = Path(__file__).resolve().parents[2] / "examples" / "moderation" / "agent.yaml"
+SPEC = Path(__file__).resolve().parents[3] / "examples" / "moderation" / "agent.yaml"
 
 
 def test_values_are_filled_from_the_environment() -> None:

@@ -1,4 +1,4 @@
-"""#24 item 1: a result that cannot be written must never crash the result handler."""
+"""A result that cannot be written must never crash the result handler."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import yaml
 from instanced_stream.ops.asyncapi import CHANNELS, render_asyncapi
 from instanced_stream.settings import Topics
 
-FILE = Path(__file__).resolve().parents[2] / "asyncapi.yaml"
+FILE = Path(__file__).resolve().parents[3] / "asyncapi.yaml"
 
 
 def test_asyncapi_file_matches_the_models() -> None:

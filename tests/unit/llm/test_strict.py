@@ -15,7 +15,7 @@ from instanced_stream.llm.factory import initial_shape
 from instanced_stream.llm.strict import violations
 from jsonschema import Draft202012Validator
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*/*.yaml"))
 
 
 def _asks(prompt: PromptBuilder) -> list[Ask]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 THIN = ROOT / "packages" / "activities" / "pyproject.toml"
 FORBIDDEN = {
     "faust-streaming",
