@@ -68,8 +68,9 @@ def assignors(probe: Probe = NO_PROBE) -> tuple[CoPartitionedAssignor]:
     join loop sits inside the loop over assignors), so with two the first join lists one
     protocol and the second two: the broker sees a member's metadata change while the
     generation completes and starts another one. Under restarts that kept a group
-    rebalancing for minutes, two partitions unserved (tests/unit/runtime/units/test_join.py). Earlier
-    versions listed this protocol first, so a rolling upgrade still finds it in common."""
+    rebalancing for minutes, two partitions unserved
+    (tests/unit/runtime/units/test_join.py). Earlier versions listed this protocol first,
+    so a rolling upgrade still finds it in common."""
     return (CoPartitionedAssignor(probe),)
 
 
