@@ -20,11 +20,11 @@ from instanced_stream.faultpoints import NO_PROBE
 from instanced_stream.kafka.publish import home_partition
 from instanced_stream.kafka.topics import state_changelog
 from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.assembly import limiter_for
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.stager import Stager
 from instanced_stream.runtime.pipeline.windows.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import Flows, instance_of, recalled
-from instanced_stream.runtime.service import limiter_for
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.units.unit import Refusals, Slot, Unit
 from instanced_stream.settings import Settings
