@@ -4,8 +4,9 @@ clients, and connected, in one place.
 `assemble` builds everything `stream process` runs (runtime/service.py runs it: the fetch
 loop, the routing of results and approvals, the timers, readiness). Its pipeline part,
 `assemble_pipeline` (the record builder, the workflows and their stores, the stager), is
-built on any model and stores. Nothing here starts, fetches or sends: building a piece
-opens no connection.
+also what the test rig builds (tests/flows.py), given its own model and stores, so the
+tests run the wiring the product runs. Nothing here starts, fetches or sends: building a
+piece opens no connection.
 """
 
 from __future__ import annotations
