@@ -74,13 +74,11 @@ def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """What consumed records go through to become staged outcomes: the spec they are
-    decided by, the builder of their records, the workflows (None for a spec without a
-    plan: nothing of an instance outlives its request) and the stager."""
+    """What consumed records go through to become staged outcomes: the builder of their
+    records, the workflows (None for a spec without a plan: nothing of an instance
+    outlives its request) and the stager. No spec is kept here: `Stager.reconfigure`
+    hands a new one to the pieces that read it."""
 
-    spec: AgentSpec
-    metrics: Metrics
-    worker: str
     builder: RecordBuilder
     flows: Flows | None
     stager: Stager
@@ -132,7 +130,7 @@ def assemble_pipeline(
         second=second,
         tier=tier,
     )
-    return Pipeline(spec, metrics, worker, builder, flows, stager)
+    return Pipeline(builder, flows, stager)
 
 
 class Routes(Protocol):
@@ -168,6 +166,8 @@ class Routes(Protocol):
 class Processor:
     """Everything `stream process` runs, built and connected, not started."""
 
+    metrics: Metrics
+    worker: str  # this process's name: in its client id and its batches' ids
     pipeline: Pipeline
     llm: LLM | BatchModel
     second: LLM | None  # model.escalate's client
@@ -248,7 +248,9 @@ def assemble(
         units=lambda: uncommitted(membership.units),
         group=membership.group,
     )
-    return Processor(parts, llm, second, submissions, restores, lanes, membership, follower, web)
+    return Processor(
+        metrics, worker, parts, llm, second, submissions, restores, lanes, membership, follower, web
+    )
 
 
 def _producers(

@@ -70,8 +70,8 @@ class _Service(mode.Service):
         self.probe = probe
         self.fetching: asyncio.Future[None] | None = None
         built = assemble(settings, spec, bootstrap, llm_url, overrides, probe, self)
-        self.metrics = built.pipeline.metrics
-        self.worker = built.pipeline.worker
+        self.metrics = built.metrics
+        self.worker = built.worker
         self.flows = built.pipeline.flows
         self.stager = built.pipeline.stager
         self.llm = built.llm
