@@ -40,6 +40,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime.units",),
     ("runtime.pipeline",),
     ("runtime.batch_api",),
+    ("runtime.assembly",),
     ("runtime", "runtime.service"),
     ("ops",),
     ("harness",),
