@@ -34,7 +34,7 @@ from instanced_stream.runtime.state.changelog import ChangelogReader, Quarantine
 from instanced_stream.runtime.state.changes import next_change
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
 
-__all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore"]
+__all__ = ["NotRecalled", "Retired", "Stores", "UnitStore"]
 
 log = logging.getLogger("stream.store")
 
