@@ -64,6 +64,11 @@ class ChangelogReader:
         self.quarantined: list[Quarantined] = []  # unreadable records, not yet staged
         self._staged: list[Quarantined] = []  # staged, their tombstones not yet read back
 
+    def rewind(self) -> None:
+        """The next read starts at the partition's beginning (its store dropped what it
+        had applied)."""
+        self.applied = 0
+
     async def read(
         self, bootstrap: str, gate: asyncio.Semaphore | None, gated: contextlib.AsyncExitStack
     ) -> dict[str, tuple[int, bytes | None]]:

@@ -130,7 +130,7 @@ class UnitStore:
         if self._base is None:  # too much changed to undo: everything read again
             self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
             self._ending, self._recalled = {}, OrderedDict()
-            self.changelog.applied = 0
+            self.changelog.rewind()
         undo, self._base = self._base, {}
         async with contextlib.AsyncExitStack() as gated:
             latest = await self.changelog.read(bootstrap, gate, gated)
