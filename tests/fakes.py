@@ -121,7 +121,7 @@ class FakeProducer:
     once). A record over its topic's `limits` (bytes, as the unit estimates a record's
     batch) is refused like the broker refuses it."""
 
-    OVERHEAD = 128  # what a record batch adds to its one record (unit.py's estimate)
+    OVERHEAD = 128  # what a record batch adds to its one record (collector.py's estimate)
 
     def __init__(
         self, fail_send: BaseException | None = None, limits: dict[str, int] | None = None

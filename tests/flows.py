@@ -22,7 +22,8 @@ from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, me
 from instanced_stream.runtime.pipeline.windows.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
 from instanced_stream.runtime.state.store import Stores
-from instanced_stream.runtime.units.unit import Refusals, Slot, Unit
+from instanced_stream.runtime.units.collector import Refusals
+from instanced_stream.runtime.units.unit import Slot, Unit
 from instanced_stream.settings import Settings
 
 from tests.fakes import FakeLLM, FakeProducer, FakeRecall, Sent

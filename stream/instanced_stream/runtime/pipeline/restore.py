@@ -6,6 +6,12 @@ A store is restored before it joins the owned ones (nothing reads it half restor
 each unreadable changelog record is quarantined with the unit's first commit (its dead
 letter and its key's tombstone, one transaction); only the restored partition's states
 enter the deadline index, the other partitions' stay where they were.
+
+It is the pipeline's, not the state's: it brings a partition back into the pipeline
+(stages its quarantine letters on the unit, indexes deadlines, resumes the workflows'
+next turns through `Flows`), and `runtime/state` sits below both the units and the
+pipeline. Reading the changelog, and which reads wait for a turn, is the state's
+(`state.changelog.ChangelogReader`).
 """
 
 from __future__ import annotations
@@ -16,19 +22,15 @@ import time
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.runtime.pipeline.workflows import Flows
+from instanced_stream.runtime.state.changelog import AT_ONCE
 from instanced_stream.runtime.state.store import UnitStore
 from instanced_stream.runtime.units.unit import Unit
 
-__all__ = ["AT_ONCE", "KEEP_S", "Restores"]
+__all__ = ["KEEP_S", "Restores"]
 
 log = logging.getLogger("stream.store")
 
 KEEP_S = 300.0  # how long a closed unit's store is kept for its partition's return
-# Large restores that read at once (a small one never waits: `UnitStore.restore`). A
-# restore holds its partition's latest records (about 3 KB a state) until it has parsed
-# them, and parsing takes the one event loop: more at once would finish none sooner, and
-# would hold every partition's records together (24 partitions of 100,000 states: 290 MB).
-AT_ONCE = 4
 
 
 class Restores:
@@ -39,6 +41,7 @@ class Restores:
         self.bootstrap = bootstrap
         self.keep_s = keep_s
         self.running: dict[int, UnitStore] = {}
+        # The large reads' turns (`changelog.AT_ONCE`; a small read never waits).
         self._reading = asyncio.Semaphore(AT_ONCE)
         self.kept: dict[int, tuple[UnitStore, float]] = {}  # closed units' stores, since
 

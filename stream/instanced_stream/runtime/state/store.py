@@ -7,7 +7,9 @@ changelog record; whoever made the change takes the queued records (`take`) and 
 them with the outcome they belong to, so the change and its outputs commit together or
 not at all. An aborted or fenced unit is dropped with its store; the next owner restores
 what was committed. A change whose record would pass the broker's limit is refused before
-anything is stored or staged.
+anything is stored or staged. Reading the changelog partition and setting aside the
+records that cannot be read are the reader's (`changelog.ChangelogReader`); the store
+applies what it read.
 
 A finished workflow's state (done) leaves memory once its changelog record
 is written: until its retention is over (when its tombstone is written, as before) the
@@ -23,20 +25,16 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
-
-from aiokafka.structs import TopicPartition
-from pydantic import ValidationError
 
 from instanced_stream.core.state import InstanceState
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka import clients
 from instanced_stream.kafka.records import OutRecord
+from instanced_stream.runtime.state.changelog import ChangelogReader, Quarantined
 from instanced_stream.runtime.state.changes import next_change
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
 
-__all__ = ["NotRecalled", "Quarantined", "Retired", "Stores", "UnitStore"]
+__all__ = ["NotRecalled", "Retired", "Stores", "UnitStore"]
 
 log = logging.getLogger("stream.store")
 
@@ -65,17 +63,6 @@ class NotRecalled(RuntimeError):
 _RECALLED = 256
 
 
-@dataclass(frozen=True, slots=True)
-class Quarantined:
-    """A changelog record the store could not read: where it is, and why."""
-
-    key: str
-    partition: int
-    offset: int
-    value: bytes
-    reason: str
-
-
 # Keys changed since the last restore that a store remembers the restored value of; past
 # it, its next restore reads the whole partition again instead of the delta (the
 # remembered values would cost as much memory as the states).
@@ -84,11 +71,6 @@ _UNDO_LIMIT = 10_000
 # Restored records between two yields to the event loop: a restore runs beside the
 # consumer's heartbeats and the other units' work, never blocking them for long.
 _YIELD_EVERY = 500
-
-# Records past which a restore waits for its turn (`Restores`): a few large restores at
-# once, each holding its records until parsed; a small one (a fresh or quiet partition,
-# a delta) starts at once, as its time is the broker's round trips, not the parsing.
-_LARGE = 2_000
 
 
 class UnitStore:
@@ -104,12 +86,8 @@ class UnitStore:
         self._retired: dict[str, Retired] = {}  # finished states, on the changelog only
         self._recalled: OrderedDict[str, InstanceState] = OrderedDict()
         self._queued: list[OutRecord] = []
-        # The changelog offset up to which this store has applied the partition (the next
-        # offset to read): a later restore reads only what came after it.
-        self.applied = 0
-        self.restored = 0  # records read by the restore in progress (its progress)
-        self.quarantined: list[Quarantined] = []  # unreadable records, not yet staged
-        self._staged: list[Quarantined] = []  # staged, their tombstones not yet read back
+        # Reads the changelog partition, knows how far, and holds its unreadable records.
+        self.changelog = ChangelogReader(topic, partition)
         # Each key changed here since the last restore, with its value as restored (None:
         # none). A change is committed or not with its unit's transaction; when this store
         # is restored again (its unit reopened), a key the changelog did not change since
@@ -126,20 +104,37 @@ class UnitStore:
     def retired_count(self) -> int:
         return len(self._retired)
 
+    @property
+    def applied(self) -> int:
+        """The next changelog offset a restore reads (`ChangelogReader.applied`)."""
+        return self.changelog.applied
+
+    @property
+    def restored(self) -> int:
+        """Records read by the restore in progress (`ChangelogReader.restored`)."""
+        return self.changelog.restored
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """Unreadable records not yet staged (`ChangelogReader.quarantined`)."""
+        return self.changelog.quarantined
+
     async def restore(self, bootstrap: str, gate: asyncio.Semaphore | None = None) -> int:
         """Reads the changelog partition from where this store left it (`applied`: all of
         it the first time, only the delta after) to its last stable offset,
         read_committed; returns the states it holds. Every state is read as it is
         restored: one that cannot be (a cut-off value, another schema) is left out and
         kept in `quarantined`, so the partition opens without it. A finished one retires
-        at once: only its offset stays. A read of more than `_LARGE` records holds `gate`
+        at once: only its offset stays. A large read (`ChangelogReader.read`) holds `gate`
         until its records are parsed (they are held until then)."""
         if self._base is None:  # too much changed to undo: everything read again
             self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
-            self._ending, self._recalled, self.applied = {}, OrderedDict(), 0
+            self._ending, self._recalled = {}, OrderedDict()
+            self.changelog.rewind()
         undo, self._base = self._base, {}
         async with contextlib.AsyncExitStack() as gated:
-            return await self._apply(dict(await self._read(bootstrap, gate, gated)), undo)
+            latest = await self.changelog.read(bootstrap, gate, gated)
+            return await self._apply(dict(latest), undo)
 
     async def _apply(
         self,
@@ -148,10 +143,7 @@ class UnitStore:
     ) -> int:
         for key, base in undo.items():  # changed here, not committed since: undone
             latest.setdefault(key, (-1, base))
-        for bad in self._staged:  # quarantined before, its tombstone not read back: again
-            if bad.key not in latest:
-                self.quarantined.append(bad)
-        self._staged = []
+        self.changelog.requarantine(latest)  # staged before, its tombstone not read back
         for n, (key, (offset, raw)) in enumerate(latest.items()):
             if n % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
@@ -161,18 +153,8 @@ class UnitStore:
             if isinstance(raw, Retired):
                 self._retired[key] = raw
                 continue
-            try:
-                parsed = InstanceState.model_validate_json(raw)
-            except ValidationError as exc:
-                reason = f"unreadable state record: {exc.errors()[0]['msg']}"[:500]
-                log.error(
-                    "partition %d: changelog record of %r at offset %d quarantined: %s",
-                    self.partition,
-                    key,
-                    offset,
-                    reason,
-                )
-                self.quarantined.append(Quarantined(key, self.partition, offset, raw, reason))
+            parsed = self.changelog.parse(key, offset, raw)
+            if parsed is None:  # unreadable: quarantined by the reader
                 continue
             ended = _ended_at(parsed)
             if ended is not None and offset >= 0:  # see the module's docstring
@@ -181,38 +163,10 @@ class UnitStore:
                 self._raw[key], self._parsed[key] = raw, parsed
         return len(self)
 
-    async def _read(
-        self, bootstrap: str, gate: asyncio.Semaphore | None, gated: contextlib.AsyncExitStack
-    ) -> dict[str, tuple[int, bytes | None]]:
-        """Each key's latest record (offset, value; None: a tombstone) after `applied`."""
-        tp = TopicPartition(self.topic, self.partition)
-        latest: dict[str, tuple[int, bytes | None]] = {}
-        self.restored = 0
-        consumer = clients.consumer(bootstrap)
-        await consumer.start()
-        try:
-            consumer.assign([tp])
-            start = (await consumer.beginning_offsets([tp]))[tp]
-            consumer.seek(tp, max(start, self.applied))
-            end = (await consumer.end_offsets([tp]))[tp]
-            if gate is not None and end - await consumer.position(tp) > _LARGE:
-                await gated.enter_async_context(gate)
-            while await consumer.position(tp) < end:
-                found = await consumer.getmany(tp, timeout_ms=1000)
-                for rec in found.get(tp, []):
-                    if rec.key:
-                        latest[rec.key.decode(errors="replace")] = (rec.offset, rec.value or None)
-                    self.restored += 1
-            self.applied = max(self.applied, end)
-        finally:
-            await consumer.stop()
-        return latest
-
     def quarantine(self) -> list[Quarantined]:
         """The unreadable records found so far, each to be staged once: its dead letter
         and its key's tombstone, in one transaction, so a later restore finds it no more."""
-        taken, self.quarantined = self.quarantined, []
-        self._staged += taken
+        taken = self.changelog.take()
         for bad in taken:
             tombstone = OutRecord(self.topic, bad.key.encode(), b"", None, self.partition)
             self._queued.append(tombstone)

@@ -15,8 +15,9 @@ from typing import Any
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import record_limits
+from instanced_stream.runtime.units.collector import Refusals, Replace
 from instanced_stream.runtime.units.opening import broken_producer
-from instanced_stream.runtime.units.unit import LINGER_S, CommitOffsets, Refusals, Replace, Unit
+from instanced_stream.runtime.units.unit import LINGER_S, CommitOffsets, Unit
 
 __all__ = ["Producers", "SharedProducer"]
 
@@ -54,8 +55,7 @@ class SharedProducer:
                 return self.producer
             self.producer = await self.make(max_batch)
             for unit in units:
-                if unit.producer is broken:
-                    unit.producer = self.producer
+                unit.collector.renewed(broken, self.producer)
             log.warning("at least once: a refused record; the shared producer is renewed")
         try:  # its sends in flight end first; a unit whose send fails then is reopened
             await broken.stop()

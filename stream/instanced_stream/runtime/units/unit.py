@@ -12,6 +12,10 @@ leaves nothing visible to read_committed consumers; the next owner redoes that p
 
 At least once uses the same units with one shared idempotent producer: the prefix's
 records are sent and acknowledged, then its offsets are committed by the consumer.
+
+The unit is the commit protocol (begin, write, commit or abort; fenced, it is void);
+sending the records, the records the broker refuses and the producer a refusal broke
+are its record collector's (`collector.RecordCollector`), which owns the producer.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -32,16 +35,14 @@ from aiokafka.errors import (
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
-from instanced_stream.kafka.publish import REFUSALS
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.tracing import Headers
 from instanced_stream.runtime.state.changes import ChangeOrder, last_change
+from instanced_stream.runtime.units.collector import RecordCollector, Refusals, Refused
 
 __all__ = [
     "LINGER_S",
     "CommitOffsets",
-    "Refusals",
-    "Replace",
     "Slot",
     "Unit",
     "UnitGone",
@@ -59,38 +60,8 @@ log = logging.getLogger("stream.unit")
 LINGER_S = 0.05
 
 CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
-# A record the broker refuses for itself, the replacement to write instead (its item's
-# dead letter), given the broker's words.
-Replace = Callable[[OutRecord, str], list[OutRecord]]
 # A committed state change (a changelog record of the unit's partition) and its offset.
 Written = Callable[[int, OutRecord, int], None]
-# Each topic's record limit as the broker holds it now (`max.message.bytes`).
-Limits = Callable[[set[str]], Awaitable[dict[str, int]]]
-# A fresh producer for the unit in place of the one a refusal left broken (which the
-# renewer stops), given the largest record batch the topics take (so that a batch of
-# small records is not refused as a whole). A refused batch's sequence numbers are never
-# taken back (aiokafka), so its producer's next send to that partition fails with
-# OutOfOrderSequenceNumber: exactly once, a new producer with the unit's transactional
-# id; at least once, a new shared producer for every unit.
-Renew = Callable[[AIOKafkaProducer, int], Awaitable[AIOKafkaProducer]]
-
-# What a record batch adds to its one record (headers of the batch and the record).
-_BATCH_OVERHEAD = 128
-
-
-@dataclass(frozen=True, slots=True)
-class Refusals:
-    """How a unit handles records the broker refuses for themselves."""
-
-    replace: Replace
-    limits: Limits
-    renew: Renew | None = None
-
-
-class _Refused(Exception):
-    def __init__(self, refused: dict[int, BaseException]) -> None:
-        super().__init__(f"{len(refused)} records refused")
-        self.refused = refused
 
 
 class UnitGone(Exception):
@@ -129,8 +100,8 @@ class Unit:
     ) -> None:
         self.partition, self.linger_s = partition, linger_s
         self.probe = probe  # the fault campaign's points: mid_commit, after_commit
-        self.refusals = refusals
-        self.producer = producer
+        # Sends the records, replaces the refused ones, renews the producer they broke.
+        self.collector = RecordCollector(partition, producer, refusals)
         self.group_id = group_id
         self.transactional = transactional
         self.commit_offsets = commit_offsets
@@ -152,6 +123,11 @@ class Unit:
 
     def __repr__(self) -> str:
         return f"Unit(p={self.partition}, alive={self.alive})"
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The producer the unit's transactions run on (its collector's: renewed there)."""
+        return self.collector.producer
 
     # ------------------------------------------------------------------ staging
 
@@ -284,54 +260,27 @@ class Unit:
                 if self.transactional:
                     at = await self._commit_transaction(records, offsets)
                 else:
-                    at = await self._send(records)
+                    at = await self.collector.send(records)
                     self.probe.at("mid_commit")
                     if offsets and self.commit_offsets is not None:
                         await self.commit_offsets(offsets)
                 return records, at
-            except _Refused as exc:
+            except Refused as exc:
                 if self.transactional:
                     await self.producer.abort_transaction()
-                records = await self._replaced(records, exc)
+                records = await self.collector.replaced(records, exc)
         raise RuntimeError("records kept being refused after their replacement")
-
-    async def _replaced(self, records: list[OutRecord], exc: _Refused) -> list[OutRecord]:
-        """The records with each one over its topic's limit replaced, and the producer the
-        refusal broke renewed with batches under the limit; raises when nothing can change."""
-        renew = self.refusals.renew if self.refusals else None
-        out, limits = await _without_refused(records, exc, self.refusals, self.partition)
-        if out is records and (renew is None or not limits):
-            raise next(iter(exc.refused.values())) from exc
-        if renew is not None:
-            self.producer = await renew(self.producer, _largest_batch(limits))
-        return out
 
     async def _commit_transaction(
         self, records: list[OutRecord], offsets: dict[TopicPartition, int]
     ) -> list[int]:
         await self.producer.begin_transaction()
-        at = await self._send(records)
+        at = await self.collector.send(records)
         if offsets:
             await self.producer.send_offsets_to_transaction(offsets, self.group_id)
         self.probe.at("mid_commit")  # every record sent, the transaction still open
         await self.producer.commit_transaction()
         return at
-
-    async def _send(self, records: list[OutRecord]) -> list[int]:
-        """Sends the records; returns each one's offset."""
-        # Every send is acknowledged before the commit: the transaction (or the consumer's
-        # offset commit) must not be written ahead of the records it vouches for.
-        # An empty value is a deletion (every output is JSON): sent as null, the tombstone
-        # compaction removes.
-        futures = [
-            await self.producer.send(
-                r.topic, r.value or None, key=r.key, partition=r.partition, headers=list(r.headers)
-            )
-            for r in records
-        ]
-        if not futures:
-            return []
-        return _offsets(await asyncio.gather(*futures, return_exceptions=True))
 
     async def _abort(self) -> None:
         try:
@@ -374,18 +323,6 @@ def oldest_open_since(unit: Unit) -> float | None:
     return min((at for at in firsts if at is not None), default=None)
 
 
-def _offsets(outcomes: list[Any]) -> list[int]:
-    """Each send's offset; raises what the sends failed with (`_Refused`: the records the
-    broker refused for themselves)."""
-    refused = {k: e for k, e in enumerate(outcomes) if isinstance(e, REFUSALS)}
-    if refused:
-        raise _Refused(refused)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return [outcome.offset for outcome in outcomes]
-
-
 def _tell(written: Written | None, partition: int, records: list[OutRecord], at: list[int]) -> None:
     """Tells `written` of each state change among the committed records, and its offset."""
     if written is not None:
@@ -399,37 +336,3 @@ def _traced(records: Iterable[OutRecord], headers: Headers) -> Iterable[OutRecor
     if not headers:
         return records
     return [r if r.headers else replace(r, headers=headers) for r in records]
-
-
-def _largest_batch(limits: dict[str, int]) -> int:
-    """The largest record batch every topic of `limits` takes."""
-    return min(limits.values(), default=1 << 20) - _BATCH_OVERHEAD
-
-
-async def _without_refused(
-    records: list[OutRecord], exc: _Refused, refusals: Refusals | None, partition: int
-) -> tuple[list[OutRecord], dict[str, int]]:
-    """`records` with each refused one that is over its topic's current limit replaced by
-    its item's dead letter (the same list when none is), and the limits looked up."""
-    if refusals is None:
-        return records, {}
-    limits = await refusals.limits({records[k].topic for k in exc.refused})
-    out: list[OutRecord] = []
-    replaced = 0
-    for k, rec in enumerate(records):
-        limit = limits.get(rec.topic)
-        size = len(rec.value) + len(rec.key or b"") + _BATCH_OVERHEAD
-        if k not in exc.refused or limit is None or size <= limit:
-            out.append(rec)
-            continue
-        replaced += 1
-        log.error(
-            "partition %d: the broker refused a record of %d bytes for %s (its limit: %d); "
-            "its item is dead-lettered",
-            partition,
-            size,
-            rec.topic,
-            limit,
-        )
-        out += refusals.replace(rec, f"{exc.refused[k]!r}, max.message.bytes {limit}")
-    return (out if replaced else records), limits

@@ -17,7 +17,8 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import BatchRef, Call, SourcePosition
 from instanced_stream.core.state import Ended, InstanceState
 from instanced_stream.kafka import clients
-from instanced_stream.runtime.pipeline.restore import AT_ONCE, Restores
+from instanced_stream.runtime.pipeline.restore import Restores
+from instanced_stream.runtime.state.changelog import AT_ONCE
 from instanced_stream.runtime.state.store import NotRecalled, Stores, UnitStore
 from instanced_stream.runtime.units.unit import Unit
 
