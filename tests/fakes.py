@@ -12,7 +12,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
-from instanced_stream.runtime.engine.recall import Recall
+from instanced_stream.runtime.state.recall import Recall
 from instanced_stream.testing.sim.request import SimRequest, read_request
 from instanced_stream.testing.sim.server import Simulator
 
@@ -121,7 +121,7 @@ class FakeProducer:
     once). A record over its topic's `limits` (bytes, as the unit estimates a record's
     batch) is refused like the broker refuses it."""
 
-    OVERHEAD = 128  # what a record batch adds to its one record (unit.py's estimate)
+    OVERHEAD = 128  # what a record batch adds to its one record (collector.py's estimate)
 
     def __init__(
         self, fail_send: BaseException | None = None, limits: dict[str, int] | None = None

@@ -1,8 +1,9 @@
 """The processor's runtime in memory, for the pipeline and workflow tests: the stager, the
 workflows (stateful specs) and their stores, one unit per input partition on an in-memory
-transactional producer, and the fake model. It is wired as runtime/service.py wires them;
-what is left out is Kafka: records are offered here, not fetched, and what a
-read_committed consumer would see is read from the producer."""
+transactional producer, and the fake model. The pipeline is built by the product's own
+wiring (`assemble_pipeline`, runtime/assembly.py); what is left out is Kafka: records are
+offered here, not fetched, and what a read_committed consumer would see is read from the
+producer."""
 
 from __future__ import annotations
 
@@ -16,17 +17,13 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.faultpoints import NO_PROBE
 from instanced_stream.kafka.publish import home_partition
-from instanced_stream.kafka.topics import state_changelog
-from instanced_stream.observe.metrics import Metrics
-from instanced_stream.runtime.engine.stager import Stager
-from instanced_stream.runtime.engine.store import Stores
-from instanced_stream.runtime.engine.unit import Refusals, Slot, Unit
-from instanced_stream.runtime.engine.workflows import Flows, instance_of, recalled
-from instanced_stream.runtime.service import limiter_for
-from instanced_stream.runtime.steps.intake import source_of
-from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, metrics_for
+from instanced_stream.runtime.pipeline.windows.intake import source_of
+from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
+from instanced_stream.runtime.state.store import Stores
+from instanced_stream.runtime.units.collector import Refusals
+from instanced_stream.runtime.units.unit import Slot, Unit
 from instanced_stream.settings import Settings
 
 from tests.fakes import FakeLLM, FakeProducer, FakeRecall, Sent
@@ -72,40 +69,23 @@ class Rig:
             state_retention_s=retention_s,
         )
         self.topics = self.settings.topics
-        self.metrics = Metrics(spec.model)
+        self.metrics = metrics_for(spec)
         self.llm = FakeLLM()
         self.worker = "rig"
-        self.builder = RecordBuilder(spec, self.topics, self.llm.model)
         self.stores = stores if stores is not None else Stores()
-        self.flows: Flows | None = None
-        if spec.plan is not None:  # no plan, no state (the seeds)
-            workflow = Workflow(
-                spec,
-                self.stores,
-                self.settings.pending_timeout_s,
-                self.settings.state_retention_s,
-                self.worker,
-            )
-            self.flows = Flows(
-                workflow,
-                self.stores,
-                self.builder,
-                self.metrics,
-                self.worker,
-                state_changelog(self.settings),
-                max_output_bytes,
-            )
-        self.stager = Stager(
+        # The product's wiring (runtime/assembly.py) on the fake model and these stores.
+        built = assemble_pipeline(
             self.settings,
             spec,
             self.llm,
             limiter=limiter_for(spec, self.metrics),
             metrics=self.metrics,
-            builder=self.builder,
-            probe=NO_PROBE,
             worker=self.worker,
-            flows=self.flows,
+            stores=lambda: self.stores,
         )
+        self.builder = built.builder
+        self.flows = built.flows
+        self.stager = built.stager
         self.producer = FakeProducer(limits=limits)
         # Finished states retire once committed, and are read back from what was sent.
         self.stores.reader = self.stores.reader or FakeRecall(self.producer)

@@ -38,7 +38,7 @@ MUTATIONS = [
         'rest = list(dict.fromkeys(c["comment"] for c in comments(400)))[:97]',
         'rest = [c["comment"] for c in comments(400)][:97]',
         (
-            "test_seed_rules.py::test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request",
+            "harness/test_seeds.py::test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request",
         ),
     ),
     Mutation(
@@ -46,29 +46,33 @@ MUTATIONS = [
         "core/prompt.py",
         'speak = {"request": True, "start": turn == 1, "finish": True}',
         'speak = {"request": True, "start": True, "finish": True}',
-        ("test_seed_rules.py::test_on_modes_per_turn",),
+        ("harness/test_seeds.py::test_on_modes_per_turn",),
     ),
     Mutation(
         "finish_stop",
         "core/eager.py",
         "    if not votes:\n        return False\n    council = aggregate(votes)",
         "    return False\n    council = aggregate(votes)",
-        ("test_no_output_lost.py::test_a_finish_stop_records_the_calls_it_does_not_run",),
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_finish_stop_records_the_calls_it_does_not_run",
+        ),
     ),
     Mutation(
         "stop_drops_calls",
         "core/eager.py",
         '    out.dropped = unrun_by_stop(spec, calls, "the workflow ended, unrun")\n',
         "",
-        ("test_no_output_lost.py::test_a_finish_stop_records_the_calls_it_does_not_run",),
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_finish_stop_records_the_calls_it_does_not_run",
+        ),
     ),
     Mutation(
         "stop_without_plan",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         '                effects = TurnEffects(dropped=unrun_by_stop(self.spec, calls, "not run"))',
         "                pass",
         (
-            "test_no_output_lost.py::test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls",
+            "runtime/pipeline/outcomes/test_records.py::test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls",
         ),
     ),
     Mutation(
@@ -76,35 +80,35 @@ MUTATIONS = [
         "core/validate.py",
         'question = str(outcome.arguments.get("question") or "")',
         'question = ""',
-        ("test_seed_rules.py::test_the_consult_call_carries_the_model_s_question",),
+        ("harness/test_seeds.py::test_the_consult_call_carries_the_model_s_question",),
     ),
     Mutation(
         "votes_independent",
         "core/advice.py",
         "scores[str(option)] = number / 100",
         "scores[str(option)] = number / max(1.0, sum(float(v) for v in raw.values()))",
-        ("test_advice.py",),
+        ("core/test_advice.py",),
     ),
     Mutation(
         "weight_shown",
         "core/prompt.py",
         'exclude={"type", "gates"}',
         'exclude={"type", "gates", "weight"}',
-        ("test_advice_gate.py::test_the_model_sees_each_advisor_s_weight",),
+        ("core/test_advice_gate.py::test_the_model_sees_each_advisor_s_weight",),
     ),
     Mutation(
         "heard_on_reask",
         "core/solve.py",
         '    the re-asked instances are decided with the advice the seeds say comes first."""\n    shown = []',
         '    the re-asked instances are decided with the advice the seeds say comes first."""\n    return []\n    shown = []',
-        ("test_advice_gate.py",),
+        ("core/test_advice_gate.py",),
     ),
     Mutation(
         "request_wide_gates",
         "core/advice.py",
         "or bool(advisor and advisor.gates)",
         "or False",
-        ("test_advice_gate.py",),
+        ("core/test_advice_gate.py",),
     ),
     Mutation(
         "advisor_kind_or_type",
@@ -112,7 +116,7 @@ MUTATIONS = [
         'validation_alias=AliasChoices("type", "kind")',
         'validation_alias=AliasChoices("type")',
         (
-            "test_seed_rules.py::test_the_seeds_advisor_registers_with_kind_or_type_and_a_cyrillic_id",
+            "harness/test_seeds.py::test_the_seeds_advisor_registers_with_kind_or_type_and_a_cyrillic_id",
         ),
     ),
     Mutation(
@@ -121,7 +125,7 @@ MUTATIONS = [
         '            token = next(iter(known))\n            raw = {**raw, "_instance": token}',
         "            pass",
         (
-            "test_seed_rules.py::test_the_seeds_advisor_response_parses_validates_and_keeps_its_scores",
+            "harness/test_seeds.py::test_the_seeds_advisor_response_parses_validates_and_keeps_its_scores",
         ),
     ),
     Mutation(
@@ -130,7 +134,7 @@ MUTATIONS = [
         "            if any(v is not None for v in args.values()):\n                return Refusal(",
         "            if False:\n                return Refusal(",
         (
-            "test_plan_rules.py::test_a_latent_result_in_a_lazy_plan_is_refused_and_the_plan_asked_again",
+            "core/test_plan_rules.py::test_a_latent_result_in_a_lazy_plan_is_refused_and_the_plan_asked_again",
         ),
     ),
     Mutation(
@@ -138,7 +142,9 @@ MUTATIONS = [
         "core/lazy.py",
         "            if id(call) not in answered and is_step(spec, call):",
         "            if False:",
-        ("test_no_output_lost.py::test_a_call_outside_the_approved_graph_is_a_dead_letter",),
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_call_outside_the_approved_graph_is_a_dead_letter",
+        ),
     ),
     Mutation(
         "lazy_revision",
@@ -146,7 +152,7 @@ MUTATIONS = [
         '    st.plan, st.status, st.revising = [], "ready", True',
         '    st.plan, st.status, st.revising = [], "ready", False',
         (
-            "test_plan_order.py::test_a_rejected_plan_is_planned_again_with_its_reason_up_to_max_revisions",
+            "core/test_plan_order.py::test_a_rejected_plan_is_planned_again_with_its_reason_up_to_max_revisions",
         ),
     ),
     Mutation(
@@ -155,8 +161,8 @@ MUTATIONS = [
         "                continue  # a producer still runs: wait for it",
         "                pass",
         (
-            "test_plan_order.py",
-            "test_graph_order.py",
+            "core/test_plan_order.py",
+            "core/test_plan_graph.py",
         ),
     ),
     Mutation(
@@ -164,14 +170,14 @@ MUTATIONS = [
         "core/plan_graph.py",
         "        for k, other in enumerate(graph)\n        if k != index and",
         "        for k, other in enumerate(graph)\n        if k < index and",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "branch_skip",
         "core/plan_graph.py",
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n',
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n    return False\n',
-        ("test_plan_order.py",),
+        ("core/test_plan_order.py",),
     ),
     Mutation(
         "ran_on_missing_input",
@@ -179,8 +185,8 @@ MUTATIONS = [
         "        if written and not any(_exists(state, w) for w in written):\n            return True\n    return False",
         "        pass\n    return False",
         (
-            "test_plan_order.py",
-            "test_graph_order.py",
+            "core/test_plan_order.py",
+            "core/test_plan_graph.py",
         ),
     ),
     Mutation(
@@ -188,28 +194,28 @@ MUTATIONS = [
         "core/plan_graph.py",
         "                counts[why] = counts.get(why, 0) + 1",
         "                counts[SKIPPED_BRANCH] = counts.get(SKIPPED_BRANCH, 0) + int(not failed)",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_problem_cycle",
         "core/plan_graph.py",
         "    loop = _cycle(steps)\n",
         "    loop = None\n",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_problem_unwritten",
         "core/plan_graph.py",
         "            if not any(_overlap(path, o) for o in written) and not _exists(state, path):",
         "            if False:",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "plan_check_in_validator",
         "core/validate.py",
         "        if self._spec.plan is not None:\n            self._check_plans(verdict, states or {})",
         "        pass",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "latent_waits",
@@ -217,8 +223,8 @@ MUTATIONS = [
         "                if call is not None and step.output:",
         "                if False:",
         (
-            "test_graph_order.py",
-            "test_plan_order.py",
+            "core/test_plan_graph.py",
+            "core/test_plan_order.py",
         ),
     ),
     Mutation(
@@ -226,49 +232,51 @@ MUTATIONS = [
         "core/eager.py",
         "        answered = {id(c) for _, c in _answer_due(st, calls)}",
         "        answered: set[int] = set()",
-        ("test_graph_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "thought_no_step",
         "core/plan_graph.py",
         "            continue  # a thought: ephemeral (the seeds), never stored, nothing reads it",
         "            pass",
-        ("test_plan_rules.py::test_a_thought_is_no_step_of_a_plan",),
+        ("core/test_plan_rules.py::test_a_thought_is_no_step_of_a_plan",),
     ),
     Mutation(
         "thought_not_published",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and _latent_output(self.spec, c) and cid not in effects.dropped\n        ]",
         'outputs = [\n            c.wire()\n            for cid, c in calls\n            if flow is None and self.spec.tool(c.tool).kind == "latent" and cid not in effects.dropped  # type: ignore[union-attr]\n        ]',
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "thoughts_any_number",
         "core/validate.py",
         '        if self._tools[call.tool].kind == "latent" and not call.output_path:\n            calls.append(call)\n            return',
         "        pass",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "thought_text_not_in_letters",
         "core/validate.py",
         "        verdict.refusals = [self._unthought(r) for r in verdict.refusals]",
         "        pass",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "planless_latent_on_activity",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "        latent=latent or [],",
         "        latent=[],",
-        ("test_no_output_lost.py::test_a_planless_latent_output_rides_on_the_activity_record",),
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_planless_latent_output_rides_on_the_activity_record",
+        ),
     ),
     Mutation(
         "planless_latent_on_no_action",
-        "runtime/steps/records.py",
+        "runtime/pipeline/outcomes/records.py",
         "                    latent=outputs,  # without a plan, the answer's latent outputs go here too",
         "",
-        ("test_no_output_lost.py",),
+        ("runtime/pipeline/outcomes/test_records.py",),
     ),
     Mutation(
         "output_spelling",
@@ -276,7 +284,7 @@ MUTATIONS = [
         '                raw = {k: v for k, v in raw.items() if k != "output"} | {"_outputPath": value}',
         "                pass",
         (
-            "test_seed_rules.py::test_the_seed_s_output_spelling_is_read_as_the_output_path_never_an_argument",
+            "harness/test_seeds.py::test_the_seed_s_output_spelling_is_read_as_the_output_path_never_an_argument",
         ),
     ),
     Mutation(
@@ -284,42 +292,44 @@ MUTATIONS = [
         "core/call_paths.py",
         '    if tool.kind == "latent" and len(paths) > 1:',
         "    if False:",
-        ("test_seed_rules.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+        ("harness/test_seeds.py::test_output_paths_must_be_state_paths_the_tool_declares",),
     ),
     Mutation(
         "declared_paths",
         "core/call_paths.py",
         "    if tool.paths and not set(paths) <= set(tool.paths):",
         "    if False:",
-        ("test_seed_rules.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+        ("harness/test_seeds.py::test_output_paths_must_be_state_paths_the_tool_declares",),
     ),
     Mutation(
         "scopes_resolve",
         "core/call_paths.py",
         "    if unknown:\n",
         "    if False:\n",
-        ("test_seed_rules.py::test_scopes_resolve_or_are_refused",),
+        ("harness/test_seeds.py::test_scopes_resolve_or_are_refused",),
     ),
     Mutation(
         "input_override",
-        "runtime/steps/scopes.py",
+        "runtime/pipeline/outcomes/scopes.py",
         '        merged.update({k: v for k, v in inst.payload.items() if k != "type"})',
         '        merged = {**{k: v for k, v in inst.payload.items() if k != "type"}, **merged}',
-        ("test_seed_rules.py::test_an_instance_input_overrides_the_global_one_in_its_scopes",),
+        ("harness/test_seeds.py::test_an_instance_input_overrides_the_global_one_in_its_scopes",),
     ),
     Mutation(
         "shown_ids",
         "core/validate.py",
         "    if isinstance(name, str) and name not in known and name in shown:",
         "    if False:",
-        ("test_seed_rules.py::test_the_instancing_seed_s_manager_answer_names_a_shown_id",),
+        ("harness/test_seeds.py::test_the_instancing_seed_s_manager_answer_names_a_shown_id",),
     ),
     Mutation(
         "silence_no_action",
         "core/solve.py",
         "            answered |= self._silent(verdict, tokens, by_token, out, attempt, set(why))",
         "            pass",
-        ("test_seed_rules.py::test_the_seed_s_silent_employee_ends_in_no_action_without_a_re_ask",),
+        (
+            "harness/test_seeds.py::test_the_seed_s_silent_employee_ends_in_no_action_without_a_re_ask",
+        ),
     ),
     Mutation(
         "output_schema",
@@ -327,8 +337,8 @@ MUTATIONS = [
         "    return None if tool is None else _output_error(tool, rec.value)",
         "    return None",
         (
-            "test_result_safety.py",
-            "test_workflow_memory.py",
+            "core/test_result_safety.py",
+            "core/test_workflow.py",
         ),
     ),
     Mutation(
@@ -336,14 +346,14 @@ MUTATIONS = [
         "core/validate.py",
         "error = best_match(self._opinion_validators[advisor.id].iter_errors(fields))",
         "error = None",
-        ("test_seed_rules.py::test_an_opinion_that_breaks_its_advisor_s_schema_is_marked",),
+        ("harness/test_seeds.py::test_an_opinion_that_breaks_its_advisor_s_schema_is_marked",),
     ),
     Mutation(
         "advisor_ids_unique",
         "core/spec.py",
         '            raise ValueError("advisor ids must be unique")',
         "            pass",
-        ("test_seed_rules.py::test_two_advisors_with_one_id_are_refused_at_load",),
+        ("harness/test_seeds.py::test_two_advisors_with_one_id_are_refused_at_load",),
     ),
 ]
 

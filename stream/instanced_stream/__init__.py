@@ -11,8 +11,8 @@ Floors, each importing only from those below it (tests/unit/test_layout.py check
   `activities` (the SDK for workers that run activity calls).
 - `testing`: the LLM simulator (`testing.sim`), the local broker launcher, samples,
   fault injection.
-- `runtime`: the processor: pipeline steps, quality control, the exactly-once engine, the
-  Batch API tier, and the service that assembles them.
+- `runtime`: the processor: the pipeline, quality control, the units (the exactly-once
+  kernel) and their state, the Batch API tier, and the service that assembles them.
 - `ops`: the operator's commands: audit, redrive, approvals, console, tail, check, schemas.
 - `harness`: the benchmark and demo harness: demo, bench, churn, storm, soak, load, eval.
 - `cli`: the `stream` command.

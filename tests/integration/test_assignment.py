@@ -1,4 +1,4 @@
-"""The processor group's assignment on a real broker (runtime/engine/assignor.py): three
+"""The processor group's assignment on a real broker (runtime/units/assignor.py): three
 members joining and one leaving, each a processor's Membership (its group consumer and
 units). Partition p of the input, results and approvals topics is always one member's,
 and a join or a leave moves only the numbers it must: the members that stay keep theirs."""
@@ -11,8 +11,8 @@ import secrets
 import pytest
 from aiokafka.structs import TopicPartition
 from instanced_stream.kafka.topics import ensure_topics
-from instanced_stream.runtime.engine.membership import Membership
-from instanced_stream.runtime.engine.producers import Producers
+from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.producers import Producers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -2,7 +2,7 @@
 default settings: it starts, handles every decision the processor publishes, and commits
 what it handled. Both processes get the same STREAM_* environment, as on one host; the
 web ports are free ones rather than the defaults (6066, 6068), which other processes on a
-shared machine may hold: that the defaults differ is tests/unit/test_faust_app.py's."""
+shared machine may hold: that the defaults differ is tests/unit/activities/test_faust_app.py's."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ import secrets
 import pytest
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import ensure_topics, read_topic
-from instanced_stream.runtime.engine.membership import Membership
-from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.unit import Unit
+from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit import Unit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -12,7 +12,7 @@ What counts as a reference (a span without spaces; a trailing `()` is dropped):
 
 - a **path**: path characters only, with a `/`, whose first part is a top-level folder
   of the repository (`stream/...`, `tests/...`, `docs/...`, `deploy/...`, `examples/...`)
-  or a sub-package of instanced_stream (`runtime/engine/lifecycle.py`); or a test file
+  or a sub-package of instanced_stream (`runtime/units/lifecycle.py`); or a test file
   by its name alone (`test_docs.py`, anywhere under tests/). It resolves when the file
   or folder exists under the repository's root, stream/instanced_stream or the page's
   own folder. `path/module.name` names `name` in that module, and
@@ -158,7 +158,7 @@ def _defined(path: Path) -> frozenset[str]:
 
 @cache
 def _by_short_name() -> dict[str, list[str]]:
-    """A module's or sub-package's own name (`plan_graph`, `engine`) -> its dotted names."""
+    """A module's or sub-package's own name (`plan_graph`, `units`) -> its dotted names."""
     found: dict[str, list[str]] = {}
     for dotted in _modules():
         if dotted:
@@ -359,7 +359,7 @@ def _path(span: str, folder: Path) -> str | None:
         return None
     stem, dot, name = span.rpartition(".")
     module = _file(stem + ".py", folder) if dot and "/" not in name else None
-    if module is not None:  # `runtime/steps/scopes.imported`: a name in that module
+    if module is not None:  # `runtime/pipeline/outcomes/scopes.imported`: a name in that module
         return _missing(module, [name])
     return "no such file or folder"
 
@@ -412,10 +412,10 @@ def test_every_reference_in_the_docs_and_docstrings_resolves() -> None:
 def test_the_rule_finds_references_of_every_kind() -> None:
     """The patterns find what they should: a regression in them would pass vacuously."""
     found = {span for _, _, span in _spans() if _counts(span)}
-    assert {"Unit.commit", "runtime/engine/unit.py", "plan_graph.advance"} <= found
+    assert {"Unit.commit", "runtime/units/unit.py", "plan_graph.advance"} <= found
     assert {"instanced_stream.examples", "model.answer", "test_fuzz.py"} <= found
     picture = set(_in_diagrams(ROOT / "docs" / "architecture.md"))
-    assert {"Membership.fetch", "Unit.commit", "runtime/steps/windowing.py"} <= picture
+    assert {"Membership.fetch", "Unit.commit", "runtime/pipeline/windows/windowing.py"} <= picture
     assert len(found) > 200
     for not_one in ("STREAM_SPEC", "stream.results", "mode.Service", "--spec", "client.id"):
         assert not_one not in found
@@ -435,9 +435,9 @@ def test_the_rule_finds_references_of_every_kind() -> None:
         ("activities.replicas", None),  # the chart's value
         ("instanced_stream.core.state.InstanceState", None),
         ("instanced_stream.core.state.Outgoing", "state.py defines no Outgoing"),
-        ("runtime/engine/lifecycle.py", None),
-        ("runtime/engine/stager.py::Stager::launch", None),
-        ("runtime/engine/stager.py::Stager::_launch", "Stager has no attribute _launch"),
+        ("runtime/units/lifecycle.py", None),
+        ("runtime/pipeline/stager.py::Stager::launch", None),
+        ("runtime/pipeline/stager.py::Stager::_launch", "Stager has no attribute _launch"),
         ("docs/DESIGN.md", "no such file or folder"),
         ("test_docs_refs.py", None),
         ("mode.Service", None),  # not this package's

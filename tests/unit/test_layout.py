@@ -34,10 +34,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("observe", "kafka"),
     ("llm", "activities"),
     ("testing",),
-    ("runtime.steps",),
+    ("runtime.pipeline.windows", "runtime.pipeline.outcomes"),
     ("runtime.quality",),
-    ("runtime.engine",),
-    ("runtime.batch",),
+    ("runtime.state",),
+    ("runtime.units",),
+    ("runtime.pipeline",),
+    ("runtime.batch_api",),
+    ("runtime.assembly",),
     ("runtime", "runtime.service"),
     ("ops",),
     ("harness",),
@@ -156,7 +159,7 @@ def test_the_graph_counts_every_import(tmp_path: Path) -> None:
         "import instanced_stream.errors\n"
         "from instanced_stream.kafka import clients\n"
         "if TYPE_CHECKING:\n"
-        "    from instanced_stream.runtime.engine.unit import Unit\n"
+        "    from instanced_stream.runtime.units.unit import Unit\n"
         "def later() -> None:\n"
         "    from instanced_stream.core.spec import AgentSpec\n"
         "from .records import OutRecord\n"
@@ -166,7 +169,7 @@ def test_the_graph_counts_every_import(tmp_path: Path) -> None:
         "errors",
         "kafka",
         "kafka.clients",
-        "runtime.engine.unit",
+        "runtime.units.unit",
         "core.spec",
         "kafka.records",
         "",

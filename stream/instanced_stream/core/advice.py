@@ -98,7 +98,10 @@ def aggregate(votes: Sequence[Vote]) -> Consensus:
     options = sorted({o for v in counted for o in v.shares})
     mean = {o: sum(v.weight * v.shares.get(o, 0.0) for v in counted) / total for o in options}
     # Ties go to the alphabetically first option, so the result never depends on order.
-    best = max(options, key=lambda o: (mean[o], [-ord(c) for c in o]))
+    # A tie is equal means up to rounding: the same council with its weights scaled or
+    # its advisors reordered sums in another order, and must not change its choice.
+    top = max(mean.values())
+    best = min(o for o in options if math.isclose(mean[o], top, rel_tol=1e-9, abs_tol=1e-12))
     divergence = (
         sum(v.weight * max(abs(v.shares.get(o, 0.0) - mean[o]) for o in options) for v in counted)
         / total

@@ -1,6 +1,6 @@
 """The spec's `dedupe` section, and what makes two items twins: the same content as the
 prompt shows it (its fields, state and plan; its id only where the spec shows ids), with
-whitespace folded. Twins are asked once (runtime/steps/twins.py)."""
+whitespace folded. Twins are asked once (runtime/pipeline/windows/twins.py)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def turn(
     if spec.plan is None:
         # One-shot: no call awaits anything (the spec refuses awaited tools without a
         # plan), so nothing can wait for another call: all run now; a latent output
-        # belongs to the instance's outcome record (runtime/steps/records.py).
+        # belongs to the instance's outcome record (runtime/pipeline/outcomes/records.py).
         out.run = [cid for cid, c in calls if (t := spec.tool(c.tool)) and t.kind != "latent"]
     elif first_time:
         answered = {id(c) for _, c in _answer_due(st, calls)}

@@ -1,7 +1,7 @@
 """Overrides: global messages (advisors and global inputs) that ops change without
 redeploying the spec, merged into it.
 
-They arrive on the compacted context topic (instanced_stream.runtime.engine.overrides follows
+They arrive on the compacted context topic (instanced_stream.runtime.pipeline.overrides follows
 it). Each message is keyed by what it names (an advisor id, or an input's name); the latest per key
 wins and a tombstone removes it. An advisor message overrides the spec's advisor of the
 same id. A message that does not validate is refused, with a reason naming the message and

@@ -79,7 +79,7 @@ class Outcome:
     stray_opinions: int = 0
     latencies: list[float] = field(default_factory=list)
     notes: dict[int, _Notes] = field(default_factory=dict)
-    spared: int = 0  # instances answered without asking: twins (runtime/steps/twins.py)
+    spared: int = 0  # instances answered without asking: twins (runtime/pipeline/windows/twins.py)
 
 
 class Solver:

@@ -1,5 +1,5 @@
 """Instance state: what one instance has learned across turns, kept in a changelog-backed
-store keyed by the producer's instance id (runtime/engine/store.py: a unit's store, restored from
+store keyed by the producer's instance id (runtime/state/store.py: a unit's store, restored from
 its changelog partition).
 
 The changelog record of an instance goes to the partition its input came from, so the

@@ -188,7 +188,7 @@ class Metrics:
         # say why; KEDA scales on the online tier's lag only (docs/kubernetes.md).
         self.batch_api_in_flight, self.batch_api_oldest, self.oldest_uncommitted = _waiting(r)
         self.batch_live: dict[str, float] = {}
-        self.spend = _spend(r)  # budget.*: the spend ceiling (runtime/steps/spend.py)
+        self.spend = _spend(r)  # budget.*: the spend ceiling (runtime/pipeline/windows/spend.py)
         self.prices = prices or ModelEndpoint()
         self.answered = 0
         self.cost = 0.0

@@ -1,5 +1,5 @@
 """The metrics of the input partitions assigned to this process: their lag, their unit's
-state (open, restoring, failing), the units that failed (runtime/engine/opening.py), and
+state (open, restoring, failing), the units that failed (runtime/units/opening.py), and
 the workflow states their stores hold: in memory, or finished and on the changelog only."""
 
 from __future__ import annotations

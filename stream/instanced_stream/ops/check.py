@@ -58,7 +58,7 @@ def preflight(settings: Settings, spec: AgentSpec) -> None:
     from instanced_stream.kafka.security import client_options
     from instanced_stream.llm.factory import endpoint, resolve_api_key
     from instanced_stream.llm.limiter import Limiter
-    from instanced_stream.runtime.steps.window_size import WindowSize
+    from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 
     problems = lint_settings(settings)
     if problems:

@@ -1,5 +1,5 @@
 """The processor on units (docs/architecture.md, exactly once): membership, units and the stager,
-assembled once and run until SIGTERM or SIGINT.
+assembled once (runtime/assembly.py) and run until SIGTERM or SIGINT.
 
 The fetch loop hands input records to the intake task through a queue of one fetch at a
 time, and holds the input partitions (consumer pause) while that queue is full, so an
@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -24,37 +21,23 @@ import mode
 import orjson
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.overrides import Messages, apply_overrides
+from instanced_stream.core.overrides import Messages
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.publish import forwarded, home_partition
-from instanced_stream.kafka.topics import batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
-from instanced_stream.llm.factory import build_llm
-from instanced_stream.llm.limiter import Limiter
-from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
-from instanced_stream.observe.web import WebServer
-from instanced_stream.runtime.batch.ledger import Ledger
-from instanced_stream.runtime.batch.submissions import Submissions
-from instanced_stream.runtime.engine.lanes import Lanes
-from instanced_stream.runtime.engine.membership import Fetched, Membership
-from instanced_stream.runtime.engine.overrides import OverrideFollower
-from instanced_stream.runtime.engine.producers import Producers
-from instanced_stream.runtime.engine.recall import Recall
-from instanced_stream.runtime.engine.restore import Restores
-from instanced_stream.runtime.engine.stager import Stager, orphaned
-from instanced_stream.runtime.engine.store import Stores
-from instanced_stream.runtime.engine.tier import ONLINE
-from instanced_stream.runtime.engine.unit import Unit, oldest_open_since, uncommitted
-from instanced_stream.runtime.engine.workflows import Flows, instance_of, recalled
-from instanced_stream.runtime.steps.intake import source_of
-from instanced_stream.runtime.steps.records import RecordBuilder
+from instanced_stream.runtime.assembly import assemble
+from instanced_stream.runtime.pipeline.stager import orphaned
+from instanced_stream.runtime.pipeline.windows.intake import source_of
+from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
+from instanced_stream.runtime.state.store import Stores
+from instanced_stream.runtime.units.membership import Fetched
+from instanced_stream.runtime.units.unit import Unit, oldest_open_since
 from instanced_stream.settings import Settings
 
-__all__ = ["every", "limiter_for", "run_processor"]
+__all__ = ["every", "run_processor"]
 
 log = logging.getLogger("stream.processor")
 
@@ -68,14 +51,10 @@ _QUEUED_FETCHES = 4
 _HELD_POLL_MS = 20  # while held: results and approvals still flow, heartbeats go on
 
 
-def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
-    """The in-flight limiter the spec asks for, reporting its limit to the metrics."""
-    return Limiter(
-        spec.window.max_in_flight, adaptive=spec.window.adaptive, on_change=metrics.on_limit
-    )
-
-
 class _Service(mode.Service):
+    """The processor's loops on what `assemble` built: the fetch loop and the intake,
+    the routing of results and approvals (`Routes`), the timers, readiness, the drain."""
+
     def __init__(
         self,
         settings: Settings,
@@ -87,103 +66,35 @@ class _Service(mode.Service):
     ) -> None:
         super().__init__()
         self.settings = settings
-        topics = settings.topics
-        self.fetching: asyncio.Future[None] | None = None
-        self.metrics = Metrics(spec.model, spec.window.max_items)
-        self.limiter, self.llm, self.submissions = _tiered(
-            settings, spec, self.metrics, llm_url, self._unit
-        )
-        messages, ends = overrides
-        merged, refused = apply_overrides(spec, messages)
-        for key, reason in refused:
-            log.error("context message %s refused: %s", key, reason)
-        self.metrics.context_refused.set(len(refused))
-        self.worker = secrets.token_hex(3)
-        self.builder = RecordBuilder(merged, topics, self.llm.model)
         self.bootstrap = bootstrap
-        self.escalate_llm = _second(settings, merged, self.metrics, llm_url)
-        self.flows: Flows | None = None
-        self.restores: Restores | None = None
         self.probe = probe
-        # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
-        # store, no changelog and no workflow: nothing of an instance outlives its request.
-        if merged.plan is not None:
-            stores = Stores(Recall(bootstrap, state_changelog(settings)))
-            workflow = Workflow(
-                merged, stores, settings.pending_timeout_s, settings.state_retention_s, self.worker
-            )
-            self.flows = Flows(
-                workflow,
-                stores,
-                self.builder,
-                self.metrics,
-                self.worker,
-                state_changelog(settings),
-                settings.max_output_bytes,
-            )
-            self.restores = Restores(self.flows, bootstrap)
-        self.stager = Stager(
-            settings,
-            merged,
-            self.llm,
-            limiter=self.limiter,
-            metrics=self.metrics,
-            builder=self.builder,
-            probe=probe,
-            worker=self.worker,
-            flows=self.flows,
-            second=self.escalate_llm,
-            tier=self.submissions or ONLINE,
-        )
+        self.fetching: asyncio.Future[None] | None = None
+        built = assemble(settings, spec, bootstrap, llm_url, overrides, probe, self)
+        self.metrics = built.metrics
+        self.worker = built.worker
+        self.flows = built.pipeline.flows
+        self.stager = built.pipeline.stager
+        self.llm = built.llm
+        self.escalate_llm = built.second
+        self.submissions = built.submissions
+        self.restores = built.restores
+        self.lanes = built.lanes
+        self.membership = built.membership
+        self.follower = built.follower
+        self.web = built.web
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
-        self.lanes = Lanes(self._other)
-        group = settings.topic_prefix + settings.app_id
-        self.membership = Membership(
-            bootstrap,
-            group,
-            [topics.input, topics.results, topics.approvals],
-            _producers(settings, bootstrap, group, self.stager, probe),
-            session_timeout_s=settings.session_timeout_s,
-            client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{self.worker}",
-            group_instance_id=settings.group_instance_id,
-            on_rebalance=self.metrics.rebalances.inc,
-            # The spend ceiling is the group's: each member keeps its partitions' share.
-            on_assigned=lambda n: self.stager.spend.owns(n, settings.partitions),
-            on_failed=lambda p, _exc: self.metrics.partitions.failed(p),
-            progress=self.restores.progress if self.restores else lambda _p: 0,
-            on_open=self._opened if self.flows or self.submissions else None,
-            on_close=self._closed,
-            probe=probe,
-        )
-        self.follower = OverrideFollower(
-            bootstrap, topics.context, spec, messages, ends, self._reconfigure
-        )
-        # Ready: in a stable generation of the group and serving every partition it was
-        # given (what a rollout and a disruption budget need to know): a unit restoring or
-        # failing to open is not served yet, and a group rebalancing more than a few
-        # times a minute serves nothing for long. The model's state is only reported.
-        self.web = WebServer(
-            self.metrics,
-            self._ready_now,
-            settings.web_host,
-            settings.web_port,
-            model_ok=lambda: self.metrics.endpoint_ok,
-            partitions=self.membership.states,
-            units=lambda: uncommitted(self.membership.units),
-            group=self.membership.group,
-        )
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
         self.stopping = asyncio.Event()
 
-    def _ready_now(self) -> bool:
+    def ready_now(self) -> bool:
         m = self.membership
         return self.serving and m.stable() and not m.opening and not m.group()["storm"]
 
-    def _unit(self, partition: int) -> Unit | None:
+    def unit_of(self, partition: int) -> Unit | None:
         return self.membership.units.get(partition)
 
-    async def _opened(self, unit: Unit) -> None:
+    async def opened(self, unit: Unit) -> None:
         """A stateful unit: its store restored before it takes work (outside the
         assignment callback: see Membership); the workflows that wait for a turn resume.
         The batch tier: the lines its partition submitted."""
@@ -193,7 +104,7 @@ class _Service(mode.Service):
         if self.restores is not None:
             self._ready(unit, await self.restores.restore(unit))
 
-    def _closed(self, unit: Unit) -> None:
+    def closed(self, unit: Unit) -> None:
         self.lanes.drop(unit)
         for task in orphaned(self.stager.tasks):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
@@ -206,7 +117,7 @@ class _Service(mode.Service):
         for inst in ready:
             self.turns.put_nowait((unit, inst))
 
-    def _reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
+    def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
         for key, reason in refused:
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
@@ -304,7 +215,7 @@ class _Service(mode.Service):
             if unit.alive and not self.stager.draining:
                 await self.stager.offer_turn(unit, inst)
 
-    async def _other(self, got: Fetched) -> None:
+    async def other(self, got: Fetched) -> None:
         """A result or an approval: its change staged on its slot. A stateless spec has
         nothing awaiting them: they are read and committed, never decided."""
         if self.flows is None:
@@ -363,57 +274,6 @@ async def _closed(*clients: LLM | BatchModel | Stores | None) -> None:
             await client.close()
 
 
-def _producers(
-    settings: Settings, bootstrap: str, group: str, stager: Stager, probe: Probe
-) -> Producers:
-    """The units' producers: transactional per input partition (exactly once), or one
-    shared idempotent producer."""
-    return Producers(
-        bootstrap,
-        group,
-        transactional=settings.delivery == "exactly_once",
-        transactional_prefix=f"{group}.{settings.topics.input}",
-        request_timeout_ms=settings.publish_timeout_ms,
-        replace=stager.replacement,
-        probe=probe,
-        commit_interval_s=settings.commit_interval,
-    )
-
-
-def _tiered(
-    settings: Settings,
-    spec: AgentSpec,
-    metrics: Metrics,
-    llm_url: str,
-    units: Callable[[int], Unit | None],
-) -> tuple[Limiter, LLM | BatchModel, Submissions | None]:
-    """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
-    if spec.model.tier == "online":
-        limiter = limiter_for(spec, metrics)
-        online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
-        return limiter, online, None
-    # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
-    # room for a batch being submitted and the next one filling.
-    limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)
-    online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
-    model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
-    return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
-
-
-def _second(settings: Settings, spec: AgentSpec, metrics: Metrics, llm_url: str) -> LLM | None:
-    """model.escalate's client: its own model name, on its own endpoint or ours."""
-    second = spec.model.escalate
-    if second is None:
-        return None
-    model = spec.model.model_copy(update={"name": second.name, "escalate": None})
-    return build_llm(
-        settings.model_copy(update={"llm_model": None}),
-        spec.model_copy(update={"model": model}),
-        listener=metrics,
-        base_url=second.base_url or llm_url,
-    )
-
-
 async def every(
     seconds: float, step: Callable[[], Awaitable[Any]], failed: Callable[[], None] = lambda: None
 ) -> None:
@@ -436,7 +296,7 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     from instanced_stream.kafka.topics import check_partitions, ensure_product_topics
     from instanced_stream.llm.factory import check_llm, endpoint, resolve_api_key
     from instanced_stream.observe.web import claim_port
-    from instanced_stream.runtime.engine.overrides import load_overrides
+    from instanced_stream.runtime.pipeline.overrides import load_overrides
 
     llm_url = endpoint(settings, spec)
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network

@@ -10,13 +10,13 @@ point for one process:
   batch body, as the code around the point sees it); `raise:solved:2+`: raise on the
   2nd time and every time after.
 
-The points: `solved` (runtime/engine/stager.py: every model answer of a batch in hand, no record
+The points: `solved` (runtime/pipeline/stager.py: every model answer of a batch in hand, no record
 built yet, inside the batch's retry), `after_llm` (stager.py: the batch's records built,
-none staged on a unit yet, inside the retry), `mid_commit` (runtime/engine/unit.py: every record
+none staged on a unit yet, inside the retry), `mid_commit` (runtime/units/unit.py: every record
 of a commit sent and its offsets too, the transaction still open), `after_commit`
 (unit.py: a commit done, before the unit goes on), `after_result` and `after_approval`
 (runtime/service.py: a result's or an approval's change staged on its unit, not yet
-committed), `joined` (runtime/engine/assignor.py: the group answered the member's join
+committed), `joined` (runtime/units/assignor.py: the group answered the member's join
 with its partitions, which it has not taken yet).
 
 The pipeline never calls this module: its pieces take a `instanced_stream.faultpoints.Probe`,

@@ -9,9 +9,9 @@ from instanced_stream.core.model import Model
 from instanced_stream.core.solve import Outcome
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 from instanced_stream.runtime.quality.escalation import Escalation
 from instanced_stream.runtime.quality.shadow import Shadow
-from instanced_stream.runtime.steps.window_size import WindowSize
 
 __all__ = ["QualityControl"]
 

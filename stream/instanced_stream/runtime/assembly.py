@@ -1,0 +1,305 @@
+"""The composition root: the processor's pieces built from the settings, the spec and the
+clients, and connected, in one place.
+
+`assemble` builds everything `stream process` runs (runtime/service.py runs it: the fetch
+loop, the routing of results and approvals, the timers, readiness). Its pipeline part,
+`assemble_pipeline` (the record builder, the workflows and their stores, the stager), is
+also what the test rig builds (tests/flows.py), given its own model and stores, so the
+tests run the wiring the product runs. Nothing here starts, fetches or sends: building a
+piece opens no connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from instanced_stream.core.model import Model
+from instanced_stream.core.overrides import Messages, apply_overrides
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.workflow import Workflow
+from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.kafka.topics import batch_changelog, state_changelog
+from instanced_stream.llm.batch_api import BatchModel
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.factory import build_llm
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.web import WebServer
+from instanced_stream.runtime.batch_api.ledger import Ledger
+from instanced_stream.runtime.batch_api.submissions import Submissions
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
+from instanced_stream.runtime.pipeline.overrides import OverrideFollower
+from instanced_stream.runtime.pipeline.restore import Restores
+from instanced_stream.runtime.pipeline.stager import Stager
+from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
+from instanced_stream.runtime.pipeline.workflows import Flows
+from instanced_stream.runtime.state.recall import Recall
+from instanced_stream.runtime.state.store import Stores
+from instanced_stream.runtime.units.lanes import Lanes
+from instanced_stream.runtime.units.membership import Fetched, Membership
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit import Unit, uncommitted
+from instanced_stream.settings import Settings
+
+__all__ = [
+    "Pipeline",
+    "Processor",
+    "Routes",
+    "assemble",
+    "assemble_pipeline",
+    "limiter_for",
+    "metrics_for",
+]
+
+log = logging.getLogger("stream.processor")
+
+
+def metrics_for(spec: AgentSpec) -> Metrics:
+    """The processor's metrics: the model's prices, the window's agreement."""
+    return Metrics(spec.model, spec.window.max_items)
+
+
+def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
+    """The in-flight limiter the spec asks for, reporting its limit to the metrics."""
+    return Limiter(
+        spec.window.max_in_flight, adaptive=spec.window.adaptive, on_change=metrics.on_limit
+    )
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What consumed records go through to become staged outcomes: the builder of their
+    records, the workflows (None for a spec without a plan: nothing of an instance
+    outlives its request) and the stager. No spec is kept here: `Stager.reconfigure`
+    hands a new one to the pieces that read it."""
+
+    builder: RecordBuilder
+    flows: Flows | None
+    stager: Stager
+
+
+def assemble_pipeline(
+    settings: Settings,
+    spec: AgentSpec,
+    llm: Model,
+    *,
+    limiter: Limiter,
+    metrics: Metrics,
+    worker: str,
+    stores: Callable[[], Stores],
+    probe: Probe = NO_PROBE,
+    second: Model | None = None,
+    tier: Tier = ONLINE,
+) -> Pipeline:
+    """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
+    `stores` makes (asked only for a spec with a plan)."""
+    builder = RecordBuilder(spec, settings.topics, llm.model)
+    flows = None
+    # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
+    # store, no changelog and no workflow: nothing of an instance outlives its request.
+    if spec.plan is not None:
+        held = stores()
+        workflow = Workflow(
+            spec, held, settings.pending_timeout_s, settings.state_retention_s, worker
+        )
+        flows = Flows(
+            workflow,
+            held,
+            builder,
+            metrics,
+            worker,
+            state_changelog(settings),
+            settings.max_output_bytes,
+        )
+    stager = Stager(
+        settings,
+        spec,
+        llm,
+        limiter=limiter,
+        metrics=metrics,
+        builder=builder,
+        probe=probe,
+        worker=worker,
+        flows=flows,
+        second=second,
+        tier=tier,
+    )
+    return Pipeline(builder, flows, stager)
+
+
+class Routes(Protocol):
+    """What the service does with what the group and the context topic hand it
+    (runtime/service.py): the pieces built here call these, the service answers."""
+
+    def unit_of(self, partition: int) -> Unit | None:
+        """The open unit of `partition` on this member, if any."""
+        ...
+
+    async def opened(self, unit: Unit) -> None:
+        """A unit opened: its store restored, its submitted lines found."""
+        ...
+
+    def closed(self, unit: Unit) -> None:
+        """A unit closed: what this member kept of its partition let go."""
+        ...
+
+    async def other(self, got: Fetched) -> None:
+        """A result or an approval, applied by its partition's lane."""
+        ...
+
+    def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
+        """The context topic changed the spec (`refused`: its messages left out, why)."""
+        ...
+
+    def ready_now(self) -> bool:
+        """Whether the member serves every partition it was given (the readiness probe)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Processor:
+    """Everything `stream process` runs, built and connected, not started."""
+
+    metrics: Metrics
+    worker: str  # this process's name: in its client id and its batches' ids
+    pipeline: Pipeline
+    llm: LLM | BatchModel
+    second: LLM | None  # model.escalate's client
+    submissions: Submissions | None  # the Batch API tier's record of what it submitted
+    restores: Restores | None  # a stateful spec's restores of its units' stores
+    lanes: Lanes
+    membership: Membership
+    follower: OverrideFollower
+    web: WebServer
+
+
+def assemble(
+    settings: Settings,
+    spec: AgentSpec,
+    bootstrap: str,
+    llm_url: str,
+    overrides: tuple[Messages, dict[int, int]],
+    probe: Probe,
+    routes: Routes,
+) -> Processor:
+    """The processor for `spec` on the broker at `bootstrap` and the endpoint at `llm_url`,
+    the context topic's messages read so far (`overrides`: the messages, the offsets they
+    end at) applied to the spec."""
+    topics = settings.topics
+    metrics = metrics_for(spec)
+    limiter, llm, submissions = _tiered(settings, spec, metrics, llm_url, routes.unit_of)
+    messages, ends = overrides
+    merged, refused = apply_overrides(spec, messages)
+    for key, reason in refused:
+        log.error("context message %s refused: %s", key, reason)
+    metrics.context_refused.set(len(refused))
+    worker = secrets.token_hex(3)
+    second = _second(settings, merged, metrics, llm_url)
+    parts = assemble_pipeline(
+        settings,
+        merged,
+        llm,
+        limiter=limiter,
+        metrics=metrics,
+        worker=worker,
+        stores=lambda: Stores(Recall(bootstrap, state_changelog(settings))),
+        probe=probe,
+        second=second,
+        tier=submissions or ONLINE,
+    )
+    restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
+    stager = parts.stager
+    lanes = Lanes(routes.other)
+    group = settings.topic_prefix + settings.app_id
+    membership = Membership(
+        bootstrap,
+        group,
+        [topics.input, topics.results, topics.approvals],
+        _producers(settings, bootstrap, group, stager, probe),
+        session_timeout_s=settings.session_timeout_s,
+        client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{worker}",
+        group_instance_id=settings.group_instance_id,
+        on_rebalance=metrics.rebalances.inc,
+        # The spend ceiling is the group's: each member keeps its partitions' share.
+        on_assigned=lambda n: stager.spend.owns(n, settings.partitions),
+        on_failed=lambda p, _exc: metrics.partitions.failed(p),
+        progress=restores.progress if restores else lambda _p: 0,
+        on_open=routes.opened if parts.flows or submissions else None,
+        on_close=routes.closed,
+        probe=probe,
+    )
+    follower = OverrideFollower(bootstrap, topics.context, spec, messages, ends, routes.reconfigure)
+    # Ready: in a stable generation of the group and serving every partition it was
+    # given (what a rollout and a disruption budget need to know): a unit restoring or
+    # failing to open is not served yet, and a group rebalancing more than a few
+    # times a minute serves nothing for long. The model's state is only reported.
+    web = WebServer(
+        metrics,
+        routes.ready_now,
+        settings.web_host,
+        settings.web_port,
+        model_ok=lambda: metrics.endpoint_ok,
+        partitions=membership.states,
+        units=lambda: uncommitted(membership.units),
+        group=membership.group,
+    )
+    return Processor(
+        metrics, worker, parts, llm, second, submissions, restores, lanes, membership, follower, web
+    )
+
+
+def _producers(
+    settings: Settings, bootstrap: str, group: str, stager: Stager, probe: Probe
+) -> Producers:
+    """The units' producers: transactional per input partition (exactly once), or one
+    shared idempotent producer."""
+    return Producers(
+        bootstrap,
+        group,
+        transactional=settings.delivery == "exactly_once",
+        transactional_prefix=f"{group}.{settings.topics.input}",
+        request_timeout_ms=settings.publish_timeout_ms,
+        replace=stager.replacement,
+        probe=probe,
+        commit_interval_s=settings.commit_interval,
+    )
+
+
+def _tiered(
+    settings: Settings,
+    spec: AgentSpec,
+    metrics: Metrics,
+    llm_url: str,
+    units: Callable[[int], Unit | None],
+) -> tuple[Limiter, LLM | BatchModel, Submissions | None]:
+    """The in-flight limiter, the model and (batch tier) the record of what it submitted."""
+    if spec.model.tier == "online":
+        limiter = limiter_for(spec, metrics)
+        online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+        return limiter, online, None
+    # Windows wait for their batch (minutes to hours), not for a slot of the endpoint:
+    # room for a batch being submitted and the next one filling.
+    limiter = Limiter(2 * spec.batch.max_requests, adaptive=False, on_change=metrics.on_limit)
+    online = build_llm(settings, spec, listener=metrics, limiter=limiter, base_url=llm_url)
+    model = BatchModel(online, spec.batch, lambda _batch, _lines: None)
+    return limiter, model, Submissions(Ledger(batch_changelog(settings)), model, units)
+
+
+def _second(settings: Settings, spec: AgentSpec, metrics: Metrics, llm_url: str) -> LLM | None:
+    """model.escalate's client: its own model name, on its own endpoint or ours."""
+    second = spec.model.escalate
+    if second is None:
+        return None
+    model = spec.model.model_copy(update={"name": second.name, "escalate": None})
+    return build_llm(
+        settings.model_copy(update={"llm_model": None}),
+        spec.model_copy(update={"model": model}),
+        listener=metrics,
+        base_url=second.base_url or llm_url,
+    )

@@ -1,0 +1,20 @@
+"""The pipeline: consumed records to outcomes staged on their units (docs/architecture.md).
+The stager batches instances into cross-partition windows and stages each solved batch
+onto the units of its items' partitions (`stager`); the instances it batches (`staged`)
+and the tier it is given (`tier`: online, or the Batch API's); workflows' results,
+approvals, turns and deadlines as staged state changes (`workflows`); the restore of a
+unit's store and the workflows it resumes (`restore`); and the compacted context topic
+(`overrides`). Two rooms below need no broker: `windows` (what goes into a request) and
+`outcomes` (what comes out of one); they sit on the lowest floor of `runtime`, so
+`quality` can read the window's size."""
+
+__all__ = [
+    "outcomes",
+    "overrides",
+    "restore",
+    "staged",
+    "stager",
+    "tier",
+    "windows",
+    "workflows",
+]

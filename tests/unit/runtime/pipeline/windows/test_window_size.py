@@ -1,0 +1,72 @@
+"""The window size (runtime/pipeline/windows/window_size.py): the smallest of the spec's
+ceiling, the quality controller, the limiter and the output budget; a window closes when
+the expected answer would outgrow it."""
+
+from __future__ import annotations
+
+from instanced_stream.core.tokenizer import Tokenizer
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.runtime.pipeline.windows.windowing import Windower
+
+
+async def test_window_closes_when_the_expected_answer_would_outgrow_the_budget() -> None:
+    closed: list[tuple[list[int], str]] = []
+
+    async def on_close(items: list[int], reason: str) -> None:
+        closed.append((items, reason))
+
+    capacity = 3
+
+    class Size:
+        item_tokens = 1000
+
+        def limit(self) -> tuple[int, str]:
+            return (capacity, "output") if capacity < 10 else (10, "items")
+
+    win: Windower[int] = Windower(
+        size=Size(), max_wait_s=60, on_close=on_close, tokens_of=lambda i: 100
+    )
+    for i in range(4):
+        await win.add(i)
+    assert closed == [([0, 1, 2], "output")]
+    capacity = 100
+    for i in range(4, 20):
+        await win.add(i)
+    # prompt budget: ten items of 100 tokens fill 1000, the eleventh opens a new window
+    assert [reason for _, reason in closed] == ["output", "items"]
+    assert len(win) == 7
+
+
+def test_windows_shrink_to_what_the_endpoint_answered_in_time() -> None:
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
+    from instanced_stream.settings import DEFAULT_SPEC
+
+    spec = load_spec(DEFAULT_SPEC)
+    limiter = Limiter(4)
+    size = WindowSize(spec, Tokenizer(spec.model.name), "instructions", limiter)
+    assert size.capacity() == spec.window.max_items == 25
+    assert size.limit() == (25, "items")
+    limiter.on_timeout(25)
+    assert size.capacity() == 12
+    assert size.limit() == (12, "output")
+
+
+def test_the_window_size_is_the_smallest_of_its_four_authors() -> None:
+    """Spec, quality controller, limiter and output budget each bound the window; the one
+    object every reader asks answers the smallest, and names which kind it was."""
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
+    from instanced_stream.settings import DEFAULT_SPEC
+
+    spec = load_spec(DEFAULT_SPEC)
+    limiter = Limiter(4)
+    size = WindowSize(spec, Tokenizer(spec.model.name), "instructions", limiter)
+    assert size.limit() == (spec.window.max_items, "items")  # the spec's ceiling
+    size.follow_quality(10)
+    assert size.limit() == (10, "items")  # the controller's window
+    limiter.on_timeout(16)
+    assert size.limit() == (8, "output")  # what the endpoint answered in time
+    size.follow_quality(40)  # never past the spec's ceiling
+    limiter.on_success(0.1, 100, items=8, share_of_timeout=0.01)
+    assert size.limit()[0] <= spec.window.max_items

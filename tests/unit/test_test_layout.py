@@ -1,0 +1,67 @@
+"""The tests mirror the package: every module under stream/instanced_stream has a test file
+named after it (tests/unit/<room>/test_<module>.py, or tests/integration/test_<module>.py
+for a behaviour tested across modules), or a row in docs/testing.md's table that says why
+it has none. A package's own test is named for the package, one room up."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "stream" / "instanced_stream"
+UNIT = ROOT / "tests" / "unit"
+INTEGRATION = ROOT / "tests" / "integration"
+TESTING_DOC = ROOT / "docs" / "testing.md"
+ROW = re.compile(r"^\| `(?P<module>[\w./]+\.py)` \| (?P<reason>.*?) \|$", re.M)
+
+
+def _modules() -> list[str]:
+    return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+
+
+def _named_tests(module: str) -> list[Path]:
+    """The test files named after `module` (a path under stream/instanced_stream)."""
+    path = Path(module)
+    if path.name == "__init__.py":
+        if path.parent == Path("."):
+            return []  # the package itself: no room above it
+        room, name = path.parent.parent, path.parent.name
+    else:
+        room, name = path.parent, path.stem
+    candidates = [UNIT / room / f"test_{name}.py", INTEGRATION / f"test_{name}.py"]
+    return [c for c in candidates if c.exists()]
+
+
+def _listed() -> dict[str, str]:
+    return {m["module"]: m["reason"].strip() for m in ROW.finditer(TESTING_DOC.read_text())}
+
+
+def test_every_module_has_a_test_named_after_it_or_a_reason_in_the_docs() -> None:
+    listed = _listed()
+    missing = [m for m in _modules() if not _named_tests(m) and m not in listed]
+    assert not missing, (
+        "no test file named after these modules (tests/unit/<room>/test_<module>.py or "
+        f"tests/integration/test_<module>.py) and no row in docs/testing.md: {missing}"
+    )
+
+
+def test_the_docs_table_lists_only_modules_without_a_named_test() -> None:
+    modules = set(_modules())
+    listed = _listed()
+    assert listed, "docs/testing.md lost its table of modules without a named test"
+    gone = sorted(set(listed) - modules)
+    assert not gone, f"docs/testing.md lists modules that do not exist: {gone}"
+    tested = sorted(m for m in listed if _named_tests(m))
+    assert not tested, f"these have a test named after them now; drop their rows: {tested}"
+    empty = sorted(m for m, reason in listed.items() if not reason)
+    assert not empty, f"rows without a reason: {empty}"
+
+
+def test_unit_test_folders_mirror_the_package() -> None:
+    """Every folder under tests/unit is a room of the package, and a package (an
+    `__init__.py`), so two test files of one name in different rooms do not collide."""
+    for folder in sorted(p for p in UNIT.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        rel = folder.relative_to(UNIT)
+        assert (PACKAGE / rel / "__init__.py").exists(), f"tests/unit/{rel} mirrors no room"
+        assert (folder / "__init__.py").exists(), f"tests/unit/{rel} has no __init__.py"
