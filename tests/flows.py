@@ -108,7 +108,7 @@ class Rig:
                 await broken.stop()  # as the membership's renewal does, before the next
                 return self.producer
 
-            refusals = Refusals(self.stager.replacement, limits, renew)
+            refusals = Refusals(self.stager.staging.replacement, limits, renew)
             producer: Any = self.producer  # what a unit uses of AIOKafkaProducer
             unit = Unit(partition, producer, group_id="g", transactional=True, refusals=refusals)
             if self.flows is not None:

@@ -265,7 +265,7 @@ def _producers(
         transactional=settings.delivery == "exactly_once",
         transactional_prefix=f"{group}.{settings.topics.input}",
         request_timeout_ms=settings.publish_timeout_ms,
-        replace=stager.replacement,
+        replace=stager.staging.replacement,
         probe=probe,
         commit_interval_s=settings.commit_interval,
     )

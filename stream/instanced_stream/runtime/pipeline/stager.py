@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -34,7 +33,6 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
 from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.publish import forwarded, home_partition
-from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
@@ -44,11 +42,9 @@ from instanced_stream.runtime.pipeline.outcomes.records import (
     Planned,
     RecordBuilder,
     bad_record,
-    oversized,
-    position,
 )
-from instanced_stream.runtime.pipeline.outcomes.size_guard import refused
 from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
 from instanced_stream.runtime.pipeline.windows.intake import read_item
 from instanced_stream.runtime.pipeline.windows.spend import Spend
@@ -192,6 +188,7 @@ class Stager:
         self.limiter = limiter
         self.metrics = metrics
         self.builder = builder
+        self.staging = Staging(settings, metrics=metrics, builder=builder, tier=tier, flows=flows)
         builder.frames = output_frames(settings, spec)  # refuses a breaking output schema
         self.probe = probe
         self.worker = worker
@@ -274,7 +271,7 @@ class Stager:
         except BadRecord as exc:
             _log_letter(exc, source)
             letter = self.builder.letter(bad_record(exc, source, value))
-            self.count(letter)
+            self.staging.count(letter)
             unit.finish(slot, letter.records)
             return
         if self.flows is not None:
@@ -328,7 +325,7 @@ class Stager:
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
                 planned = await self._solved(batch_id, live)
             try:
-                self._stage(batch_id, live, planned)
+                self.staging.stage(batch_id, live, planned)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
                 log.exception("batch %s: staging failed", batch_id)
                 for item in live:
@@ -385,64 +382,6 @@ class Stager:
         self.size.learn(outcome, len(instances))
         await self.quality.after(outcome)
         return outcome
-
-    def _stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
-        """Each item's records onto its own slot; a record too large for the broker is
-        replaced by a dead letter for its item before it is staged."""
-        by_origin = {position(i.instance.source): i for i in items}
-        owned: dict[int, list[OutRecord]] = defaultdict(list)
-        loose: list[OutRecord] = []  # about the batch, not one item (a whole-batch opinion)
-        for rec in planned.records:
-            item = by_origin.get(rec.origin) if rec.origin else None
-            if item is None:
-                loose.append(rec)
-                continue
-            if len(rec.value) + len(rec.key or b"") > self.settings.max_output_bytes:
-                letter = oversized(rec, item.instance, self.settings.max_output_bytes, batch_id)
-                too_large = self.builder.letter(letter)
-                self.count(too_large)
-                owned[id(item)].extend(too_large.records)
-                continue
-            owned[id(item)].append(rec)
-        self.count(planned)
-        turns = {t.instance.id: t for t in planned.turns}
-        lines = self.tier.settled(items)
-        staged = 0
-        for item in items:
-            if not item.unit.alive:
-                continue  # its partition's store is gone too: the new owner redoes it
-            records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
-            turn = turns.get(item.instance.id)
-            if self.flows is not None and turn is not None:
-                change = self.flows.apply(turn)
-                self.count(change.planned)
-                records += change.records
-            if item.slot is None:
-                item.unit.stage(records)
-            else:
-                item.unit.finish(item.slot, records)
-            staged += 1
-        if loose:
-            alive = next((i.unit for i in items if i.unit.alive), None)
-            if alive is not None:
-                alive.stage(loose)
-        if staged < len(items):
-            log.info(
-                "batch %s: %d items of partitions no longer owned here are left to their owner",
-                batch_id,
-                len(items) - staged,
-            )
-
-    def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
-        """Its item's dead letter, written instead of a record the broker refused (`said`)."""
-        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
-        self.count(letters)
-        return letters.records
-
-    def count(self, planned: Planned) -> None:
-        """Counts what the records mean (metrics, the live page's decisions)."""
-        self.metrics.count(planned.events)
-        self.metrics.decisions.extend(planned.decisions)
 
 
 def _without(outcome: Outcome, gone: set[str]) -> Outcome:

@@ -1,7 +1,7 @@
 """From a solved batch to the records that say what became of each of its items.
 
 Pure: nothing here publishes, counts or stores. A `Planned` holds the records in the order
-they are to be published, the events they mean (counted by `Stager.count`), the decisions
+they are to be published, the events they mean (counted by `Staging.count`), the decisions
 the live page shows, and the turns whose state changes are made when the records are
 staged, on the same slot, so that both commit in one transaction (runtime/pipeline/workflows.py).
 A stateful batch's turns are played on a rehearsal of the workflow while its records are

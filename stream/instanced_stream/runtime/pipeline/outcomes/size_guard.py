@@ -1,7 +1,7 @@
 """The size guard of the records workflows write outside a batch (done records, approved
 calls): a record over the broker's limit is replaced by a `too_large` dead letter before
 it is staged, so it can neither crash the handler that made it nor be redelivered into
-the same crash. Batches have theirs in `Stager._stage`."""
+the same crash. Batches have theirs in `Staging.stage`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""Staging: a solved batch's records put onto the units of its items' partitions, each
+item's on its own slot (docs/architecture.md, exactly once).
+
+The last stage of one item's walk. Before it, in runtime/pipeline/:
+
+- `Stager.offer` (stager.py) reads the record into a `Staged` item and admits it
+  (forwarding, recall, a redelivered turn skipped), then hands it to the tier
+  (`Tier.offer`, tier.py), which adds it to the open window (`Windower.add`);
+- the windower closes the window and launches it (`on_close`, stager.py `Stager.launch`);
+  the batch is solved, retried and read back there (`Stager._run`, `Stager._solved`);
+- the solved batch (`Planned`, a plain value) comes here: `Staging.stage`.
+
+Nothing here calls back into the stager: it is given the batch and returns nothing. The
+units' producers call `Staging.replacement` when the broker refuses a record (its item's
+dead letter instead), and the stager's intake counts its dead letters with
+`Staging.count`. An item whose unit was dropped meanwhile stages nothing: its partition's
+next owner redoes it, from the last commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from instanced_stream.kafka.records import OutRecord
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.runtime.pipeline.outcomes.records import (
+    Planned,
+    RecordBuilder,
+    oversized,
+    position,
+)
+from instanced_stream.runtime.pipeline.outcomes.size_guard import refused
+from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.pipeline.tier import Tier
+from instanced_stream.runtime.pipeline.workflows import Flows
+from instanced_stream.settings import Settings
+
+__all__ = ["Staging"]
+
+log = logging.getLogger("stream.processor")
+
+
+class Staging:
+    """Puts solved batches onto their items' units, and counts what their records mean."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics,
+        builder: RecordBuilder,
+        tier: Tier,
+        flows: Flows | None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.builder = builder
+        self.tier = tier
+        self.flows = flows
+
+    def stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
+        """Each item's records onto its own slot; a record too large for the broker is
+        replaced by a dead letter for its item before it is staged."""
+        by_origin = {position(i.instance.source): i for i in items}
+        owned: dict[int, list[OutRecord]] = defaultdict(list)
+        loose: list[OutRecord] = []  # about the batch, not one item (a whole-batch opinion)
+        for rec in planned.records:
+            item = by_origin.get(rec.origin) if rec.origin else None
+            if item is None:
+                loose.append(rec)
+                continue
+            if len(rec.value) + len(rec.key or b"") > self.settings.max_output_bytes:
+                letter = oversized(rec, item.instance, self.settings.max_output_bytes, batch_id)
+                too_large = self.builder.letter(letter)
+                self.count(too_large)
+                owned[id(item)].extend(too_large.records)
+                continue
+            owned[id(item)].append(rec)
+        self.count(planned)
+        turns = {t.instance.id: t for t in planned.turns}
+        lines = self.tier.settled(items)
+        staged = 0
+        for item in items:
+            if not item.unit.alive:
+                continue  # its partition's store is gone too: the new owner redoes it
+            records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
+            turn = turns.get(item.instance.id)
+            if self.flows is not None and turn is not None:
+                change = self.flows.apply(turn)
+                self.count(change.planned)
+                records += change.records
+            if item.slot is None:
+                item.unit.stage(records)
+            else:
+                item.unit.finish(item.slot, records)
+            staged += 1
+        if loose:
+            alive = next((i.unit for i in items if i.unit.alive), None)
+            if alive is not None:
+                alive.stage(loose)
+        if staged < len(items):
+            log.info(
+                "batch %s: %d items of partitions no longer owned here are left to their owner",
+                batch_id,
+                len(items) - staged,
+            )
+
+    def replacement(self, record: OutRecord, said: str) -> list[OutRecord]:
+        """Its item's dead letter, written instead of a record the broker refused (`said`)."""
+        letters = refused([record], self.settings.max_output_bytes, self.builder, said)
+        self.count(letters)
+        return letters.records
+
+    def count(self, planned: Planned) -> None:
+        """Counts what the records mean (metrics, the live page's decisions)."""
+        self.metrics.count(planned.events)
+        self.metrics.decisions.extend(planned.decisions)
