@@ -222,8 +222,8 @@ class Rig:
     async def drain(self) -> None:
         """The open window launched, every batch in flight staged, every unit committed."""
         await self.stager.windower.flush()
-        while self.stager.tasks:
-            await asyncio.gather(*list(self.stager.tasks))
+        while self.stager.dispatch.tasks:
+            await asyncio.gather(*list(self.stager.dispatch.tasks))
         await self.commit()
 
     async def commit(self) -> None:

@@ -21,7 +21,7 @@ What counts as a reference (a span without spaces; a trailing `()` is dropped):
   `agent.yaml`) is left alone: pages use those for a user's files.
 - a **dotted name** (`a.b`, identifiers only) whose first part is
   - `instanced_stream`: the module path and the names after it exist;
-  - a class defined in the package (`Stager.launch`, `InstanceState.applied`): the class
+  - a class defined in the package (`Dispatch.launch`, `InstanceState.applied`): the class
     has that attribute (a method, a property, a field, or an attribute one of its
     methods sets on `self`), its bases included; deeper parts are not followed;
   - the name of a module or sub-package of the package, as code calls it
@@ -424,8 +424,8 @@ def test_the_rule_finds_references_of_every_kind() -> None:
 @pytest.mark.parametrize(
     ("span", "why"),
     [
-        ("Stager.launch", None),
-        ("Stager._launch", "Stager has no attribute _launch"),
+        ("Dispatch.launch", None),
+        ("Dispatch._launch", "Dispatch has no attribute _launch"),
         ("Unit.alive", None),  # set on self in __init__
         ("InstanceState.applied", None),  # a pydantic field
         ("InstanceState.outbox", "InstanceState has no attribute outbox"),
@@ -436,8 +436,8 @@ def test_the_rule_finds_references_of_every_kind() -> None:
         ("instanced_stream.core.state.InstanceState", None),
         ("instanced_stream.core.state.Outgoing", "state.py defines no Outgoing"),
         ("runtime/units/lifecycle.py", None),
-        ("runtime/pipeline/stager.py::Stager::launch", None),
-        ("runtime/pipeline/stager.py::Stager::_launch", "Stager has no attribute _launch"),
+        ("runtime/pipeline/dispatch.py::Dispatch::launch", None),
+        ("runtime/pipeline/dispatch.py::Dispatch::_launch", "Dispatch has no attribute _launch"),
         ("docs/DESIGN.md", "no such file or folder"),
         ("test_docs_refs.py", None),
         ("mode.Service", None),  # not this package's

@@ -227,7 +227,7 @@ def assemble(
         group_instance_id=settings.group_instance_id,
         on_rebalance=metrics.rebalances.inc,
         # The spend ceiling is the group's: each member keeps its partitions' share.
-        on_assigned=lambda n: stager.spend.owns(n, settings.partitions),
+        on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
         on_failed=lambda p, _exc: metrics.partitions.failed(p),
         progress=restores.progress if restores else lambda _p: 0,
         on_open=routes.opened if parts.flows or submissions else None,

@@ -29,7 +29,7 @@ from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.runtime.assembly import assemble
-from instanced_stream.runtime.pipeline.stager import orphaned
+from instanced_stream.runtime.pipeline.dispatch import orphaned
 from instanced_stream.runtime.pipeline.windows.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
 from instanced_stream.runtime.state.store import Stores
@@ -106,7 +106,7 @@ class _Service(mode.Service):
 
     def closed(self, unit: Unit) -> None:
         self.lanes.drop(unit)
-        for task in orphaned(self.stager.tasks):
+        for task in orphaned(self.stager.dispatch.tasks):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
             self.submissions.drop(unit.partition)
@@ -150,7 +150,7 @@ class _Service(mode.Service):
         self.add_future(every(30.0, self._report, failed))
         if self.submissions is not None:
             self.add_future(
-                every(5.0, functools.partial(self.submissions.sweep, self.stager), failed)
+                every(5.0, functools.partial(self.submissions.sweep, self.stager.windower), failed)
             )
 
     async def on_stop(self) -> None:
@@ -263,7 +263,7 @@ class _Service(mode.Service):
             "stats %s open=%d in_flight=%d rebalances=%d",
             orjson.dumps(self.metrics.counts()).decode(),
             sum(u.open_slots() for u in self.membership.units.values()),
-            len(self.stager.tasks),
+            len(self.stager.dispatch.tasks),
             self.membership.rebalances,
         )
 

@@ -10,8 +10,8 @@ point for one process:
   batch body, as the code around the point sees it); `raise:solved:2+`: raise on the
   2nd time and every time after.
 
-The points: `solved` (runtime/pipeline/stager.py: every model answer of a batch in hand, no record
-built yet, inside the batch's retry), `after_llm` (stager.py: the batch's records built,
+The points: `solved` (runtime/pipeline/dispatch.py: every model answer of a batch in hand, no record
+built yet, inside the batch's retry), `after_llm` (dispatch.py: the batch's records built,
 none staged on a unit yet, inside the retry), `mid_commit` (runtime/units/unit.py: every record
 of a commit sent and its offsets too, the transaction still open), `after_commit`
 (unit.py: a commit done, before the unit goes on), `after_result` and `after_approval`

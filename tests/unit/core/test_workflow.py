@@ -231,7 +231,7 @@ async def test_a_turn_queued_when_its_partition_moves_runs_when_it_comes_back(
     routed = rig.on("activity.routeTicket")
     assert [r["instance"] for r in routed] == [instance] and routed[0]["turn"] == 2
     assert [d["instance"] for d in rig.on("stream.done")] == [instance]
-    assert not rig.stager._queued_turns.by_instance  # nothing left queued for a unit that is gone
+    assert not rig.stager.queued_turns.by_instance  # nothing left queued for a unit that is gone
 
 
 async def test_finished_workflows_leave_memory_when_they_end() -> None:

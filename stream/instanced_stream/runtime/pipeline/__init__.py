@@ -1,7 +1,9 @@
 """The pipeline: consumed records to outcomes staged on their units (docs/architecture.md).
-The stager batches instances into cross-partition windows and stages each solved batch
-onto the units of its items' partitions (`stager`); the instances it batches (`staged`)
-and the tier it is given (`tier`: online, or the Batch API's); workflows' results,
+The stager reads and admits instances into cross-partition windows (`stager`), dispatch
+solves each closed window (`dispatch`), staging puts each solved batch onto the units of
+its items' partitions (`staging`); the workflow turns on their way (`queued_turns`); the
+instances it batches (`staged`) and the tier it is given (`tier`: online, or the Batch
+API's); workflows' results,
 approvals, turns and deadlines as staged state changes (`workflows`); the restore of a
 unit's store and the workflows it resumes (`restore`); and the compacted context topic
 (`overrides`). Two rooms below need no broker: `windows` (what goes into a request) and
@@ -9,11 +11,14 @@ unit's store and the workflows it resumes (`restore`); and the compacted context
 `quality` can read the window's size."""
 
 __all__ = [
+    "dispatch",
     "outcomes",
     "overrides",
+    "queued_turns",
     "restore",
     "staged",
     "stager",
+    "staging",
     "tier",
     "windows",
     "workflows",

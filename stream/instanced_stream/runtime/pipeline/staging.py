@@ -6,8 +6,8 @@ The last stage of one item's walk. Before it, in runtime/pipeline/:
 - `Stager.offer` (stager.py) reads the record into a `Staged` item and admits it
   (forwarding, recall, a redelivered turn skipped), then hands it to the tier
   (`Tier.offer`, tier.py), which adds it to the open window (`Windower.add`);
-- the windower closes the window and launches it (`on_close`, stager.py `Stager.launch`);
-  the batch is solved, retried and read back there (`Stager._run`, `Stager._solved`);
+- the windower closes the window and calls `Dispatch.launch` (dispatch.py), where the
+  batch is solved, retried and read back (`Dispatch._run`, `Dispatch._solved`);
 - the solved batch (`Planned`, a plain value) comes here: `Staging.stage`.
 
 Nothing here calls back into the stager: it is given the batch and returns nothing. The

@@ -13,7 +13,7 @@ __all__ = ["ONLINE", "Online", "Tier", "Windows"]
 
 
 class Windows(Protocol):
-    """What a tier may do with the stager's windows."""
+    """What a tier may do with the windows (the windower, windows/windowing.py)."""
 
     async def add(self, item: Staged) -> None:
         """Into the open window."""

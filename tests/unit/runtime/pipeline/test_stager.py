@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from instanced_stream.core.spec import AgentSpec, Tool, load_spec
-from instanced_stream.runtime.pipeline.stager import orphaned
+from instanced_stream.runtime.pipeline.dispatch import orphaned
 from instanced_stream.settings import DEFAULT_SPEC
 
 from tests.flows import Rig
@@ -134,10 +134,10 @@ async def test_a_batch_whose_partitions_all_closed_is_cancelled_and_frees_its_sl
         await rig.offer(_item(i), 1, i)
     await rig.stager.windower.flush()
     await asyncio.wait_for(asked.wait(), 5)
-    assert rig.stager.limiter.in_flight == 1 and len(rig.stager.tasks) == 1
+    assert rig.stager.dispatch.limiter.in_flight == 1 and len(rig.stager.dispatch.tasks) == 1
     await rig.revoke(1)
-    [task] = orphaned(rig.stager.tasks)
+    [task] = orphaned(rig.stager.dispatch.tasks)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert task.cancelled() and not rig.stager.tasks
-    assert rig.stager.limiter.in_flight == 0
+    assert task.cancelled() and not rig.stager.dispatch.tasks
+    assert rig.stager.dispatch.limiter.in_flight == 0

@@ -120,7 +120,7 @@ async def test_a_batch_reads_back_a_state_retired_while_it_was_asked() -> None:
     inst = Instance(name, ticket, SourcePosition(topic="items", partition=0, offset=0), 1)
     item = Staged(inst, unit, None, b"")
     outcome = Outcome(answers=[Answer(inst, [], "①", 1, 1)])
-    kept = await rig.stager._read_back([item], outcome)
+    kept = await rig.stager.dispatch._read_back([item], outcome)
     assert [a.instance.id for a in kept.answers] == [name]
     assert store.to_recall(name) is None and rig.stores.get(name) is not None
     assert unit.alive
@@ -134,7 +134,7 @@ async def test_a_batch_leaves_out_only_the_item_whose_read_back_failed() -> None
     b = Instance("t-gone", {}, SourcePosition(topic="items", partition=1, offset=0), 1)
     outcome = Outcome(answers=[Answer(a, [], "①", 2, 1), Answer(b, [], "②", 2, 1)])
     items = [Staged(a, ok_unit, None, b""), Staged(b, broken_unit, None, b"")]
-    kept = await rig.stager._read_back(items, outcome)
+    kept = await rig.stager.dispatch._read_back(items, outcome)
     assert [x.instance.id for x in kept.answers] == ["t-ok"]
     assert ok_unit.alive and not broken_unit.alive
 

@@ -112,6 +112,10 @@ class Windower(Generic[T]):
             self._loose = False
         return self._tokens_of(item), True
 
+    async def launch(self, items: list[T], reason: str) -> None:
+        """Hands `items` on as a window of their own, past the open one."""
+        await self._on_close(items, reason)
+
     async def flush(self, reason: str = "flush") -> None:
         async with self._lock:
             if self._items:

@@ -1,0 +1,237 @@
+"""Dispatch: a closed window launched as one batch, solved (twins asked once, quality,
+the window's size learned), retried, and handed on as records to stage.
+
+The middle of one item's walk, in runtime/pipeline/:
+
+- `Stager.offer` (stager.py) reads and admits the item, the tier (`Tier.offer`, tier.py)
+  adds it to the open window (`Windower.add`, windows/windowing.py);
+- the windower closes the window and calls `Dispatch.launch` (its `on_close`), which
+  waits for a limiter slot and the spend pace, then runs the batch as a task
+  (`Dispatch._run`): `Dispatch._solved` asks `Twins.answered` (windows/twins.py), which
+  asks the solver through `Dispatch._ask` for the contents not answered yet (the quality
+  sample and the window's size learn from each answer there), reads workflow states back
+  (`Dispatch._read_back`) and builds the batch's records (`RecordBuilder.batch`);
+- the solved batch (`Planned`, a plain value) goes forward to `Staging.stage`
+  (staging.py), which returns nothing.
+
+A batch's step that raises is retried (`retried`) and then dead-letters its items with
+the error: a bug costs a retry, never an item. A batch none of whose units is alive any
+more is `orphaned`: the service cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from instanced_stream.core.instance import Instance
+from instanced_stream.core.model import Model
+from instanced_stream.core.prompt import PromptBuilder
+from instanced_stream.core.solve import Outcome, Solver
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.validate import Validator
+from instanced_stream.faultpoints import Probe
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.observe.metrics import Metrics
+from instanced_stream.observe.telemetry import batch_span, context_of
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder
+from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.staged import Staged
+from instanced_stream.runtime.pipeline.staging import Staging
+from instanced_stream.runtime.pipeline.windows.spend import Spend
+from instanced_stream.runtime.pipeline.windows.twins import Twins
+from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
+from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.runtime.quality.control import QualityControl
+from instanced_stream.settings import Settings
+
+__all__ = ["BATCH_TRIES", "Dispatch", "make_solver", "orphaned", "retried"]
+
+log = logging.getLogger("stream.processor")
+
+BATCH_TRIES = 3
+_BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's step that raised
+_T = TypeVar("_T")
+
+
+def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
+    return Solver(
+        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
+    )
+
+
+async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
+    """Runs `step` up to BATCH_TRIES times; its result, or the last error. A bug must cost
+    a retry, never an item: the caller dead-letters with the error."""
+    error: Exception = RuntimeError(f"{what} was not tried")
+    for attempt in range(1, BATCH_TRIES + 1):
+        try:
+            return await step()
+        except Exception as exc:
+            log.exception(
+                "batch %s: %s failed (try %d of %d)",
+                batch_id,
+                what,
+                attempt,
+                BATCH_TRIES,
+                extra={"batch_id": batch_id},
+            )
+            error = exc
+            await asyncio.sleep(_BACKOFF.delay(attempt))
+    return error
+
+
+def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.Task[None]]:
+    """The batches in flight none of whose items' units is alive any more (their
+    partitions closed here): nothing they answer could be staged, so they are cancelled
+    and their limiter slots freed, instead of waiting for the model."""
+    return [task for task, items in tasks.items() if not any(i.unit.alive for i in items)]
+
+
+class Dispatch:
+    """Launches closed windows as batches, solves them and hands their records to staging;
+    owns the batches in flight, the solver, the quality sample, the twins and the spend."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spec: AgentSpec,
+        llm: Model,
+        *,
+        size: WindowSize,
+        solver: Solver,
+        limiter: Limiter,
+        metrics: Metrics,
+        builder: RecordBuilder,
+        probe: Probe,
+        worker: str,
+        staging: Staging,
+        queued_turns: QueuedTurns,
+        flows: Flows | None = None,
+        second: Model | None = None,  # model.escalate's client
+    ) -> None:
+        self.settings = settings
+        self.llm = llm
+        self.size = size
+        self.solver = solver
+        self.limiter = limiter
+        self.metrics = metrics
+        self.builder = builder
+        self.probe = probe
+        self.worker = worker
+        self.staging = staging
+        self.queued_turns = queued_turns
+        self.flows = flows
+        # quality.*: the shadow sample (its controller moves the size), second opinions.
+        self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, size, second)
+        self.twins = Twins(spec, solver.prompt.system)  # dedupe: twins asked once
+        self.spend = Spend(spec.budget, metrics)  # budget: paced to the spend ceiling
+        self.batches = 0
+        self.tasks: dict[asyncio.Task[None], list[Staged]] = {}  # batches in flight
+
+    def reconfigure(self, spec: AgentSpec, solver: Solver) -> None:
+        """A new spec for the batches launched from now on; batches in flight finish as
+        asked."""
+        self.solver = solver
+        self.quality.reconfigure(spec)
+        self.twins.reconfigure(spec, solver.prompt.system)
+
+    async def stop(self) -> None:
+        await self.quality.stop()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def launch(self, items: list[Staged], reason: str) -> None:
+        """A closed window (`items`) as one batch: waits for a limiter slot and the spend
+        pace, then solves and stages it in a task of its own."""
+        self.twins.closed()
+        await self.limiter.acquire()
+        await self.spend.wait()  # held here, the windower and the intake hold too
+        self.batches += 1
+        batch_id = f"{self.worker}-{self.batches}"
+        self.metrics.observe_batch(len(items), reason)
+        self.metrics.batch_started()
+        task = asyncio.create_task(self._run(batch_id, items), name=batch_id)
+        self.tasks[task] = items
+        task.add_done_callback(lambda done: self.tasks.pop(done, None))
+
+    async def _run(self, batch_id: str, items: list[Staged]) -> None:
+        try:
+            live = [i for i in items if i.unit.alive]
+            if not live:
+                return  # every item's partition moved on: its new owner redoes them
+            with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
+                planned = await self._solved(batch_id, live)
+            try:
+                self.staging.stage(batch_id, live, planned)
+            except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
+                log.exception("batch %s: staging failed", batch_id)
+                for item in live:
+                    item.unit.fail(exc)
+        finally:
+            self.queued_turns.done(items)  # staged, or never to be (its unit dropped)
+            self.limiter.release()
+            self.metrics.batch_ended()
+            self.spend.ended()
+
+    async def _solved(self, batch_id: str, items: list[Staged]) -> Planned:
+        """The batch's records; an unexpected error retries it, then dead-letters its
+        items with the error, so nothing is committed without an outcome."""
+        instances = [i.instance for i in items]
+
+        async def solve() -> Planned:
+            # Each content asked once: twins and cached answers are not asked again.
+            outcome = await self.twins.answered(instances, self._ask)
+            self.probe.at("solved")
+            if self.flows is not None:
+                outcome = await self._read_back(items, outcome)
+            self.metrics.observe_tokens(
+                outcome.prompt_tokens,
+                outcome.completion_tokens,
+                outcome.cached_tokens,
+                len({id(a.instance) for a in outcome.answers}),
+            )
+            flow = self.flows.rehearsal() if self.flows is not None else None
+            planned = self.builder.batch(batch_id, outcome, flow)
+            self.probe.at("after_llm")  # the batch's records built, none staged yet
+            return planned
+
+        planned = await retried(batch_id, "solving", solve)
+        if isinstance(planned, Exception):
+            return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
+        return planned
+
+    async def _read_back(self, items: list[Staged], outcome: Outcome) -> Outcome:
+        """The states the answer's turns are played on, read back where a workflow
+        finished while the batch was asked (a unit reopened offered its turn again, and
+        that batch ended it first): every item's instance, just before the rehearsal,
+        with nothing awaited between. An item whose unit is gone, or failed reading back,
+        is left out of the outcome (its partition's owner redoes it); the others go on."""
+        assert self.flows is not None
+        gone: set[str] = set()
+        for item in items:
+            if not await recalled(self.flows.stores, item.unit, item.instance.id):
+                gone.add(item.instance.id)
+        gone |= {i.instance.id for i in items if not i.unit.alive}
+        return _without(outcome, gone) if gone else outcome
+
+    async def _ask(self, instances: list[Instance]) -> Outcome:
+        outcome = await self.solver.solve(instances)
+        self.size.learn(outcome, len(instances))
+        await self.quality.after(outcome)
+        return outcome
+
+
+def _without(outcome: Outcome, gone: set[str]) -> Outcome:
+    """`outcome` less everything about the instances `gone` (their units redo them)."""
+    return dataclasses.replace(
+        outcome,
+        answers=[a for a in outcome.answers if a.instance.id not in gone],
+        unanswered=[u for u in outcome.unanswered if u.instance.id not in gone],
+        refusals=[r for r in outcome.refusals if r[1] is None or r[1].id not in gone],
+    )

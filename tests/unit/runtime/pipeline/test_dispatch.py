@@ -1,0 +1,45 @@
+"""Dispatch (runtime/pipeline/dispatch.py): a closed window launched as one batch, solved,
+retried, and handed to staging; a batch none of whose units is alive is orphaned."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from instanced_stream.core.spec import load_spec
+from instanced_stream.retry import RetryPolicy
+from instanced_stream.runtime.pipeline import dispatch
+from instanced_stream.runtime.pipeline.dispatch import BATCH_TRIES, retried
+from instanced_stream.settings import DEFAULT_SPEC
+
+from tests.flows import Rig
+
+
+async def test_a_step_that_raises_is_retried_then_its_error_returned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dispatch, "_BACKOFF", RetryPolicy(base_s=0.0, cap_s=0.0))
+    tries: list[int] = []
+
+    async def step() -> int:
+        tries.append(1)
+        raise ValueError("a bug")
+
+    got = await retried("b-1", "solving", step)
+    assert isinstance(got, ValueError) and len(tries) == BATCH_TRIES
+
+
+async def test_a_closed_window_is_one_batch_staged_on_its_items_units() -> None:
+    rig = Rig(load_spec(DEFAULT_SPEC), max_record_bytes=1000)
+    for i in range(3):
+        value = orjson.dumps({"_instance": f"p-{i}", "comment": f"lovely {i}"})
+        await rig.offer(value, 0, i)
+    items: Any = list(rig.stager.windower._items)
+    await rig.stager.windower.flush()  # its on_close is Dispatch.launch
+    assert rig.stager.dispatch.batches == 1
+    await asyncio.gather(*list(rig.stager.dispatch.tasks))
+    assert all(i.unit.alive for i in items)
+    await rig.drain()
+    assert rig.offsets() == {0: 3}
