@@ -1,5 +1,6 @@
 """The pipeline: consumed records to outcomes staged on their units (docs/architecture.md).
-The stager reads and admits instances into cross-partition windows (`stager`), dispatch
+Admission reads records and next turns into items (`admission`), the stager connects
+the stages and their cross-partition windows (`stager`), dispatch
 solves each closed window (`dispatch`), staging puts each solved batch onto the units of
 its items' partitions (`staging`); the workflow turns on their way (`queued_turns`); the
 instances it batches (`staged`) and the tier it is given (`tier`: online, or the Batch
@@ -11,6 +12,7 @@ unit's store and the workflows it resumes (`restore`); and the compacted context
 `quality` can read the window's size."""
 
 __all__ = [
+    "admission",
     "dispatch",
     "outcomes",
     "overrides",

@@ -3,8 +3,9 @@ the window's size learned), retried, and handed on as records to stage.
 
 The middle of one item's walk, in runtime/pipeline/:
 
-- `Stager.offer` (stager.py) reads and admits the item, the tier (`Tier.offer`, tier.py)
-  adds it to the open window (`Windower.add`, windows/windowing.py);
+- `Admission.record` (admission.py) reads and admits the item, the stager (stager.py)
+  hands it to the tier (`Tier.offer`, tier.py), which adds it to the open window
+  (`Windower.add`, windows/windowing.py);
 - the windower closes the window and calls `Dispatch.launch` (its `on_close`), which
   waits for a limiter slot and the spend pace, then runs the batch as a task
   (`Dispatch._run`): `Dispatch._solved` asks `Twins.answered` (windows/twins.py), which

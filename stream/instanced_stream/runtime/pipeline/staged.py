@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.units.unit import Slot, Unit
 
-__all__ = ["Staged"]
+__all__ = ["Staged", "bound_of", "tokens_of"]
 
 
 @dataclass(slots=True, eq=False)
@@ -22,3 +23,15 @@ class Staged:
     text: bytes
     tokens: int | None = None
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+def tokens_of(tokenizer: Tokenizer, item: Staged) -> int:
+    """The item's tokens, counted once."""
+    if item.tokens is None:
+        item.tokens = tokenizer.count(item.text.decode("utf-8", "replace"))
+    return item.tokens
+
+
+def bound_of(tokenizer: Tokenizer, item: Staged) -> int:
+    """A cheap upper bound of the item's tokens, or its count once known."""
+    return tokenizer.bound(len(item.text)) if item.tokens is None else item.tokens

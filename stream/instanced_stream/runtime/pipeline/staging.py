@@ -3,16 +3,16 @@ item's on its own slot (docs/architecture.md, exactly once).
 
 The last stage of one item's walk. Before it, in runtime/pipeline/:
 
-- `Stager.offer` (stager.py) reads the record into a `Staged` item and admits it
-  (forwarding, recall, a redelivered turn skipped), then hands it to the tier
-  (`Tier.offer`, tier.py), which adds it to the open window (`Windower.add`);
+- `Admission.record` (admission.py) reads the record into a `Staged` item and admits it
+  (forwarding, recall, a redelivered turn skipped); the stager (stager.py) hands it to
+  the tier (`Tier.offer`, tier.py), which adds it to the open window (`Windower.add`);
 - the windower closes the window and calls `Dispatch.launch` (dispatch.py), where the
   batch is solved, retried and read back (`Dispatch._run`, `Dispatch._solved`);
 - the solved batch (`Planned`, a plain value) comes here: `Staging.stage`.
 
 Nothing here calls back into the stager: it is given the batch and returns nothing. The
 units' producers call `Staging.replacement` when the broker refuses a record (its item's
-dead letter instead), and the stager's intake counts its dead letters with
+dead letter instead), and admission counts its dead letters with
 `Staging.count`. An item whose unit was dropped meanwhile stages nothing: its partition's
 next owner redoes it, from the last commit.
 """
