@@ -8,10 +8,11 @@ The middle of one item's walk, in runtime/pipeline/:
   (`Windower.add`, windows/windowing.py);
 - the windower closes the window and calls `Dispatch.launch` (its `on_close`), which
   waits for a limiter slot and the spend pace, then runs the batch as a task
-  (`Dispatch._run`): `Dispatch._solved` asks `Twins.answered` (windows/twins.py), which
-  asks the solver through `Dispatch._ask` for the contents not answered yet (the quality
-  sample and the window's size learn from each answer there), reads workflow states back
-  (`Dispatch._read_back`) and builds the batch's records (`RecordBuilder.batch`);
+  (`Dispatch._run`): `Dispatch._solved` asks each content once (`Dispatch._once`, with
+  the plain values of `Twins.split`, windows/twins.py), the solver through `Dispatch._ask`
+  (the quality sample and the window's size learn from each answer there), reads
+  workflow states back (`Dispatch._read_back`) and builds the batch's records
+  (`RecordBuilder.batch`);
 - the solved batch (`Planned`, a plain value) goes forward to `Staging.stage`
   (staging.py), which returns nothing.
 
@@ -44,7 +45,7 @@ from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
 from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.windows.spend import Spend
-from instanced_stream.runtime.pipeline.windows.twins import Twins
+from instanced_stream.runtime.pipeline.windows.twins import Twins, merge
 from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 from instanced_stream.runtime.pipeline.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
@@ -187,7 +188,7 @@ class Dispatch:
 
         async def solve() -> Planned:
             # Each content asked once: twins and cached answers are not asked again.
-            outcome = await self.twins.answered(instances, self._ask)
+            outcome = await self._once(instances)
             self.probe.at("solved")
             if self.flows is not None:
                 outcome = await self._read_back(items, outcome)
@@ -220,6 +221,21 @@ class Dispatch:
                 gone.add(item.instance.id)
         gone |= {i.instance.id for i in items if not i.unit.alive}
         return _without(outcome, gone) if gone else outcome
+
+    async def _once(self, instances: list[Instance]) -> Outcome:
+        """The outcome of the whole window, each content asked once: its twins here, in
+        the cache, or asked by another batch in flight (windows/twins.py)."""
+        split = self.twins.split(instances)
+        try:
+            outcome = await self._ask(split.asked)
+        except BaseException:  # a failed ask must not leave twins elsewhere waiting for it
+            self.twins.settle(split, None)
+            raise
+        self.twins.settle(split, outcome)
+        alone = await self.twins.waited(split)  # their twin's batch ended without an answer
+        if alone:
+            merge(outcome, await self._ask(alone))
+        return self.twins.expand(outcome, split)
 
     async def _ask(self, instances: list[Instance]) -> Outcome:
         outcome = await self.solver.solve(instances)

@@ -7,6 +7,11 @@ across windows a bounded answer cache, keyed by the content and the spec's finge
 answer carry its own id, source and call_ids (runtime/pipeline/outcomes/records.py): what is shared
 is only what the model was asked. A content a batch in flight is asking is not asked
 by another: that batch's twins wait for the answer (and ask it themselves if none came).
+
+Twins asks nothing itself; the batch's owner (`Dispatch._once`, runtime/pipeline/dispatch.py)
+drives one window through it with plain values: `Twins.split` (what to ask), the ask,
+`Twins.settle` (the answers to the other batches and the cache), `Twins.waited` (the
+contents other batches asked), `Twins.expand` (the outcome of the whole window).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import orjson
@@ -92,9 +97,6 @@ class Split:
         return sum(len(t) for t in self.twins.values()) + len(self.reused)
 
 
-Ask = Callable[[list[Instance]], Awaitable[Outcome]]
-
-
 def merge(into: Outcome, more: Outcome) -> Outcome:
     """`more` (a second ask in the same batch) added to `into`."""
     into.answers += more.answers
@@ -120,29 +122,22 @@ class Twins:
         self._open: set[str] = set()  # contents in the open window (`free`)
         self.reconfigure(spec, system)
 
-    async def answered(self, instances: list[Instance], ask: Ask) -> Outcome:
-        """The outcome of the whole window, each content asked once (by `ask`): its twins
-        here, in the cache, or asked by another batch in flight."""
-        split = self.split(instances)
-        try:
-            outcome = await ask(split.asked)
-        except BaseException:  # a failed ask must not leave twins elsewhere waiting for it
-            self._settle(split, None)
-            raise
-        self._settle(split, outcome)
-        alone: list[Instance] = []  # their twin's batch ended without an answer: ask them
+    async def waited(self, split: Split) -> list[Instance]:
+        """Waits for the answers of the contents other batches in flight are asking
+        (`split.waiting`), each given to its twin here; returns the twins whose batch ended
+        without an answer: the caller asks them itself."""
+        alone: list[Instance] = []
         for inst, flying in split.waiting:
             answer = await flying
             if answer is None:
                 alone.append(inst)
             else:
                 split.reused.append(replace(answer, instance=inst))
-        if alone:
-            merge(outcome, await ask(alone))
-        return self.expand(outcome, split)
+        return alone
 
-    def _settle(self, split: Split, outcome: Outcome | None) -> None:
-        """Tells the twins waiting in other batches what their content's answer is, and
+    def settle(self, split: Split, outcome: Outcome | None) -> None:
+        """Tells the twins waiting in other batches what their content's answer is (None: the
+        ask failed, they ask it themselves), and
         caches it in the same step: a content must never be neither in flight nor cached
         while it has an answer, or a batch split in between would ask it again."""
         answers = {id(a.instance): a for a in outcome.answers} if outcome else {}

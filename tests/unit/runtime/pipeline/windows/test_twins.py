@@ -4,6 +4,7 @@ of its outcome to every twin, and the answer cache's TTL and bound."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from instanced_stream.core.messages import Call, SourcePosition
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome, Unanswered
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.runtime.pipeline.windows.twins import AnswerCache, Twins
+from instanced_stream.runtime.pipeline.windows.twins import AnswerCache, Twins, merge
 from instanced_stream.runtime.pipeline.windows.windowing import FixedSize, Windower
 
 SPEC: dict[str, Any] = {
@@ -125,6 +126,23 @@ def test_on_by_default_off_for_stateful_specs_unless_asked() -> None:
     assert len(_twins(opted).split(items).asked) == 1
 
 
+async def _asked_once(
+    twins: Twins, instances: list[Instance], ask: Callable[[list[Instance]], Awaitable[Outcome]]
+) -> Outcome:
+    """One window through the twins, in the steps `Dispatch._once` takes."""
+    split = twins.split(instances)
+    try:
+        outcome = await ask(split.asked)
+    except BaseException:
+        twins.settle(split, None)
+        raise
+    twins.settle(split, outcome)
+    alone = await twins.waited(split)
+    if alone:
+        merge(outcome, await ask(alone))
+    return twins.expand(outcome, split)
+
+
 async def test_a_content_in_flight_is_not_asked_again_by_another_batch() -> None:
     twins = _twins()
     asked: list[list[str]] = []
@@ -135,9 +153,9 @@ async def test_a_content_in_flight_is_not_asked_again_by_another_batch() -> None
         await release.wait()
         return Outcome(answers=[_answer(i, "reject") for i in instances])
 
-    first = asyncio.create_task(twins.answered([_inst(0, "a"), _inst(1, "b")], ask))
+    first = asyncio.create_task(_asked_once(twins, [_inst(0, "a"), _inst(1, "b")], ask))
     await asyncio.sleep(0)  # the first batch is asking
-    second = asyncio.create_task(twins.answered([_inst(2, "a"), _inst(3, "c")], ask))
+    second = asyncio.create_task(_asked_once(twins, [_inst(2, "a"), _inst(3, "c")], ask))
     await asyncio.sleep(0)
     release.set()
     done = await second
@@ -161,9 +179,9 @@ async def test_a_twin_whose_asking_batch_failed_is_asked_by_its_own() -> None:
         asked.extend(i.id for i in instances)
         return Outcome(answers=[_answer(i) for i in instances])
 
-    first = asyncio.create_task(twins.answered([_inst(0, "a")], failing))
+    first = asyncio.create_task(_asked_once(twins, [_inst(0, "a")], failing))
     await started.wait()
-    done = await twins.answered([_inst(1, "a")], ask)
+    done = await _asked_once(twins, [_inst(1, "a")], ask)
     assert asked == ["id-1"] and [a.instance.id for a in done.answers] == ["id-1"]
     with pytest.raises(RuntimeError):
         await first
@@ -211,9 +229,9 @@ async def test_a_content_answered_is_cached_before_the_batch_waits_for_its_own_t
         return Outcome(answers=[_answer(i) for i in instances])
 
     # B asks "b" slowly; A asks "a" and waits for B's "b": while A waits, "a" is answered.
-    b = asyncio.create_task(twins.answered([_inst(0, "b")], slow))
+    b = asyncio.create_task(_asked_once(twins, [_inst(0, "b")], slow))
     await asyncio.sleep(0)
-    a = asyncio.create_task(twins.answered([_inst(1, "a"), _inst(2, "b")], fast))
+    a = asyncio.create_task(_asked_once(twins, [_inst(1, "a"), _inst(2, "b")], fast))
     await asyncio.sleep(0)
     assert not a.done()  # A waits for B's answer of "b"
     later = twins.split([_inst(3, "a")])  # a third batch meanwhile: "a" is cached
