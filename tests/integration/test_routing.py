@@ -1,4 +1,4 @@
-"""A stateful instance lives on one partition (runtime/pipeline/stager.py, `forwarded`):
+"""A stateful instance lives on one partition (runtime/pipeline/admission.py, `forwarded`):
 inputs a producer wrote to another partition (keyless records naming `_instance`, an
 explicit partition) are sent on, exactly once, to the partition the instance id keys
 to, so each instance's state changes only in one unit's transactions. Before, the

@@ -1,5 +1,5 @@
-"""A stateful instance's records are processed on its own partition only (the stager's
-intake and the service's lanes, runtime/pipeline/stager.py and runtime/service.py): one
+"""A stateful instance's records are processed on its own partition only (admission and
+the service's lanes, runtime/pipeline/admission.py and runtime/service.py): one
 read on another partition is sent on, in that unit's transaction with its offset, to the
 partition its id keys to, and nothing else is done with it there."""
 

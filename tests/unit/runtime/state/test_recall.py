@@ -1,6 +1,6 @@
 """Read-backs of finished states fail a unit, never the process, and hold nothing else
 (runtime/pipeline/workflows.py `recalled`, runtime/units/lanes.py, runtime/state/recall.py,
-the stager's `_read_back`): any error of the broker's client at a read-back is the unit's
+`Dispatch._read_back`): any error of the broker's client at a read-back is the unit's
 failure with back-off; a lane waiting on a slow read-back holds no other partition; a
 batch whose instance's workflow finished meanwhile reads its state back instead of being
 dead-lettered whole."""
