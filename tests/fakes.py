@@ -241,3 +241,47 @@ class FakeRecall(Recall):
 
     async def stop(self) -> None:
         return None
+
+
+@dataclass
+class ChangelogRecord:
+    key: bytes
+    value: bytes
+    offset: int
+
+
+class FakeChangelog:
+    """A read_committed restore consumer over one changelog partition, in memory: each
+    fetch hands at most `per_fetch` records (None: all that are left)."""
+
+    def __init__(self, records: list[ChangelogRecord], per_fetch: int | None = None) -> None:
+        self.records, self.at, self.per_fetch = records, 0, per_fetch
+        self.tp = TopicPartition("changelog", 0)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        (self.tp,) = tps
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {self.tp: 0}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {self.tp: len(self.records)}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.at = offset
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at
+
+    async def getmany(
+        self, tp: TopicPartition, timeout_ms: int
+    ) -> dict[TopicPartition, list[ChangelogRecord]]:
+        end = len(self.records) if self.per_fetch is None else self.at + self.per_fetch
+        found, self.at = self.records[self.at : end], min(end, len(self.records))
+        return {tp: found}

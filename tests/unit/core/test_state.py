@@ -4,15 +4,15 @@ through a unit store's restore), and a record written now carries only today's f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
-from aiokafka.structs import TopicPartition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka import clients
 from instanced_stream.runtime.state.store import UnitStore
+
+from tests.fakes import ChangelogRecord, FakeChangelog
 
 # A waiting workflow's record as versions before the transactional state store wrote it: the
 # records its last change still had to publish (`outbox`) and who wrote them.
@@ -74,53 +74,11 @@ def test_a_new_record_does_not_write_the_dropped_fields() -> None:
     assert InstanceState.model_validate_json(raw) == st
 
 
-@dataclass
-class _Record:
-    key: bytes
-    value: bytes
-    offset: int
-
-
-class _Changelog:
-    """The restore's consumer over one changelog partition, in memory."""
-
-    def __init__(self, records: list[_Record]) -> None:
-        self.records, self.at = records, 0
-        self.tp = TopicPartition("changelog", 0)
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        (self.tp,) = tps
-
-    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {self.tp: 0}
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {self.tp: len(self.records)}
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.at = offset
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.at
-
-    async def getmany(
-        self, tp: TopicPartition, timeout_ms: int
-    ) -> dict[TopicPartition, list[_Record]]:
-        found, self.at = self.records[self.at :], len(self.records)
-        return {tp: found}
-
-
 async def test_a_store_restores_an_old_record_and_writes_it_back_in_the_new_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    old = _Record(b"t-000007", orjson.dumps(OLD), 0)
-    monkeypatch.setattr(clients, "consumer", lambda bootstrap: _Changelog([old]))
+    old = ChangelogRecord(b"t-000007", orjson.dumps(OLD), 0)
+    monkeypatch.setattr(clients, "consumer", lambda bootstrap: FakeChangelog([old]))
     store = UnitStore("changelog", 0, 1_000_000)
     assert await store.restore("unused:9092") == 1
     assert store.quarantined == []  # read, not set aside as unreadable

@@ -5,74 +5,32 @@ cannot parse, once, until the store stages its tombstone."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import pytest
-from aiokafka.structs import TopicPartition
 from instanced_stream.core.state import InstanceState
 from instanced_stream.kafka import clients
 from instanced_stream.runtime.state.changelog import ChangelogReader
 from instanced_stream.runtime.state.store import UnitStore
 
-
-@dataclass
-class _Record:
-    key: bytes
-    value: bytes
-    offset: int
-
-
-class _Partition:
-    """A read_committed consumer over one changelog partition, in memory."""
-
-    def __init__(self, records: list[_Record]) -> None:
-        self.records, self.at = records, 0
-        self.tp = TopicPartition("changelog", 0)
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        (self.tp,) = tps
-
-    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {self.tp: 0}
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {self.tp: len(self.records)}
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.at = offset
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.at
-
-    async def getmany(
-        self, tp: TopicPartition, timeout_ms: int
-    ) -> dict[TopicPartition, list[_Record]]:
-        found, self.at = self.records[self.at : self.at + 2], min(self.at + 2, len(self.records))
-        return {tp: found}
+from tests.fakes import ChangelogRecord, FakeChangelog
 
 
 def _state(instance: str, turn: int = 1) -> bytes:
     return InstanceState(instance=instance, partition=0, turn=turn).model_dump_json().encode()
 
 
-def _partition(monkeypatch: pytest.MonkeyPatch, records: list[_Record]) -> None:
-    monkeypatch.setattr(clients, "consumer", lambda bootstrap: _Partition(records))
+def _partition(monkeypatch: pytest.MonkeyPatch, records: list[ChangelogRecord]) -> None:
+    monkeypatch.setattr(clients, "consumer", lambda bootstrap: FakeChangelog(records, per_fetch=2))
 
 
 async def test_the_reader_keeps_each_keys_latest_record_and_reads_only_the_delta_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     records = [
-        _Record(b"a", _state("a"), 0),
-        _Record(b"b", _state("b"), 1),
-        _Record(b"a", _state("a", 2), 2),
-        _Record(b"b", b"", 3),
+        ChangelogRecord(b"a", _state("a"), 0),
+        ChangelogRecord(b"b", _state("b"), 1),
+        ChangelogRecord(b"a", _state("a", 2), 2),
+        ChangelogRecord(b"b", b"", 3),
     ]
     _partition(monkeypatch, records)
     reader = ChangelogReader("changelog", 0)
@@ -80,7 +38,7 @@ async def test_the_reader_keeps_each_keys_latest_record_and_reads_only_the_delta
         latest = await reader.read("unused:9092", None, gated)
     assert latest == {"a": (2, _state("a", 2)), "b": (3, None)}
     assert reader.applied == 4 and reader.restored == 4
-    records.append(_Record(b"c", _state("c"), 4))
+    records.append(ChangelogRecord(b"c", _state("c"), 4))
     async with contextlib.AsyncExitStack() as gated:
         assert await reader.read("unused:9092", None, gated) == {"c": (4, _state("c"))}
     assert reader.applied == 5 and reader.restored == 1
@@ -109,7 +67,9 @@ def test_a_staged_record_whose_tombstone_was_not_read_back_is_quarantined_again(
 async def test_a_store_opens_without_an_unreadable_record_and_stages_its_tombstone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _partition(monkeypatch, [_Record(b"a", _state("a"), 0), _Record(b"b", b"{cut", 1)])
+    _partition(
+        monkeypatch, [ChangelogRecord(b"a", _state("a"), 0), ChangelogRecord(b"b", b"{cut", 1)]
+    )
     store = UnitStore("changelog", 0, 1_000_000)
     assert await store.restore("unused:9092") == 1
     assert "a" in store and "b" not in store
