@@ -22,6 +22,7 @@ from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, me
 from instanced_stream.runtime.pipeline.windows.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
 from instanced_stream.runtime.state.store import Stores
+from instanced_stream.runtime.state.transaction import Transaction
 from instanced_stream.runtime.units.collector import Refusals
 from instanced_stream.runtime.units.unit import Slot, Unit
 from instanced_stream.settings import Settings
@@ -94,8 +95,11 @@ class Rig:
 
     @property
     def workflow(self) -> Workflow:
+        """The workflow, for tests that make its changes themselves: each one a
+        transaction of its own, staged on its partition's unit with the unit's next commit
+        (as a deadline's change is)."""
         assert self.flows is not None, "a stateless spec has no workflow"
-        return self.flows.workflow
+        return self.flows.over(_StagedAtOnce(self))
 
     def unit(self, partition: int) -> Unit:
         """The unit of `partition`, opened (with an empty store) when first asked for."""
@@ -213,7 +217,6 @@ class Rig:
         for value in latest.values():
             if value:
                 store.put(InstanceState.model_validate_json(value))
-        store.take()  # restored, not changed: nothing to write back
         turns = (self.flows.workflow.next_turn(st) for st in store.states())
         return unit, [t for t in turns if t is not None]
 
@@ -244,6 +247,31 @@ class Rig:
         """The committed offsets of `topic` (the input's unless named), per partition."""
         topic = topic or self.topics.input
         return {tp.partition: o for tp, o in self.producer.committed.items() if tp.topic == topic}
+
+
+class _StagedAtOnce(Transaction):
+    """A transaction that commits each write as it is made, its changelog record staged on
+    its partition's unit."""
+
+    def __init__(self, rig: Rig) -> None:
+        assert rig.flows is not None
+        super().__init__(rig.flows.stores)
+        self.followed_by(rig.flows.workflow.indexed)
+        self.rig = rig
+
+    def put(self, value: InstanceState) -> None:
+        super().put(value)
+        self._staged()
+
+    def delete(self, instance: str, partition: int) -> None:
+        super().delete(instance, partition)
+        self._staged()
+
+    def _staged(self) -> None:
+        for record in self.commit():
+            unit = self.rig.units.get(record.partition or 0)
+            if unit is not None:
+                unit.stage([record])
 
 
 async def until(probe: Callable[[], Awaitable[Any]], wait_s: float = 60) -> Any:

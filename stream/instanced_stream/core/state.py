@@ -11,7 +11,7 @@ its own trigger recorded and does not apply the same effect twice.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,12 +19,13 @@ from instanced_stream.core.messages import SourcePosition, TraceEntry
 from instanced_stream.core.plan_graph import Step
 
 __all__ = [
+    "Change",
     "Ended",
     "InstanceState",
     "MemoryStore",
     "Pending",
-    "StagedStore",
     "StateStore",
+    "Write",
     "alternatives",
     "path_problem",
     "read_path",
@@ -195,37 +196,64 @@ class MemoryStore:
         return None
 
 
-class StagedStore:
-    """Writes held here, over a store that is only read: `Workflow.rehearsal` runs a state
-    change on it to learn its effects without making it."""
+class Write(NamedTuple):
+    """One held write of a `Change`: an instance's new state, or its deletion (None)."""
+
+    instance: str
+    partition: int
+    state: InstanceState | None
+
+
+class Change:
+    """A state change being made, over a store that it only reads: its own reads see its
+    writes, the store sees none of them until they are taken (`take`) and written by the
+    caller. A trigger's effects (its records, its next turn) are known before anything is
+    stored, and a change that fails part-way stores nothing (runtime/state/transaction.py
+    writes a taken change into the units' stores, with its changelog records)."""
 
     def __init__(self, base: StateStore) -> None:
         self.base = base
-        self.staged: dict[str, InstanceState] = {}
+        self._held: dict[str, Write] = {}  # by instance, in the order first written
 
     def get(self, instance: str) -> InstanceState | None:
-        found = self.staged.get(instance)
-        return found.model_copy(deep=True) if found else self.base.get(instance)
+        held = self._held.get(instance)
+        if held is None:
+            return self.base.get(instance)
+        return held.state.model_copy(deep=True) if held.state is not None else None
 
     def put(self, value: InstanceState) -> None:
-        self.staged[value.instance] = value.model_copy(deep=True)
+        held = Write(value.instance, value.partition, value.model_copy(deep=True))
+        self._held[value.instance] = held
 
     def items(self) -> Iterator[InstanceState]:
-        seen = set()
         for value in self.base.items():
-            seen.add(value.instance)
-            yield self.get(value.instance) or value
-        for name in [n for n in self.staged if n not in seen]:
-            yield self.staged[name].model_copy(deep=True)
+            if value.instance not in self._held:
+                yield value
+        for held in list(self._held.values()):
+            if held.state is not None:
+                yield held.state.model_copy(deep=True)
 
     def delete(self, instance: str, partition: int) -> None:
-        self.staged.pop(instance, None)
+        self._held[instance] = Write(instance, partition, None)
 
     def retired(self) -> Iterator[tuple[str, float, int]]:
-        return self.base.retired()
+        return (r for r in self.base.retired() if r[0] not in self._held)
 
     def retired_at(self, instance: str) -> float | None:
-        return None if instance in self.staged else self.base.retired_at(instance)
+        return None if instance in self._held else self.base.retired_at(instance)
 
     async def flush(self) -> None:
         return None
+
+    @property
+    def names(self) -> list[str]:
+        """The instances it holds a write of."""
+        return list(self._held)
+
+    def take(self, instance: str | None = None) -> list[Write]:
+        """The held writes (of `instance` only, or all of them), which leave the change."""
+        if instance is None:
+            taken, self._held = list(self._held.values()), {}
+            return taken
+        held = self._held.pop(instance, None)
+        return [] if held is None else [held]

@@ -8,16 +8,17 @@ state is published as a done record. A lazy plan stores each turn's calls as a p
 and runs them only when approved.
 
 Every method changes state at once (one get and one put, no await in between, so nothing
-else runs meanwhile). A caller that must know a change's effects (its records, its next
-turn) before the change is made asks a `rehearsal()` first: the same workflow over a
-store that keeps its writes to itself (a batch's records are built on one, so a retried
-build stores nothing).
+else runs meanwhile). The runtime makes each change on a `Change` of its stores (`over`):
+the effects (records, next turn) are known before the change is stored, and the change is
+stored, with its changelog records, once (runtime/state/transaction.py); the deadlines
+follow what was stored (`indexed`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from instanced_stream.core import binding, eager, lazy, plan_graph
@@ -38,14 +39,24 @@ from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.state import (
     Ended,
     InstanceState,
-    StagedStore,
     StateStore,
+    Write,
     path_problem,
     write_path,
 )
 from instanced_stream.core.validate import Opinion
 
 __all__ = ["REVIEW", "TurnEffects", "Workflow", "finish_says_stop", "unrun_by_stop"]
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What a workflow and its views over changes (`Workflow.over`) hold in common."""
+
+    index: DueIndex
+    launched: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    results_ignored: int = 0
+    expired: int = 0
 
 
 class Workflow:
@@ -56,16 +67,32 @@ class Workflow:
         pending_timeout_s: float,
         retention_s: float = 86_400.0,
         owner: str = "",
+        *,
+        shared: _Shared | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
         self.owner = owner  # stamped on every state this workflow puts (`_put`)
         self.timeout = pending_timeout_s
         self.retention_s = retention_s
-        self.results_ignored = 0
-        self.expired = 0
-        self.index = DueIndex(retention_s)  # kept by `_put` and the deletions
-        self._launched: dict[str, list[dict[str, Any]]] = {}
+        # A view over a change (`over`) shares the deadlines and counters of the workflow
+        # it came from, and leaves the deadlines to `indexed` once its change is stored.
+        self._view = shared is not None
+        self._shared = shared or _Shared(DueIndex(retention_s))  # kept by `_put`, deletions
+        self.index = self._shared.index
+        self._launched = self._shared.launched
+
+    @property
+    def results_ignored(self) -> int:
+        return self._shared.results_ignored
+
+    @results_ignored.setter
+    def results_ignored(self, value: int) -> None:
+        self._shared.results_ignored = value
+
+    @property
+    def expired(self) -> int:
+        return self._shared.expired
 
     @property
     def iterative(self) -> bool:
@@ -75,12 +102,20 @@ class Workflow:
     def lazy(self) -> bool:
         return self.spec.plan is not None and self.spec.plan.mode == "lazy"
 
-    def rehearsal(self) -> Workflow:
-        """This workflow over a staged copy of its store: what a change would do (its
-        records, its next turn), with nothing stored and no counter moved."""
+    def over(self, change: StateStore) -> Workflow:
+        """This workflow making its changes on `change` (a `Change` of its store): what a
+        change does (its records, its next turn) is known before it is stored."""
         return Workflow(
-            self.spec, StagedStore(self.store), self.timeout, self.retention_s, self.owner
+            self.spec, change, self.timeout, self.retention_s, self.owner, shared=self._shared
         )
+
+    def indexed(self, stored: Iterable[Write]) -> None:
+        """The writes of a change just stored: the deadlines follow them."""
+        for write in stored:
+            if write.state is None:
+                self.index.drop(write.instance)
+            else:
+                self.index.update(write.state)
 
     def admit(self, inst: Instance) -> Instance | None:
         """An input or state record arrives: it starts (or restarts) its instance's
@@ -146,7 +181,8 @@ class Workflow:
     def _put(self, st: InstanceState) -> None:
         st.owner = self.owner
         self.store.put(st)
-        self.index.update(st)
+        if not self._view:  # a view's change may yet not be stored: `indexed` follows it
+            self.index.update(st)
 
     def due(self, now: float, owns: Callable[[int], bool] = lambda _: True) -> list[str]:
         """Owned instances past a deadline or their retention (the index is built from the
@@ -232,13 +268,12 @@ class Workflow:
         self,
         now: float,
         owns: Callable[[int], bool] = lambda _: True,
-        only: list[str] | None = None,
     ) -> list[tuple[Instance | None, DoneRecord | None]]:
         """Fails awaited calls past their deadline (of owned partitions only: a moved
         workflow is its new owner's), and forgets workflows ended `retention_s` ago. Reads
-        only the states `due`, or `only` those (a rehearsal has no index of its own)."""
+        only the states `due`."""
         out = []
-        for name in self.due(now, owns) if only is None else only:
+        for name in self.due(now, owns):
             if forget_retired(self.store, self.index, name, now, owns):
                 continue
             st = self.store.get(name)
@@ -254,7 +289,7 @@ class Workflow:
                 st.pending.pop(cid)
                 st.state.setdefault("errors", {})[cid] = "timed out waiting for the result"
                 plan_graph.mark(st.plan, cid, ok=False)
-                self.expired += 1
+                self._shared.expired += 1
             if late:
                 out.append(self._settle(st))
             else:

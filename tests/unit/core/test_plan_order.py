@@ -24,7 +24,7 @@ from instanced_stream.core.plan_graph import (
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.state import MemoryStore
+from instanced_stream.core.state import Change, MemoryStore
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
@@ -229,16 +229,20 @@ def test_a_held_eager_step_keeps_its_turn_s_gate_verdict() -> None:
     flow = Workflow(spec, MemoryStore(), pending_timeout_s=60)
     inst = flow.admit(Instance("t1", {"subject": "down"}, SRC, 40))
     assert inst is not None
+    inst_state = flow.store.get("t1")
     votes = Opinion("judge", "①", {}, '{"pageOnCall": 5, "routeTicket": 95}')
     answer = Answer(inst, [c for _, c in _answer()], "①", 1, 1, [votes])
     topics = Settings(bootstrap_servers="unused:9092").topics
     builder = RecordBuilder(spec, topics, "m")
-    planned = builder.batch("b", Outcome(answers=[answer]), flow.rehearsal())
+    change = Change(flow.store)
+    planned = builder.batch("b", Outcome(answers=[answer]), flow.over(change))
     assert not [
         r for r in planned.records if r.topic in (topics.review, topics.activity("pageOnCall"))
     ]
-    (change,) = planned.turns
-    flow.turn(change.instance, change.calls, change.batch, change.opinions, reviews=change.reviews)
+    assert flow.store.get("t1") == inst_state  # the turn is made on the change only
+    (write,) = change.take()
+    assert write.state is not None
+    flow.store.put(write.state)
     st = flow.store.get("t1")
     assert st is not None
     (urgency,) = [s.call_id for s in st.plan if s.tool == "assessUrgency"]

@@ -85,8 +85,7 @@ async def test_a_store_restores_an_old_record_and_writes_it_back_in_the_new_shap
     st = store.get("t-000007")
     assert st is not None and st.turn == 2 and st.applied == OLD["applied"]
     st.state["route"] = "priority"
-    store.put(st)
-    (record,) = store.take()
+    record = store.put(st)
     assert not DROPPED & _fields(record.value)
     assert orjson.loads(record.value)["state"] == {
         "customer": {"tier": "gold"},

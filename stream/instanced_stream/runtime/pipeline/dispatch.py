@@ -12,9 +12,12 @@ The middle of one item's walk, in runtime/pipeline/:
   the plain values of `Twins.split`, windows/twins.py), the solver through `Dispatch._ask`
   (the quality sample and the window's size learn from each answer there), reads
   workflow states back (`Dispatch._read_back`) and builds the batch's records
-  (`RecordBuilder.batch`);
-- the solved batch (`Planned`, a plain value) goes forward to `Staging.stage`
-  (staging.py), which returns nothing.
+  (`RecordBuilder.batch`), making its turns on a transaction of the stores
+  (`Flows.change`);
+- the solved batch (`Solved`, a plain value: the records and that transaction) goes
+  forward to `Staging.stage` (staging.py), which returns nothing. Nothing is awaited
+  between building a batch and staging it: the states its turns read are still the
+  stores' when staging stores them.
 
 A batch's step that raises is retried (`retried`) and then dead-letters its items with
 the error: a bug costs a retry, never an item. A batch none of whose units is alive any
@@ -35,13 +38,15 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.validate import Validator
+from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import Probe
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.windows.spend import Spend
@@ -49,6 +54,7 @@ from instanced_stream.runtime.pipeline.windows.twins import Twins, merge
 from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 from instanced_stream.runtime.pipeline.workflows import Flows, recalled
 from instanced_stream.runtime.quality.control import QualityControl
+from instanced_stream.runtime.state.transaction import Transaction
 from instanced_stream.settings import Settings
 
 __all__ = ["BATCH_TRIES", "Dispatch", "make_solver", "orphaned", "retried"]
@@ -168,9 +174,9 @@ class Dispatch:
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
-                planned = await self._solved(batch_id, live)
+                solved = await self._solved(batch_id, live)
             try:
-                self.staging.stage(batch_id, live, planned)
+                self.staging.stage(batch_id, live, solved)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
                 log.exception("batch %s: staging failed", batch_id)
                 for item in live:
@@ -181,12 +187,12 @@ class Dispatch:
             self.metrics.batch_ended()
             self.spend.ended()
 
-    async def _solved(self, batch_id: str, items: list[Staged]) -> Planned:
+    async def _solved(self, batch_id: str, items: list[Staged]) -> Solved:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
         instances = [i.instance for i in items]
 
-        async def solve() -> Planned:
+        async def solve() -> Solved:
             # Each content asked once: twins and cached answers are not asked again.
             outcome = await self._once(instances)
             self.probe.at("solved")
@@ -198,21 +204,31 @@ class Dispatch:
                 outcome.cached_tokens,
                 len({id(a.instance) for a in outcome.answers}),
             )
-            flow = self.flows.rehearsal() if self.flows is not None else None
+            tx, flow = self._turns()
             planned = self.builder.batch(batch_id, outcome, flow)
             self.probe.at("after_llm")  # the batch's records built, none staged yet
-            return planned
+            return Solved(planned, tx)
 
-        planned = await retried(batch_id, "solving", solve)
-        if isinstance(planned, Exception):
-            return self.builder.internal_errors(batch_id, instances, planned, BATCH_TRIES)
-        return planned
+        solved = await retried(batch_id, "solving", solve)
+        if not isinstance(solved, Exception):
+            return solved
+        tx, flow = self._turns()
+        return Solved(
+            self.builder.internal_errors(batch_id, instances, solved, BATCH_TRIES, flow), tx
+        )
+
+    def _turns(self) -> tuple[Transaction | None, Workflow | None]:
+        """A transaction for a batch's turns, and the workflow over it (stateless: none)."""
+        if self.flows is None:
+            return None, None
+        tx = self.flows.change()
+        return tx, self.flows.over(tx)
 
     async def _read_back(self, items: list[Staged], outcome: Outcome) -> Outcome:
         """The states the answer's turns are played on, read back where a workflow
         finished while the batch was asked (a unit reopened offered its turn again, and
-        that batch ended it first): every item's instance, just before the rehearsal,
-        with nothing awaited between. An item whose unit is gone, or failed reading back,
+        that batch ended it first): every item's instance, just before its turn is
+        made, with nothing awaited between. An item whose unit is gone, or failed reading back,
         is left out of the outcome (its partition's owner redoes it); the others go on."""
         assert self.flows is not None
         gone: set[str] = set()

@@ -7,8 +7,10 @@ The last stage of one item's walk. Before it, in runtime/pipeline/:
   (forwarding, recall, a redelivered turn skipped); the stager (stager.py) hands it to
   the tier (`Tier.offer`, tier.py), which adds it to the open window (`Windower.add`);
 - the windower closes the window and calls `Dispatch.launch` (dispatch.py), where the
-  batch is solved, retried and read back (`Dispatch._run`, `Dispatch._solved`);
-- the solved batch (`Planned`, a plain value) comes here: `Staging.stage`.
+  batch is solved, retried and read back, and its turns made on a transaction
+  (`Dispatch._run`, `Dispatch._solved`);
+- the solved batch (`Solved`, a plain value) comes here: `Staging.stage`, which stores
+  each item's turn (`Flows.commit`) with the item's records, on its slot.
 
 Nothing here calls back into the stager: it is given the batch and returns nothing. The
 units' producers call `Staging.replacement` when the broker refuses a record (its item's
@@ -31,6 +33,7 @@ from instanced_stream.runtime.pipeline.outcomes.records import (
     position,
 )
 from instanced_stream.runtime.pipeline.outcomes.size_guard import refused
+from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.tier import Tier
 from instanced_stream.runtime.pipeline.workflows import Flows
@@ -59,9 +62,11 @@ class Staging:
         self.tier = tier
         self.flows = flows
 
-    def stage(self, batch_id: str, items: list[Staged], planned: Planned) -> None:
-        """Each item's records onto its own slot; a record too large for the broker is
-        replaced by a dead letter for its item before it is staged."""
+    def stage(self, batch_id: str, items: list[Staged], solved: Solved) -> None:
+        """Each item's records, and its turn's change of state, onto its own slot; a record
+        too large for the broker is replaced by a dead letter for its item before it is
+        staged."""
+        planned = solved.planned
         by_origin = {position(i.instance.source): i for i in items}
         owned: dict[int, list[OutRecord]] = defaultdict(list)
         loose: list[OutRecord] = []  # about the batch, not one item (a whole-batch opinion)
@@ -78,16 +83,14 @@ class Staging:
                 continue
             owned[id(item)].append(rec)
         self.count(planned)
-        turns = {t.instance.id: t for t in planned.turns}
         lines = self.tier.settled(items)
         staged = 0
         for item in items:
             if not item.unit.alive:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
-            turn = turns.get(item.instance.id)
-            if self.flows is not None and turn is not None:
-                change = self.flows.apply(turn)
+            if self.flows is not None and solved.change is not None:
+                change = self.flows.commit(solved.change, item.instance)
                 self.count(change.planned)
                 records += change.records
             if item.slot is None:

@@ -1,16 +1,20 @@
 """Workflows on units: what each trigger (an input's admission, a turn's answer, a result,
 an approval, a deadline) changes in state, and which records go with that change.
 
-Every change is made in one synchronous step on the unit's store, and the changelog
-records it queued are taken at once and handed back with the trigger's output records:
-they are staged together on the trigger's slot (or, for a next turn or a deadline, with
-the unit's next commit), so state and outputs commit in one transaction or not at all.
-No order between storing a change and publishing its records has to be kept: a crash
+Every change is one transaction of the stores (`with stores.change() as tx:`,
+runtime/state/transaction.py), made in one synchronous step: the workflow runs over it
+(`Workflow.over`), and its changelog records come back with the trigger's output records.
+They are staged together on the trigger's slot (or, for a next turn or a deadline, with
+the unit's next commit), so state and outputs commit in one Kafka transaction or not at
+all. No order between storing a change and publishing its records has to be kept: a crash
 before the commit leaves neither; the next owner restores the store and redoes the trigger.
+A batch's turns are made on a transaction while its records are built (`change`), and
+stored item by item when they are staged (`commit`): each turn runs once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -23,7 +27,6 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import (
     ApprovalRecord,
     DeadLetter,
-    DoneRecord,
     ResultRecord,
     SourcePosition,
 )
@@ -35,20 +38,20 @@ from instanced_stream.runtime.pipeline.outcomes.letters import bad_record
 from instanced_stream.runtime.pipeline.outcomes.records import (
     Planned,
     RecordBuilder,
-    TurnChange,
     bad_result,
 )
 from instanced_stream.runtime.pipeline.outcomes.size_guard import fit
 from instanced_stream.runtime.state.recall import RecallFailed
 from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream.runtime.state.transaction import Transaction
 from instanced_stream.runtime.units.unit import Slot, Unit
 
-__all__ = ["Flows", "Staging", "instance_of", "misrouted", "recalled"]
+__all__ = ["Effects", "Flows", "instance_of", "misrouted", "recalled"]
 
 log = logging.getLogger("stream.processor")
 
 
-class Staging:
+class Effects:
     """What a trigger changed: its output records (with what they mean, counted by the
     caller), its changelog records, and the next turns it made ready."""
 
@@ -86,46 +89,44 @@ class Flows:
         self.stores.add(store)
         return store
 
-    def quarantined(self, store: UnitStore) -> Staging:
+    def quarantined(self, store: UnitStore) -> Effects:
         """A restored store's unreadable changelog records: each one's dead letter (its
         key, partition, offset and reason) with its key's tombstone."""
-        out = Staging()
-        for bad in store.quarantine():
+        out = Effects()
+        for bad, tombstone in store.quarantine():
             source = SourcePosition(topic=store.topic, partition=bad.partition, offset=bad.offset)
             letter = bad_record(BadRecord("unreadable_state", bad.reason), source, bad.value)
             out.planned.add(self.builder.letter(letter.model_copy(update={"instance": bad.key})))
-        out.changes += self._changes(store.partition)
+            out.changes.append(tombstone)
         return out
 
-    def _changes(self, partition: int) -> list[OutRecord]:
-        return self.stores.take([partition]).get(partition, [])
+    def change(self) -> Transaction:
+        """A transaction of the stores whose commits the workflow's deadlines follow."""
+        return self.stores.change().followed_by(self.workflow.indexed)
+
+    def over(self, tx: Transaction) -> Workflow:
+        """The workflow making its changes on `tx`."""
+        return self.workflow.over(tx)
 
     # ------------------------------------------------------------------ turns
 
     def admit(self, inst: Instance) -> tuple[Instance | None, list[OutRecord]]:
         """An input starts (or restarts) its instance's workflow; the change to stage."""
-        admitted = self.workflow.admit(inst)
-        return admitted, self._changes(inst.source.partition)
+        with self.change() as tx:
+            admitted = self.over(tx).admit(inst)
+        return admitted, tx.records
 
-    def rehearsal(self) -> Workflow:
-        return self.workflow.rehearsal()
-
-    def apply(self, turn: TurnChange) -> Staging:
-        """A batch's turn for one instance, into its store."""
-        out = Staging()
-        partition = turn.instance.source.partition
+    def commit(self, tx: Transaction, inst: Instance) -> Effects:
+        """A batch's turn for `inst`, made on `tx` while its records were built, stored;
+        one its state cannot hold ends the workflow with a dead letter instead."""
+        out = Effects()
         try:
-            if turn.failed is not None:
-                self.workflow.fail(turn.instance, *turn.failed)
-            else:
-                self.workflow.turn(
-                    turn.instance, turn.calls, turn.batch, turn.opinions, reviews=turn.reviews
-                )
+            out.changes += tx.commit(inst.id)
         except BadRecord as exc:  # the state would pass the broker's limit
-            self._changes(partition)
-            out.planned.add(self._letter(turn.instance, exc))
-            self.workflow.fail(turn.instance, exc.code, exc.message)
-        out.changes += self._changes(partition)
+            out.planned.add(self._letter(inst, exc))
+            with self.change() as failed:
+                self.over(failed).fail(inst, exc.code, exc.message)
+            out.changes += failed.records
         return out
 
     def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
@@ -151,7 +152,7 @@ class Flows:
         on = self.on_result if result else self.on_approval
         return self.stage(unit, slot, on(value, unit.partition))
 
-    def stage(self, unit: Unit, slot: Slot | None, change: Staging) -> list[Instance]:
+    def stage(self, unit: Unit, slot: Slot | None, change: Effects) -> list[Instance]:
         """A trigger's change onto its unit: on its slot, or (`None`: a deadline) with the
         unit's next commit; its records counted. Returns the next turns it made ready."""
         self.metrics.count(change.planned.events)
@@ -162,18 +163,14 @@ class Flows:
             unit.finish(slot, change.records)
         return change.ready
 
-    def on_result(self, value: bytes | None, partition: int) -> Staging:
+    def on_result(self, value: bytes | None, partition: int) -> Effects:
         """An awaited call's result: into state, with its done record and next turn. One
         that answers nothing pending is refused with a dead letter (a repeat is counted)."""
-        out = Staging()
         try:
             rec = ResultRecord.model_validate_json(value or b"")
         except ValidationError as exc:
-            log.error("not a result record: %s", exc.errors()[:1])
-            self.metrics.count({"results_bad": 1})
-            reason = f"not a result record: {exc.errors()[:1]}"
-            out.planned.add(self._refused("unexpected_result", reason, None, None))
-            return out
+            return self._malformed("result", exc, "not a result record", None)
+        out = Effects()
         declared = rec.source.partition if rec.source is not None else None
         wrong = self._misrouted("result", rec.instance, declared, partition)
         if wrong is not None:
@@ -189,46 +186,42 @@ class Flows:
             out.planned.add(self.builder.letter(bad_result(rec, problem)))
             rec = rec.model_copy(update={"value": None, "error": problem})
         try:
-            nxt, done = self.workflow.on_result(rec)
+            self._result(out, rec)
         except BadRecord as exc:  # the state would pass the broker's limit
-            self._changes(partition)
             out.planned.add(self.builder.letter(unstorable(rec, exc)))
-            nxt, done = self._failed(rec, exc.message, partition)
-        launched = self.workflow.take_launched(rec.instance)
-        after = self.workflow.store.get(rec.instance)
+            # A result its state cannot hold is its call's error: the workflow goes on
+            # now, instead of waiting for the call's deadline as if no result had come.
+            failed = rec.model_copy(update={"value": None, "error": exc.message})
+            with contextlib.suppress(BadRecord):  # at the limit even so: left to the deadline
+                self._result(out, failed)
+        out.planned = fit(out.planned, self.max_bytes, self.builder)
+        self.metrics.count({"results": 1})
+        return out
+
+    def _result(self, out: Effects, rec: ResultRecord) -> None:
+        """`rec` into its instance's state, in one transaction; once it is stored, what it
+        made (the steps it started, the done record, the next turn) goes into `out`."""
+        with self.change() as tx:
+            flow = self.over(tx)
+            nxt, done = flow.on_result(rec)
+            launched = flow.take_launched(rec.instance)
+            after = flow.store.get(rec.instance)
         if launched and after is not None:  # a lazy plan's steps that waited for it
             out.planned.add(self.builder.approved(after, launched, self.worker))
         if done is not None:
             out.planned.add(self.builder.done(done))
         if nxt is not None:
             out.ready.append(nxt)
-        out.planned = fit(out.planned, self.max_bytes, self.builder)
-        out.changes += self._changes(partition)
-        self.metrics.count({"results": 1})
-        return out
+        out.changes += tx.records
 
-    def _failed(
-        self, rec: ResultRecord, error: str, partition: int
-    ) -> tuple[Instance | None, DoneRecord | None]:
-        """A result its state cannot hold is its call's error: the workflow goes on now,
-        instead of waiting for the call's deadline as if no result had come."""
-        try:
-            return self.workflow.on_result(rec.model_copy(update={"value": None, "error": error}))
-        except BadRecord:  # the state is at the limit even without it: left to the deadline
-            self._changes(partition)
-            return None, None
-
-    def on_approval(self, value: bytes | None, partition: int) -> Staging:
+    def on_approval(self, value: bytes | None, partition: int) -> Effects:
         """A person's answer to a lazy plan's proposal, bound to its id and turn."""
-        out = Staging()
         try:
             rec = ApprovalRecord.model_validate_json(value or b"")
         except ValidationError as exc:
-            log.error("not an approval record: %s", exc.errors()[:1])
-            self.metrics.count({"approvals_bad": 1})
-            reason = f"not an approval record naming its proposal_id and turn: {exc.errors()[:1]}"
-            out.planned.add(self._refused("unexpected_approval", reason, instance_of(value), None))
-            return out
+            reason = "not an approval record naming its proposal_id and turn"
+            return self._malformed("approval", exc, reason, instance_of(value))
+        out = Effects()
         wrong = self._misrouted("approval", rec.instance, None, partition)
         if wrong is not None:
             out.planned.add(self._refused("wrong_partition", wrong, rec.instance, None))
@@ -240,21 +233,33 @@ class Flows:
             return out
         st = self.workflow.store.get(rec.instance)
         try:
-            proposal, done = self.workflow.on_approval(rec)
+            with self.change() as tx:
+                flow = self.over(tx)
+                proposal, done = flow.on_approval(rec)
+                after = flow.store.get(rec.instance)
         except BadRecord as exc:
-            self._changes(partition)
             out.planned.add(self._refused(exc.code, exc.message, rec.instance, None))
             return out
         if st is not None:
             out.planned.add(self.builder.approved(st, proposal, self.worker))
         if done is not None:
             out.planned.add(self.builder.done(done))
-        after = self.workflow.store.get(rec.instance)
         nxt = self.workflow.next_turn(after) if after is not None else None
         if nxt is not None:
             out.ready.append(nxt)
         out.planned = fit(out.planned, self.max_bytes, self.builder)
-        out.changes += self._changes(partition)
+        out.changes += tx.records
+        return out
+
+    def _malformed(
+        self, kind: str, exc: ValidationError, reason: str, instance: str | None
+    ) -> Effects:
+        """A result or approval (`kind`) that cannot be read: refused with a dead letter."""
+        log.error("%s: %s", reason, exc.errors()[:1])
+        self.metrics.count({f"{kind}s_bad": 1})
+        out = Effects()
+        why = f"{reason}: {exc.errors()[:1]}"
+        out.planned.add(self._refused(f"unexpected_{kind}", why, instance, None))
         return out
 
     def _misrouted(
@@ -293,23 +298,31 @@ class Flows:
                 out += [(unit, inst) for inst in self.stage(unit, None, change)]
         return out
 
-    def expire(self, now: float | None = None) -> dict[int, Staging]:
+    def expire(self, now: float | None = None) -> dict[int, Effects]:
         """Awaited calls past their deadline, workflows past their retention: per
         partition, the records to stage with the unit's next commit."""
-        settled = self.workflow.expire(time.time() if now is None else now)
-        out: dict[int, Staging] = {}
+        tx = self.change()
+        settled = self.over(tx).expire(time.time() if now is None else now)
+        refused: set[str | None] = set()
+        for name in tx.names:  # each instance stored on its own: one too large stops no other
+            try:
+                tx.commit(name)
+            except BadRecord as exc:
+                log.error("the expiry of %s is not stored: %s", name, exc.message)
+                refused.add(name)
+        out: dict[int, Effects] = {}
         for nxt, done in settled:
             source = nxt.source if nxt is not None else (done.source if done else None)
-            if source is None:
+            instance = nxt.id if nxt is not None else (done.instance if done else None)
+            if source is None or instance in refused:
                 continue
-            staging = out.setdefault(source.partition, Staging())
+            effects = out.setdefault(source.partition, Effects())
             if done is not None:
-                staging.planned.add(fit(self.builder.done(done), self.max_bytes, self.builder))
+                effects.planned.add(fit(self.builder.done(done), self.max_bytes, self.builder))
             if nxt is not None:
-                staging.ready.append(nxt)
-        for partition, changes in self.stores.take().items():
-            if changes:
-                out.setdefault(partition, Staging()).changes += changes
+                effects.ready.append(nxt)
+        for partition, changes in tx.by_partition.items():
+            out.setdefault(partition, Effects()).changes += changes
         return out
 
 

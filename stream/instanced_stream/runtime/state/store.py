@@ -2,12 +2,13 @@
 from partition p of the compacted changelog before the unit takes work, and changed only
 through the unit's transactions (docs/architecture.md, exactly once).
 
-A `put` changes the store at once (later work of this unit reads it) and queues the
-changelog record; whoever made the change takes the queued records (`take`) and stages
-them with the outcome they belong to, so the change and its outputs commit together or
-not at all. An aborted or fenced unit is dropped with its store; the next owner restores
-what was committed. A change whose record would pass the broker's limit is refused before
-anything is stored or staged. Reading the changelog partition and setting aside the
+A state changes only through a transaction (`Stores.change`, runtime/state/transaction.py);
+once committed it is written here at once (later work of this unit reads it) and the
+write returns its changelog record, which the transaction hands to whoever made the
+change, to stage with the outcome it belongs to, so the change and its outputs commit
+together or not at all. An aborted or fenced unit is dropped with its store; the next
+owner restores what was committed. A change whose record would pass the broker's limit is
+refused before anything is stored or staged. Reading the changelog partition and setting aside the
 records that cannot be read are the reader's (`changelog.ChangelogReader`); the store
 applies what it read.
 
@@ -24,17 +25,18 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple
 
-from instanced_stream.core.state import InstanceState
+from instanced_stream.core.state import InstanceState, Write
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.state.changelog import ChangelogReader, Quarantined
 from instanced_stream.runtime.state.changes import next_change
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
+from instanced_stream.runtime.state.transaction import Transaction
 
-__all__ = ["NotRecalled", "Retired", "Stores", "UnitStore"]
+__all__ = ["NotRecalled", "OutsideChange", "Retired", "Stores", "UnitStore"]
 
 log = logging.getLogger("stream.store")
 
@@ -56,6 +58,11 @@ class Retired(NamedTuple):
 
 class NotRecalled(RuntimeError):
     """A retired state was read without `Stores.recall` first (a bug)."""
+
+
+class OutsideChange(RuntimeError):
+    """A state was put or deleted on the stores directly, not in a change (a bug: its
+    changelog record would be staged with no outcome)."""
 
 
 # Read-back states a store keeps parsed, the latest first out: what a recall is for is
@@ -85,7 +92,6 @@ class UnitStore:
         self._ending: dict[str, float] = {}
         self._retired: dict[str, Retired] = {}  # finished states, on the changelog only
         self._recalled: OrderedDict[str, InstanceState] = OrderedDict()
-        self._queued: list[OutRecord] = []
         # Reads the changelog partition, knows how far, and holds its unreadable records.
         self.changelog = ChangelogReader(topic, partition)
         # Each key changed here since the last restore, with its value as restored (None:
@@ -163,14 +169,14 @@ class UnitStore:
                 self._raw[key], self._parsed[key] = raw, parsed
         return len(self)
 
-    def quarantine(self) -> list[Quarantined]:
-        """The unreadable records found so far, each to be staged once: its dead letter
-        and its key's tombstone, in one transaction, so a later restore finds it no more."""
-        taken = self.changelog.take()
-        for bad in taken:
-            tombstone = OutRecord(self.topic, bad.key.encode(), b"", None, self.partition)
-            self._queued.append(tombstone)
-        return taken
+    def quarantine(self) -> list[tuple[Quarantined, OutRecord]]:
+        """The unreadable records found so far, each to be staged once: with its dead
+        letter goes its key's tombstone (returned here), in one transaction, so a later
+        restore finds it no more."""
+        return [
+            (bad, OutRecord(self.topic, bad.key.encode(), b"", None, self.partition))
+            for bad in self.changelog.take()
+        ]
 
     def get(self, instance: str) -> InstanceState | None:
         parsed = self._parsed.get(instance)
@@ -212,15 +218,22 @@ class UnitStore:
         if len(self._recalled) > _RECALLED:
             self._recalled.popitem(last=False)
 
-    def put(self, value: InstanceState) -> None:
-        key = value.instance.encode()
+    def encoded(self, value: InstanceState) -> bytes:
+        """`value` as its changelog record's value; BadRecord if it would pass the broker's
+        limit (nothing is stored then)."""
         raw = value.model_dump_json().encode()
-        if len(raw) + len(key) > self.max_bytes:
+        if len(raw) + len(value.instance.encode()) > self.max_bytes:
             raise BadRecord(
                 "too_large",
                 f"the state of {value.instance} would be {len(raw)} bytes; a changelog "
                 f"record takes at most {self.max_bytes} (settings.max_output_bytes)",
             )
+        return raw
+
+    def put(self, value: InstanceState, raw: bytes | None = None) -> OutRecord:
+        """Stores `value` (`raw`: already `encoded`); returns its changelog record."""
+        key = value.instance.encode()
+        raw = self.encoded(value) if raw is None else raw
         self._changing(value.instance)
         self._forget(value.instance)
         self._raw[value.instance] = raw
@@ -229,9 +242,7 @@ class UnitStore:
             self._ending[value.instance] = ended
         else:
             self._parsed[value.instance] = value.model_copy(deep=True)
-        self._queued.append(
-            OutRecord(self.topic, key, raw, None, self.partition, seq=next_change())
-        )
+        return OutRecord(self.topic, key, raw, None, self.partition, seq=next_change())
 
     def written(self, key: bytes | None, value: bytes, offset: int) -> None:
         """A changelog record of this store was committed at `offset`: a finished state
@@ -242,15 +253,16 @@ class UnitStore:
             del self._ending[instance], self._raw[instance]
             self._retired[instance] = Retired(offset, ended)
 
-    def delete(self, instance: str) -> None:
-        if instance in self:
-            self._changing(instance)
-            self._forget(instance)
-            # An empty value: the unit sends it as null, a tombstone.
-            tombstone = OutRecord(
-                self.topic, instance.encode(), b"", None, self.partition, seq=next_change()
-            )
-            self._queued.append(tombstone)
+    def delete(self, instance: str) -> OutRecord | None:
+        """Forgets `instance`; returns its tombstone (None: it was not here)."""
+        if instance not in self:
+            return None
+        self._changing(instance)
+        self._forget(instance)
+        # An empty value: the unit sends it as null, a tombstone.
+        return OutRecord(
+            self.topic, instance.encode(), b"", None, self.partition, seq=next_change()
+        )
 
     def _forget(self, instance: str) -> None:
         for held in (self._raw, self._parsed, self._ending, self._retired, self._recalled):
@@ -275,11 +287,6 @@ class UnitStore:
             found = self.get(instance)
             if found is not None:
                 yield found
-
-    def take(self) -> list[OutRecord]:
-        """The changelog records of the changes since the last take."""
-        taken, self._queued = self._queued, []
-        return taken
 
 
 class Stores:
@@ -362,18 +369,38 @@ class Stores:
         store = self._holding(instance)
         return store.get(instance) if store is not None else None
 
-    def put(self, value: InstanceState) -> None:
-        store = self.by_partition.get(value.partition)
+    def change(self) -> Transaction:
+        """A state change over these stores, made as one: `with stores.change() as tx:`
+        (runtime/state/transaction.py)."""
+        return Transaction(self)
+
+    def encoded(self, write: Write) -> bytes | None:
+        """The changelog value of `write` (None: a deletion, or a partition not owned
+        here); BadRecord if it would pass the broker's limit."""
+        store = self.by_partition.get(write.partition)
+        if store is None or write.state is None:
+            return None
+        return store.encoded(write.state)
+
+    def write(self, write: Write, raw: bytes | None = None) -> OutRecord | None:
+        """Stores `write` (`raw`: its value, `encoded`); returns its changelog record, None
+        where nothing was written."""
+        store = self.by_partition.get(write.partition)
         if store is None:
             # Its partition moved away while the change was being made: the new owner
             # redoes it from the last commit; nothing is stored here.
             log.info(
                 "state of %s not stored: partition %d is not owned here",
-                value.instance,
-                value.partition,
+                write.instance,
+                write.partition,
             )
-            return
-        store.put(value)
+            return None
+        if write.state is None:
+            return store.delete(write.instance)
+        return store.put(write.state, raw)
+
+    def put(self, value: InstanceState) -> None:
+        raise OutsideChange(f"the state of {value.instance!r} was put outside a change")
 
     def items(self) -> Iterator[InstanceState]:
         """Every live state (the retired ones: `retired`)."""
@@ -381,18 +408,7 @@ class Stores:
             yield from store.states()
 
     def delete(self, instance: str, partition: int) -> None:
-        store = self.by_partition.get(partition)
-        if store is not None:
-            store.delete(instance)
+        raise OutsideChange(f"the state of {instance!r} was deleted outside a change")
 
     async def flush(self) -> None:
         """Nothing to wait for: changes become durable with their unit's transaction."""
-
-    def take(self, partitions: Iterable[int] | None = None) -> dict[int, list[OutRecord]]:
-        """Per partition, the changelog records queued since the last take."""
-        chosen = (
-            self.by_partition
-            if partitions is None
-            else {p: self.by_partition[p] for p in partitions if p in self.by_partition}
-        )
-        return {p: s.take() for p, s in chosen.items()}

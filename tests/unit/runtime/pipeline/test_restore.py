@@ -50,10 +50,11 @@ def _wired() -> tuple[FakeProducer, Unit, Stores, UnitStore]:
 
 async def test_a_finished_state_leaves_memory_once_its_record_is_committed() -> None:
     producer, unit, stores, store = _wired()
-    stores.put(_finished("t-1"))
-    stores.put(InstanceState(instance="t-2", partition=3, status="pending"))
+    with stores.change() as tx:
+        tx.put(_finished("t-1"))
+        tx.put(InstanceState(instance="t-2", partition=3, status="pending"))
     assert stores.held() == (2, 0, 0)  # its record is not written yet: still here
-    unit.stage(store.take())
+    unit.stage(tx.records)
     await unit.commit()
     assert stores.held() == (1, 1, 0)  # t-1 retired; t-2 still works
     assert "t-1" in store and stores.partition_of("t-1") == 3
@@ -68,11 +69,13 @@ async def test_a_finished_state_leaves_memory_once_its_record_is_committed() -> 
 
 
 async def test_a_state_changed_again_before_the_commit_is_not_retired_by_its_older_record() -> None:
-    _, unit, stores, store = _wired()
-    stores.put(_finished("t-1"))
-    unit.stage(store.take())
+    _, unit, stores, _store = _wired()
+    with stores.change() as tx:
+        tx.put(_finished("t-1"))
+    unit.stage(tx.records)
     again = _finished("t-1").model_copy(update={"status": "new", "ended": None})
-    stores.put(again)  # a new input restarted it while the commit was being made
+    with stores.change() as tx:
+        tx.put(again)  # a new input restarted it while the commit was being made
     await unit.commit()  # writes the finished record only
     assert stores.held() == (1, 0, 0)
     assert stores.get("t-1") == again
@@ -80,11 +83,13 @@ async def test_a_state_changed_again_before_the_commit_is_not_retired_by_its_old
 
 async def test_a_retired_state_is_deleted_and_undone_without_being_read() -> None:
     _, unit, stores, store = _wired()
-    stores.put(_finished("t-1"))
-    unit.stage(store.take())
+    with stores.change() as tx:
+        tx.put(_finished("t-1"))
+    unit.stage(tx.records)
     await unit.commit()
-    stores.delete("t-1", 3)
-    (tombstone,) = store.take()
+    with stores.change() as tx:
+        tx.delete("t-1", 3)
+    (tombstone,) = tx.records
     assert tombstone.key == b"t-1" and tombstone.value == b""
     assert "t-1" not in store and stores.held() == (0, 0, 0)
     assert stores.reader is not None and stores.reader.reads == 0
@@ -109,7 +114,9 @@ async def test_finished_workflows_retire_and_are_read_back_by_a_repeat_and_a_new
     )
     spec = tickets_spec()
     assert spec.plan is not None and spec.plan.max_turns >= 2
-    flow.spec = spec.model_copy(update={"plan": spec.plan.model_copy(update={"max_turns": 1})})
+    rig.stager.reconfigure(
+        spec.model_copy(update={"plan": spec.plan.model_copy(update={"max_turns": 1})})
+    )
     await rig.result(result)  # the turn limit: it ends
     assert rig.stores.held()[:2] == (0, 1)  # retired: out of memory
     await rig.result(result)  # the same result again

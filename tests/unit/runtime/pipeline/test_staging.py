@@ -13,6 +13,7 @@ from instanced_stream.core.spec import load_spec
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder
+from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.tier import ONLINE
 from instanced_stream.settings import DEFAULT_SPEC, Settings
@@ -56,7 +57,9 @@ def test_each_item_s_records_go_onto_its_own_slot_and_a_dropped_unit_stages_noth
     ra = OutRecord("activity.x", b"k", b"a", origin=("items", 0, 1))
     rb = OutRecord("activity.x", b"k", b"b", origin=("items", 0, 2))
     loose = OutRecord("stream.advice", None, b"batch")
-    staging.stage("b-1", [a, b], Planned(records=[ra, rb, loose], events=Counter(no_action=2)))
+    staging.stage(
+        "b-1", [a, b], Solved(Planned(records=[ra, rb, loose], events=Counter(no_action=2)))
+    )
     assert kept.finished == [("slot-1", [ra])]
     assert kept.staged == [[loose]]  # about the batch: onto a unit still alive
     assert not dropped.finished and not dropped.staged
@@ -68,6 +71,6 @@ def test_a_record_too_large_for_the_broker_is_staged_as_its_item_s_dead_letter()
     unit = _Unit()
     big = b"x" * (Settings().max_output_bytes + 1)
     record = OutRecord("activity.x", b"k", big, origin=("items", 0, 7))
-    staging.stage("b-2", [_item(unit, 7)], Planned(records=[record]))
+    staging.stage("b-2", [_item(unit, 7)], Solved(Planned(records=[record])))
     [(slot, records)] = unit.finished
     assert slot == "slot-7" and [r.topic for r in records] == [Settings().topics.dead_letter]

@@ -48,8 +48,9 @@ def _retired(stores: Stores, partition: int, name: str) -> Unit:
     stores.add(store)
     st = InstanceState(instance=name, partition=partition, status="done")
     st.ended = Ended(status="done", reason="no step left", at=time.time())
-    stores.put(st)
-    (record,) = store.take()
+    with stores.change() as tx:
+        tx.put(st)
+    (record,) = tx.records
     store.written(record.key, record.value, 7)  # its record committed at offset 7
     assert store.to_recall(name) == 7  # kept only on the changelog now
     return unit
@@ -111,9 +112,10 @@ async def test_a_batch_reads_back_a_state_retired_while_it_was_asked() -> None:
     assert state is not None
     state.status = "done"
     state.ended = Ended(status="done", reason="ended by the other batch", at=time.time())
-    rig.stores.put(state)
+    with rig.stores.change() as tx:
+        tx.put(state)
     unit = rig.unit(0)
-    unit.stage(rig.stores.take([0])[0])
+    unit.stage(tx.by_partition[0])
     await rig.commit()
     store = rig.stores.by_partition[0]
     assert store.to_recall(name) is not None  # retired: only on the changelog

@@ -179,12 +179,10 @@ async def test_changelog_records_of_one_transaction_go_in_the_order_they_were_ma
     unit = _unit(producer)
     store = UnitStore("changelog", 3, 1_000_000)
     first, second = (unit.track(topic, 0) for topic in order)
-    store.put(_state(1))  # a deadline: staged with the next commit
-    unit.stage(store.take())
-    store.put(_state(2))  # then a record of one topic changes it
-    unit.finish(first, [_rec(b"out-2"), *store.take()])
-    store.put(_state(3))  # then one of the other
-    unit.finish(second, store.take())
+    unit.stage([store.put(_state(1))])  # a deadline: staged with the next commit
+    # then a record of one topic changes it
+    unit.finish(first, [_rec(b"out-2"), store.put(_state(2))])
+    unit.finish(second, [store.put(_state(3))])  # then one of the other
     await unit.commit()
     assert [c[0] for c in producer.calls].count("commit") == 1  # the precondition
     (kept,) = _latest(producer, "changelog").values()
@@ -207,10 +205,8 @@ async def test_a_change_older_than_one_committed_before_is_not_written_after_it(
     unit = _unit(producer)
     store = UnitStore("changelog", 3, 1_000_000)
     admitted = unit.track(IN, 0)
-    store.put(_state(1))  # the admission: staged when its batch is done
-    admission = store.take()
-    store.put(_state(2))  # the earlier turn, applied and committed first
-    unit.stage(store.take())
+    admission = [store.put(_state(1))]  # the admission: staged when its batch is done
+    unit.stage([store.put(_state(2))])  # the earlier turn, applied and committed first
     await unit.commit()
     unit.finish(admitted, [_rec(b"its outcome"), *admission])
     await unit.commit()

@@ -1,11 +1,11 @@
 """From a solved batch to the records that say what became of each of its items.
 
 Pure: nothing here publishes, counts or stores. A `Planned` holds the records in the order
-they are to be published, the events they mean (counted by `Staging.count`), the decisions
-the live page shows, and the turns whose state changes are made when the records are
-staged, on the same slot, so that both commit in one transaction (runtime/pipeline/workflows.py).
-A stateful batch's turns are played on a rehearsal of the workflow while its records are
-built, so building stores nothing, however often it is retried.
+they are to be published, the events they mean (counted by `Staging.count`) and the
+decisions the live page shows. A stateful batch's turns are made on the workflow over a
+change of its stores (`Workflow.over`) while its records are built: building stores
+nothing, however often it is retried; staging stores each item's change, once, on the slot
+of its records, so that both commit in one transaction (runtime/pipeline/workflows.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from instanced_stream.core.messages import (
 from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import NO_ACTION, AgentSpec, Tool
 from instanced_stream.core.state import InstanceState
-from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import (
     REVIEW,
     TurnEffects,
@@ -56,7 +55,6 @@ from instanced_stream.settings import Topics
 __all__ = [
     "Planned",
     "RecordBuilder",
-    "TurnChange",
     "bad_record",
     "bad_result",
     "call_id",
@@ -87,30 +85,16 @@ def _summary(call: Call) -> str:
     return f"{call.tool}({', '.join(values[:2])})"
 
 
-@dataclass(frozen=True, slots=True)
-class TurnChange:
-    """A turn's answer, to be applied to its instance's state before it is published."""
-
-    instance: Instance
-    calls: list[tuple[str, Call]]
-    batch: BatchRef
-    opinions: list[Opinion]
-    failed: tuple[str, str] | None = None  # (code, reason): the turn ended in a dead letter
-    reviews: dict[str, str] = field(default_factory=dict)  # the gate's verdicts, by call id
-
-
 @dataclass(slots=True)
 class Planned:
     records: list[OutRecord] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
     decisions: list[dict[str, Any]] = field(default_factory=list)
-    turns: list[TurnChange] = field(default_factory=list)
 
     def add(self, other: Planned) -> None:
         self.records += other.records
         self.events.update(other.events)
         self.decisions += other.decisions
-        self.turns += other.turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +133,19 @@ class RecordBuilder:
         return Planned([record], Counter({f"dead_letter.{letter.code}": 1}))
 
     def internal_errors(
-        self, batch_id: str, instances: list[Instance], error: Exception, attempts: int
+        self,
+        batch_id: str,
+        instances: list[Instance],
+        error: Exception,
+        attempts: int,
+        flow: Workflow | None,
     ) -> Planned:
+        """Each item's dead letter, for a batch that kept failing; `flow` (over a change):
+        each item's workflow ends with it."""
         out = Planned()
-        ref = BatchRef(id=batch_id, size=len(instances), token="", attempt=attempts)
         for inst in instances:
-            out.turns.append(
-                TurnChange(inst, [], ref, [], failed=("internal_error", repr(error)[:200]))
-            )
+            if flow is not None:
+                flow.fail(inst, "internal_error", repr(error)[:200])
             why = f"processing failed: {error!r}"[:2000]
             out.add(self.letter(item_letter(inst, "internal_error", why, attempts, batch_id)))
         return out
@@ -164,8 +153,8 @@ class RecordBuilder:
     # ------------------------------------------------------------------ a solved batch
 
     def batch(self, batch_id: str, outcome: Outcome, flow: Workflow | None) -> Planned:
-        """Every record of a solved batch. `flow`: a rehearsal of the workflow (its turns
-        are staged there, and returned in `turns` for the caller to store)."""
+        """Every record of a solved batch. `flow`: the workflow over a change of its stores,
+        where each answer's turn is made (stored by the caller, with the records)."""
         out = Planned(
             events=Counter(
                 llm_requests=outcome.requests,
@@ -195,10 +184,8 @@ class RecordBuilder:
             )
             out.events[f"refused.{refusal.code}"] += 1
         for miss in outcome.unanswered:
-            ref = BatchRef(id=batch_id, size=0, token="", attempt=miss.attempts)
-            out.turns.append(
-                TurnChange(miss.instance, [], ref, [], failed=(miss.code, miss.reason))
-            )
+            if flow is not None:  # its workflow ends with its dead letter
+                flow.fail(miss.instance, miss.code, miss.reason)
             letter = item_letter(miss.instance, miss.code, miss.reason, miss.attempts, batch_id)
             out.add(self.letter(letter))
         return out
@@ -226,7 +213,6 @@ class RecordBuilder:
         else:
             reviews = {cid: r for cid, c in calls if (r := _review(self.spec, c, advice))}
             effects = flow.turn(inst, calls, batch, answer.opinions, reviews=reviews)
-            out.turns.append(TurnChange(inst, calls, batch, answer.opinions, reviews=reviews))
         # Without a plan nothing is stored: a latent output goes with the instance's outcome.
         outputs = [
             c.wire()

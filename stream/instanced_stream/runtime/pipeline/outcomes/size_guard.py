@@ -26,7 +26,6 @@ def fit(planned: Planned, limit: int, builder: RecordBuilder) -> Planned:
         [r for r in planned.records if _size(r) <= limit],
         planned.events,
         planned.decisions,
-        planned.turns,
     )
     out.add(refused(big, limit, builder))
     return out

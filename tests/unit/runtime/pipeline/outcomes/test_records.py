@@ -18,7 +18,7 @@ from instanced_stream.core.messages import (
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.state import MemoryStore
+from instanced_stream.core.state import Change, MemoryStore
 from instanced_stream.core.validate import Opinion, Validator
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
@@ -144,7 +144,7 @@ def test_a_finish_stop_records_the_calls_it_does_not_run() -> None:
     calls = [_call("routeTicket", queue="standard", note="n"), _call("think", thought="hm")]
     answer = Answer(inst, calls, "①", 1, 1, [stop])
     builder = RecordBuilder(spec, TOPICS, "m")
-    planned = builder.batch("b", Outcome(answers=[answer]), flow.rehearsal())
+    planned = builder.batch("b", Outcome(answers=[answer]), flow.over(Change(flow.store)))
     topics = [r.topic for r in planned.records]
     assert TOPICS.activity("routeTicket") not in topics
     (letter,) = [
