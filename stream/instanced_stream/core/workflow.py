@@ -26,6 +26,7 @@ from instanced_stream.core.eager import REVIEW, finish_says_stop, unrun_by_stop
 from instanced_stream.core.expiry import DueIndex, forget_retired
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import TurnEffects
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -51,13 +52,14 @@ __all__ = ["REVIEW", "TurnEffects", "Workflow", "finish_says_stop", "unrun_by_st
 class Workflow:
     def __init__(
         self,
-        spec: AgentSpec,
+        spec: AgentSpec | LiveSpec,
         store: StateStore,
         pending_timeout_s: float,
         retention_s: float = 86_400.0,
         owner: str = "",
     ) -> None:
-        self.spec = spec
+        # The processor's live spec, read at each use (a plain spec: one that never changes).
+        self.live = spec if isinstance(spec, LiveSpec) else LiveSpec(spec)
         self.store = store
         self.owner = owner  # stamped on every state this workflow puts (`_put`)
         self.timeout = pending_timeout_s
@@ -66,6 +68,10 @@ class Workflow:
         self.expired = 0
         self.index = DueIndex(retention_s)  # kept by `_put` and the deletions
         self._launched: dict[str, list[dict[str, Any]]] = {}
+
+    @property
+    def spec(self) -> AgentSpec:
+        return self.live.spec
 
     @property
     def iterative(self) -> bool:
@@ -79,7 +85,7 @@ class Workflow:
         """This workflow over a staged copy of its store: what a change would do (its
         records, its next turn), with nothing stored and no counter moved."""
         return Workflow(
-            self.spec, StagedStore(self.store), self.timeout, self.retention_s, self.owner
+            self.live, StagedStore(self.store), self.timeout, self.retention_s, self.owner
         )
 
     def admit(self, inst: Instance) -> Instance | None:

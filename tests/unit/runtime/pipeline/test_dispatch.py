@@ -42,3 +42,23 @@ async def test_a_closed_window_is_one_batch_staged_on_its_items_units() -> None:
     await asyncio.gather(*list(rig.stager.dispatch.tasks))
     await rig.drain()
     assert rig.offsets() == {0: 3}
+
+
+async def test_a_batch_in_flight_finishes_on_the_spec_it_was_launched_with() -> None:
+    """A change of spec while a batch is launched and not yet asked: that batch is asked on
+    the spec it was launched with (its system prompt), the next one on the new one."""
+    rig = Rig(load_spec(DEFAULT_SPEC), max_record_bytes=1000)
+    old = rig.live.spec
+    await rig.offer(orjson.dumps({"_instance": "p-0", "comment": "lovely 0"}), 0, 0)
+    await rig.stager.windower.flush()  # launched: its task is made, nothing asked yet
+    new = old.model_copy(update={"instructions": "Moderate strictly, say why."})
+    rig.live.install(new)
+    await asyncio.gather(*list(rig.stager.dispatch.tasks))
+    await rig.offer(orjson.dumps({"_instance": "p-1", "comment": "lovely 1"}), 0, 1)
+    await rig.stager.windower.flush()
+    await asyncio.gather(*list(rig.stager.dispatch.tasks))
+    await rig.drain()
+    systems = [messages[0]["content"] for messages in rig.llm.messages]
+    assert len(systems) == 2
+    assert "Moderate strictly" not in systems[0] and "Moderate strictly" in systems[1]
+    assert rig.offsets() == {0: 2}
