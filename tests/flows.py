@@ -84,6 +84,7 @@ class Rig:
             worker=self.worker,
             stores=lambda: self.stores,
         )
+        self.live = built.live  # the spec's one holder: a test changes it there
         self.builder = built.builder
         self.flows = built.flows
         self.stager = built.stager

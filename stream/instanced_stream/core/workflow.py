@@ -27,6 +27,7 @@ from instanced_stream.core.eager import REVIEW, finish_says_stop, unrun_by_stop
 from instanced_stream.core.expiry import DueIndex, forget_retired
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import TurnEffects
+from instanced_stream.core.live_spec import LiveSpec, SpecSource
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -62,7 +63,7 @@ class _Shared:
 class Workflow:
     def __init__(
         self,
-        spec: AgentSpec,
+        spec: AgentSpec | SpecSource,
         store: StateStore,
         pending_timeout_s: float,
         retention_s: float = 86_400.0,
@@ -70,7 +71,9 @@ class Workflow:
         *,
         shared: _Shared | None = None,
     ) -> None:
-        self.spec = spec
+        # The processor's live spec, read at each use (a plain spec: one that never changes;
+        # an edition: a batch's, `over`).
+        self.live: SpecSource = LiveSpec(spec) if isinstance(spec, AgentSpec) else spec
         self.store = store
         self.owner = owner  # stamped on every state this workflow puts (`_put`)
         self.timeout = pending_timeout_s
@@ -95,6 +98,10 @@ class Workflow:
         return self._shared.expired
 
     @property
+    def spec(self) -> AgentSpec:
+        return self.live.spec
+
+    @property
     def iterative(self) -> bool:
         return self.spec.plan is not None
 
@@ -102,11 +109,13 @@ class Workflow:
     def lazy(self) -> bool:
         return self.spec.plan is not None and self.spec.plan.mode == "lazy"
 
-    def over(self, change: StateStore) -> Workflow:
+    def over(self, change: StateStore, spec: SpecSource | None = None) -> Workflow:
         """This workflow making its changes on `change` (a `Change` of its store): what a
-        change does (its records, its next turn) is known before it is stored."""
+        change does (its records, its next turn) is known before it is stored. `spec`: the
+        edition to make them on (a batch's), else the live one."""
+        source = self.live if spec is None else spec
         return Workflow(
-            self.spec, change, self.timeout, self.retention_s, self.owner, shared=self._shared
+            source, change, self.timeout, self.retention_s, self.owner, shared=self._shared
         )
 
     def indexed(self, stored: Iterable[Write]) -> None:

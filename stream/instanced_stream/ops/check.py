@@ -53,7 +53,7 @@ def preflight(settings: Settings, spec: AgentSpec) -> None:
     """Every configuration mistake `stream process` refuses before it touches the network,
     in one place: `stream check` runs exactly this, so it never passes what a processor
     would refuse. Raises StreamError (or SpecError) at the first."""
-    from instanced_stream.core.prompt import PromptBuilder
+    from instanced_stream.core.live_spec import LiveSpec
     from instanced_stream.core.tokenizer import Tokenizer
     from instanced_stream.kafka.security import client_options
     from instanced_stream.llm.factory import endpoint, resolve_api_key
@@ -67,7 +67,7 @@ def preflight(settings: Settings, spec: AgentSpec) -> None:
     resolve_api_key(settings, spec)  # a hosted endpoint without a key
     client_options(settings)  # Kafka certificate and password files
     # a window too small for the instructions, tools and advisors alone
-    WindowSize(spec, Tokenizer(spec.model.name), PromptBuilder(spec).system, Limiter(1))
+    WindowSize(LiveSpec(spec), Tokenizer(spec.model.name), Limiter(1))
 
 
 async def check_endpoint(settings: Settings, spec: AgentSpec) -> list[str]:

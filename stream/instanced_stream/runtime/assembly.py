@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.model import Model
 from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
@@ -74,11 +75,12 @@ def limiter_for(spec: AgentSpec, metrics: Metrics) -> Limiter:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """What consumed records go through to become staged outcomes: the builder of their
-    records, the workflows (None for a spec without a plan: nothing of an instance
-    outlives its request) and the stager. No spec is kept here: `Stager.reconfigure`
-    hands a new one to the pieces that read it."""
+    """What consumed records go through to become staged outcomes: the live spec (its one
+    holder: every piece reads it there, and a change is installed there alone,
+    `LiveSpec.install`), the builder of their records, the workflows (None for a spec
+    without a plan: nothing of an instance outlives its request) and the stager."""
 
+    live: LiveSpec
     builder: RecordBuilder
     flows: Flows | None
     stager: Stager
@@ -99,14 +101,15 @@ def assemble_pipeline(
 ) -> Pipeline:
     """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
     `stores` makes (asked only for a spec with a plan)."""
-    builder = RecordBuilder(spec, settings.topics, llm.model)
+    live = LiveSpec(spec)
+    builder = RecordBuilder(live, settings.topics, llm.model)
     flows = None
     # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
     # store, no changelog and no workflow: nothing of an instance outlives its request.
     if spec.plan is not None:
         held = stores()
         workflow = Workflow(
-            spec, held, settings.pending_timeout_s, settings.state_retention_s, worker
+            live, held, settings.pending_timeout_s, settings.state_retention_s, worker
         )
         flows = Flows(
             workflow,
@@ -119,7 +122,7 @@ def assemble_pipeline(
         )
     stager = Stager(
         settings,
-        spec,
+        live,
         llm,
         limiter=limiter,
         metrics=metrics,
@@ -130,7 +133,7 @@ def assemble_pipeline(
         second=second,
         tier=tier,
     )
-    return Pipeline(builder, flows, stager)
+    return Pipeline(live, builder, flows, stager)
 
 
 class Routes(Protocol):

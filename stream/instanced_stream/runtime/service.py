@@ -72,6 +72,7 @@ class _Service(mode.Service):
         built = assemble(settings, spec, bootstrap, llm_url, overrides, probe, self)
         self.metrics = built.metrics
         self.worker = built.worker
+        self.live = built.pipeline.live
         self.flows = built.pipeline.flows
         self.stager = built.pipeline.stager
         self.llm = built.llm
@@ -121,7 +122,7 @@ class _Service(mode.Service):
         for key, reason in refused:
             log.error("context message %s refused: %s", key, reason)
         self.metrics.context_refused.set(len(refused))
-        self.stager.reconfigure(spec)
+        self.live.install(spec)  # refused (raises): the running spec stays as it was
 
     async def on_start(self) -> None:
         # The probes first: a member that cannot get into its group answers them (not

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import Call, SourcePosition
 from instanced_stream.core.model import Completion
 from instanced_stream.core.prompt import PromptBuilder
@@ -132,13 +133,15 @@ def test_the_gate_fails_closed_on_an_unheard_advisor_unless_the_spec_allows() ->
     call = Call.model_validate({**CALL, "_instance": "a"})
     opinion = Opinion("crowd", None, {}, '{"approve": 100}')
     answer = Answer(_inst(), [call], "①", 1, 2, [opinion], unheard=["judge"])
-    planned = RecordBuilder(spec, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(spec), topics, "m").batch("b", Outcome(answers=[answer]), None)
     assert {r.topic for r in planned.records} >= {topics.review}
     assert not any(r.topic == topics.activity("approve") for r in planned.records)
     allowed = spec.model_copy(
         update={"advice": spec.advice.model_copy(update={"missing": "allow"})}
     )
-    planned = RecordBuilder(allowed, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(allowed), topics, "m").batch(
+        "b", Outcome(answers=[answer]), None
+    )
     assert any(r.topic == topics.activity("approve") for r in planned.records)
 
 
@@ -150,7 +153,7 @@ def test_the_consult_question_is_recorded_in_the_advice_record() -> None:
     answer = Answer(
         _inst(), [call], "①", 1, 2, [opinion], ["judge"], [("judge", "Is this a scam?")]
     )
-    planned = RecordBuilder(spec, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(spec), topics, "m").batch("b", Outcome(answers=[answer]), None)
     (advice,) = [orjson.loads(r.value) for r in planned.records if r.topic == topics.advice]
     assert advice["questions"] == [{"advisor": "judge", "question": "Is this a scam?"}]
     assert advice["consulted"] == ["judge"]
@@ -197,9 +200,11 @@ def test_a_request_wide_advisor_gates_every_item_when_the_spec_says_so() -> None
         Opinion("judge", "①", {}, "{}"),
     ]
     answer = Answer(_inst(), [call], "①", 1, 1, opinions)
-    planned = RecordBuilder(spec, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(spec), topics, "m").batch("b", Outcome(answers=[answer]), None)
     assert any(r.topic == topics.review for r in planned.records)
     assert not any(r.topic == topics.activity("approve") for r in planned.records)
     ungated = _spec()  # the default: recorded, no gate on one item
-    planned = RecordBuilder(ungated, topics, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(ungated), topics, "m").batch(
+        "b", Outcome(answers=[answer]), None
+    )
     assert any(r.topic == topics.activity("approve") for r in planned.records)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 from instanced_stream.core.controller import WindowController
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.quality import Quality, bucket_of, wilson, z_of
 from instanced_stream.core.solve import Solver
@@ -112,11 +113,12 @@ async def _shadowed(disagree: float) -> tuple[Metrics, list[int], FakeLLM]:
     llm = FakeLLM(sim)
     metrics = Metrics(spec.model, spec.window.max_items)
     sizes: list[int] = []
-    shadow = Shadow(spec, llm, metrics, 3, sizes.append, random.Random(1))
+    live = LiveSpec(spec)
+    shadow = Shadow(live, llm, metrics, 3, sizes.append, random.Random(1))
     solver = Solver(llm, PromptBuilder(spec), Validator(spec), 3)
     texts = [f"comment number {k} is {'stupid' if k % 3 else 'fine'}" for k in range(40)]
     for k in range(0, 40, 8):
-        shadow.offer(await solver.solve(make_batch(texts[k : k + 8], f"b{k}-")))
+        shadow.offer(await solver.solve(make_batch(texts[k : k + 8], f"b{k}-")), live.edition)
         await asyncio.gather(*shadow.tasks)
     return metrics, sizes, llm
 
@@ -149,14 +151,15 @@ async def test_reasked_items_get_a_second_opinion_alone_before_publishing() -> N
     outcome = await Solver(llm, PromptBuilder(spec), Validator(spec), 3).solve(make_batch(texts))
     reasked = [a for a in outcome.answers if a.attempt > 1]
     assert len(reasked) == 1 and reasked[0].size == 1  # the re-ask was of that one item
-    escalation = Escalation(spec, llm, metrics, 3)
-    await escalation.review(outcome)
+    edition = LiveSpec(spec).edition
+    escalation = Escalation(llm, metrics, 3)
+    await escalation.review(outcome, edition)
     assert metrics.agreement.second_opinions == 0  # already answered alone: nothing to add
     second = FakeLLM(sim)
-    escalation = Escalation(spec, llm, metrics, 3, second=second)
-    await escalation.review(outcome)
+    escalation = Escalation(llm, metrics, 3, second=second)
+    await escalation.review(outcome, edition)
     assert metrics.agreement.second_opinions == 1 and len(second.requests) == 1
     assert len(outcome.answers) == 8 and outcome.answers[-1].instance.id == "id-7"
-    never = Escalation(spec.model_copy(update={"quality": Quality()}), llm, metrics, 3, second)
-    await never.review(outcome)
+    never = Escalation(llm, metrics, 3, second)
+    await never.review(outcome, LiveSpec(spec.model_copy(update={"quality": Quality()})).edition)
     assert len(second.requests) == 1

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -233,7 +234,7 @@ def test_a_held_eager_step_keeps_its_turn_s_gate_verdict() -> None:
     votes = Opinion("judge", "①", {}, '{"pageOnCall": 5, "routeTicket": 95}')
     answer = Answer(inst, [c for _, c in _answer()], "①", 1, 1, [votes])
     topics = Settings(bootstrap_servers="unused:9092").topics
-    builder = RecordBuilder(spec, topics, "m")
+    builder = RecordBuilder(LiveSpec(spec), topics, "m")
     change = Change(flow.store)
     planned = builder.batch("b", Outcome(answers=[answer]), flow.over(change))
     assert not [

@@ -8,6 +8,7 @@ import copy
 
 import orjson
 import pytest
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.subjects import activity_schema, output_schemas, subject_of
@@ -87,12 +88,12 @@ def test_output_records_carry_their_topics_frame() -> None:
     spec = load_spec(DEFAULT_SPEC)
     topics = Settings().topics
     letter = bad_record(BadRecord("not_json", "no"), SRC, b"{x")
-    builder = RecordBuilder(spec, topics, "m")
+    builder = RecordBuilder(LiveSpec(spec), topics, "m")
     builder.frames = {topics.dead_letter: prefix(9)}
     value = builder.letter(letter).records[0].value
     assert schema_id(value) == 9
     assert orjson.loads(json_bytes(value))["code"] == "not_json"
-    plain = RecordBuilder(spec, topics, "m").letter(letter).records[0].value
+    plain = RecordBuilder(LiveSpec(spec), topics, "m").letter(letter).records[0].value
     assert plain == json_bytes(value)
 
 

@@ -179,7 +179,7 @@ def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> N
     rig = Rig(load_spec(TICKETS))
     rig.unit(0)  # its store
     closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
-    rig.stager.reconfigure(rig.workflow.spec.model_copy(update={"advisors": [closer]}))
+    rig.live.install(rig.workflow.spec.model_copy(update={"advisors": [closer]}))
     src = SourcePosition(topic="items", partition=0, offset=0)
     inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
     assert inst is not None

@@ -10,6 +10,7 @@ import orjson
 import pytest
 from instanced_stream.core.advice import summarise
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Completion
 from instanced_stream.core.prompt import Ask, PromptBuilder
@@ -199,7 +200,7 @@ def test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request() ->
         )
         for k, item in enumerate(seed_items("moderation"))
     ]
-    split = Twins(spec, PromptBuilder(spec).system).split(items)
+    split = Twins(LiveSpec(spec)).split(items)
     assert len(items) == 100 and len(split.asked) == 100 and split.asked == items
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import BadRecord
@@ -73,6 +74,7 @@ class Admission:
     def __init__(
         self,
         settings: Settings,
+        live: LiveSpec,
         *,
         metrics: Metrics,
         builder: RecordBuilder,
@@ -83,6 +85,7 @@ class Admission:
         flows: Flows | None,
     ) -> None:
         self.settings = settings
+        self.live = live  # the spec, read at each use
         self.metrics = metrics
         self.builder = builder
         self.staging = staging
@@ -104,7 +107,7 @@ class Admission:
                 value,
                 key,
                 source,
-                state_input=self.builder.spec.accept_state_input,  # follows reconfigure
+                state_input=self.live.spec.accept_state_input,
             )
             item = Staged(instance, unit, slot, text)
             room = self.size.item_tokens

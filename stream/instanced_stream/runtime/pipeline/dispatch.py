@@ -33,11 +33,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import Edition, LiveSpec
 from instanced_stream.core.model import Model
-from instanced_stream.core.prompt import PromptBuilder
-from instanced_stream.core.solve import Outcome, Solver
-from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.validate import Validator
+from instanced_stream.core.solve import Outcome
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import Probe
 from instanced_stream.llm.limiter import Limiter
@@ -57,19 +55,13 @@ from instanced_stream.runtime.quality.control import QualityControl
 from instanced_stream.runtime.state.transaction import Transaction
 from instanced_stream.settings import Settings
 
-__all__ = ["BATCH_TRIES", "Dispatch", "make_solver", "orphaned", "retried"]
+__all__ = ["BATCH_TRIES", "Dispatch", "orphaned", "retried"]
 
 log = logging.getLogger("stream.processor")
 
 BATCH_TRIES = 3
 _BACKOFF = RetryPolicy(base_s=0.5, cap_s=5.0)  # a batch's step that raised
 _T = TypeVar("_T")
-
-
-def make_solver(llm: Model, spec: AgentSpec, settings: Settings) -> Solver:
-    return Solver(
-        llm, PromptBuilder(spec), Validator(spec), settings.max_attempts, spec.advice.max_consults
-    )
 
 
 async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -> _T | Exception:
@@ -102,16 +94,16 @@ def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.T
 
 class Dispatch:
     """Launches closed windows as batches, solves them and hands their records to staging;
-    owns the batches in flight, the solver, the quality sample, the twins and the spend."""
+    owns the batches in flight, the quality sample, the twins and the spend. A batch is
+    asked, sampled and built on the edition of the spec live when it was launched."""
 
     def __init__(
         self,
         settings: Settings,
-        spec: AgentSpec,
+        live: LiveSpec,
         llm: Model,
         *,
         size: WindowSize,
-        solver: Solver,
         limiter: Limiter,
         metrics: Metrics,
         builder: RecordBuilder,
@@ -123,9 +115,9 @@ class Dispatch:
         second: Model | None = None,  # model.escalate's client
     ) -> None:
         self.settings = settings
+        self.live = live
         self.llm = llm
         self.size = size
-        self.solver = solver
         self.limiter = limiter
         self.metrics = metrics
         self.builder = builder
@@ -135,18 +127,12 @@ class Dispatch:
         self.queued_turns = queued_turns
         self.flows = flows
         # quality.*: the shadow sample (its controller moves the size), second opinions.
-        self.quality = QualityControl(spec, llm, metrics, settings.max_attempts, size, second)
-        self.twins = Twins(spec, solver.prompt.system)  # dedupe: twins asked once
-        self.spend = Spend(spec.budget, metrics)  # budget: paced to the spend ceiling
+        self.quality = QualityControl(live, llm, metrics, settings.max_attempts, size, second)
+        self.twins = Twins(live)  # dedupe: twins asked once
+        # budget: paced to the spend ceiling (read once: the context topic does not change it)
+        self.spend = Spend(live.spec.budget, metrics)
         self.batches = 0
         self.tasks: dict[asyncio.Task[None], list[Staged]] = {}  # batches in flight
-
-    def reconfigure(self, spec: AgentSpec, solver: Solver) -> None:
-        """A new spec for the batches launched from now on; batches in flight finish as
-        asked."""
-        self.solver = solver
-        self.quality.reconfigure(spec)
-        self.twins.reconfigure(spec, solver.prompt.system)
 
     async def stop(self) -> None:
         await self.quality.stop()
@@ -156,7 +142,7 @@ class Dispatch:
 
     async def launch(self, items: list[Staged], reason: str) -> None:
         """A closed window (`items`) as one batch: waits for a limiter slot and the spend
-        pace, then solves and stages it in a task of its own."""
+        pace, then solves and stages it in a task of its own, on the spec live now."""
         self.twins.closed()
         await self.limiter.acquire()
         await self.spend.wait()  # held here, the windower and the intake hold too
@@ -164,17 +150,19 @@ class Dispatch:
         batch_id = f"{self.worker}-{self.batches}"
         self.metrics.observe_batch(len(items), reason)
         self.metrics.batch_started()
-        task = asyncio.create_task(self._run(batch_id, items), name=batch_id)
+        # The batch keeps this edition to its end: a change meanwhile is the next batch's.
+        edition = self.live.edition
+        task = asyncio.create_task(self._run(batch_id, items, edition), name=batch_id)
         self.tasks[task] = items
         task.add_done_callback(lambda done: self.tasks.pop(done, None))
 
-    async def _run(self, batch_id: str, items: list[Staged]) -> None:
+    async def _run(self, batch_id: str, items: list[Staged], edition: Edition) -> None:
         try:
             live = [i for i in items if i.unit.alive]
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
-                solved = await self._solved(batch_id, live)
+                solved = await self._solved(batch_id, live, edition)
             try:
                 self.staging.stage(batch_id, live, solved)
             except Exception as exc:  # a bug: the units redo their prefix, nothing is lost
@@ -187,14 +175,14 @@ class Dispatch:
             self.metrics.batch_ended()
             self.spend.ended()
 
-    async def _solved(self, batch_id: str, items: list[Staged]) -> Solved:
+    async def _solved(self, batch_id: str, items: list[Staged], edition: Edition) -> Solved:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
         instances = [i.instance for i in items]
 
         async def solve() -> Solved:
             # Each content asked once: twins and cached answers are not asked again.
-            outcome = await self._once(instances)
+            outcome = await self._once(instances, edition)
             self.probe.at("solved")
             if self.flows is not None:
                 outcome = await self._read_back(items, outcome)
@@ -204,25 +192,26 @@ class Dispatch:
                 outcome.cached_tokens,
                 len({id(a.instance) for a in outcome.answers}),
             )
-            tx, flow = self._turns()
-            planned = self.builder.batch(batch_id, outcome, flow)
+            tx, flow = self._turns(edition)
+            planned = self.builder.at(edition).batch(batch_id, outcome, flow)
             self.probe.at("after_llm")  # the batch's records built, none staged yet
             return Solved(planned, tx)
 
         solved = await retried(batch_id, "solving", solve)
         if not isinstance(solved, Exception):
             return solved
-        tx, flow = self._turns()
+        tx, flow = self._turns(edition)
         return Solved(
             self.builder.internal_errors(batch_id, instances, solved, BATCH_TRIES, flow), tx
         )
 
-    def _turns(self) -> tuple[Transaction | None, Workflow | None]:
-        """A transaction for a batch's turns, and the workflow over it (stateless: none)."""
+    def _turns(self, edition: Edition) -> tuple[Transaction | None, Workflow | None]:
+        """A transaction for a batch's turns, and the workflow over it on the batch's
+        `edition` (stateless: none)."""
         if self.flows is None:
             return None, None
         tx = self.flows.change()
-        return tx, self.flows.over(tx)
+        return tx, self.flows.over(tx, edition)
 
     async def _read_back(self, items: list[Staged], outcome: Outcome) -> Outcome:
         """The states the answer's turns are played on, read back where a workflow
@@ -238,25 +227,26 @@ class Dispatch:
         gone |= {i.instance.id for i in items if not i.unit.alive}
         return _without(outcome, gone) if gone else outcome
 
-    async def _once(self, instances: list[Instance]) -> Outcome:
+    async def _once(self, instances: list[Instance], edition: Edition) -> Outcome:
         """The outcome of the whole window, each content asked once: its twins here, in
         the cache, or asked by another batch in flight (windows/twins.py)."""
-        split = self.twins.split(instances)
+        split = self.twins.split(instances, edition)
         try:
-            outcome = await self._ask(split.asked)
+            outcome = await self._ask(split.asked, edition)
         except BaseException:  # a failed ask must not leave twins elsewhere waiting for it
             self.twins.settle(split, None)
             raise
         self.twins.settle(split, outcome)
         alone = await self.twins.waited(split)  # their twin's batch ended without an answer
         if alone:
-            merge(outcome, await self._ask(alone))
+            merge(outcome, await self._ask(alone, edition))
         return self.twins.expand(outcome, split)
 
-    async def _ask(self, instances: list[Instance]) -> Outcome:
-        outcome = await self.solver.solve(instances)
+    async def _ask(self, instances: list[Instance], edition: Edition) -> Outcome:
+        solver = edition.solver(self.llm, self.settings.max_attempts)
+        outcome = await solver.solve(instances)
         self.size.learn(outcome, len(instances))
-        await self.quality.after(outcome)
+        await self.quality.after(outcome, edition)
         return outcome
 
 

@@ -29,16 +29,16 @@ import logging
 import time
 
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
-from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.admission import Admission
-from instanced_stream.runtime.pipeline.dispatch import Dispatch, make_solver
+from instanced_stream.runtime.pipeline.dispatch import Dispatch
 from instanced_stream.runtime.pipeline.outcomes.records import (
     RecordBuilder,
 )
@@ -58,13 +58,14 @@ log = logging.getLogger("stream.processor")
 
 
 class Stager:
-    """Wiring: builds admission, the windower, dispatch and staging on one spec, connects
-    them, and passes a new spec to each (`Stager.reconfigure`)."""
+    """Wiring: builds admission, the windower, dispatch and staging on the live spec and
+    connects them. Each reads the spec from its one holder (`LiveSpec`, core/live_spec.py)
+    when it needs it: a change installed there is heard by all, and written into none."""
 
     def __init__(
         self,
         settings: Settings,
-        spec: AgentSpec,
+        live: LiveSpec,
         llm: Model,
         *,
         limiter: Limiter,
@@ -76,25 +77,25 @@ class Stager:
         second: Model | None = None,  # model.escalate's client
         tier: Tier = ONLINE,
     ) -> None:
-        self.settings = settings
         self.tier = tier
         self.flows = flows
-        self.llm = llm
         self.metrics = metrics
         self.builder = builder
+        # Read once, at the start: the outputs' schemas are the start's (docs/schema-registry.md),
+        # and the context topic changes advisors and inputs, not the model (its tokenizer)
+        # or the window's wait.
+        spec = live.spec
         builder.frames = output_frames(settings, spec)  # refuses a breaking output schema
         self.queued_turns = QueuedTurns()
         self.tokenizer = Tokenizer(spec.model.name)
-        solver = make_solver(llm, spec, settings)
         # The one author of the window's size: spec, limiter, output budget, quality.
-        self.size = WindowSize(spec, self.tokenizer, solver.prompt.system, limiter)
+        self.size = WindowSize(live, self.tokenizer, limiter)
         self.staging = Staging(settings, metrics=metrics, builder=builder, tier=tier, flows=flows)
         self.dispatch = Dispatch(
             settings,
-            spec,
+            live,
             llm,
             size=self.size,
-            solver=solver,
             limiter=limiter,
             metrics=metrics,
             builder=builder,
@@ -107,6 +108,7 @@ class Stager:
         )
         self.admission = Admission(
             settings,
+            live,
             metrics=metrics,
             builder=builder,
             staging=self.staging,
@@ -124,16 +126,6 @@ class Stager:
             free=lambda item: self.dispatch.twins.free(item.instance),
         )
         self.draining = False
-
-    def reconfigure(self, spec: AgentSpec) -> None:
-        """A new spec (from the context topic) for the batches, their records and the
-        workflows; batches in flight finish as asked."""
-        solver = make_solver(self.llm, spec, self.settings)
-        self.size.reconfigure(spec, solver.prompt.system)
-        self.dispatch.reconfigure(spec, solver)
-        self.builder.spec = spec
-        if self.flows is not None:  # a finish advisor from the context is heard too
-            self.flows.workflow.spec = spec
 
     def start(self) -> None:
         self.windower.start()

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from instanced_stream.core.binding import Unbound
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import SpecSource
 from instanced_stream.core.messages import (
     ApprovalRecord,
     DeadLetter,
@@ -104,9 +105,9 @@ class Flows:
         """A transaction of the stores whose commits the workflow's deadlines follow."""
         return self.stores.change().followed_by(self.workflow.indexed)
 
-    def over(self, tx: Transaction) -> Workflow:
-        """The workflow making its changes on `tx`."""
-        return self.workflow.over(tx)
+    def over(self, tx: Transaction, spec: SpecSource | None = None) -> Workflow:
+        """The workflow making its changes on `tx` (`spec`: a batch's edition)."""
+        return self.workflow.over(tx, spec)
 
     # ------------------------------------------------------------------ turns
 

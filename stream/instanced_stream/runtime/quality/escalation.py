@@ -13,11 +13,10 @@ from __future__ import annotations
 import logging
 
 from instanced_stream.core.advice import summarise
+from instanced_stream.core.live_spec import Edition
 from instanced_stream.core.model import Model
-from instanced_stream.core.prompt import PromptBuilder
-from instanced_stream.core.solve import Answer, Outcome, Solver
+from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.validate import Validator
 from instanced_stream.errors import LLMError
 from instanced_stream.observe.metrics import Metrics
 
@@ -27,9 +26,10 @@ log = logging.getLogger("stream.quality")
 
 
 class Escalation:
+    """Keeps no spec: each review is of one batch, on the edition it was asked on."""
+
     def __init__(
         self,
-        spec: AgentSpec,
         llm: Model,
         metrics: Metrics,
         max_attempts: int,
@@ -39,32 +39,30 @@ class Escalation:
         self.second = second is not None
         self.metrics = metrics
         self.max_attempts = max_attempts
-        self.reconfigure(spec)
 
-    def reconfigure(self, spec: AgentSpec) -> None:
-        self.spec = spec
-        self.solver = Solver(self.llm, PromptBuilder(spec), Validator(spec), self.max_attempts, 0)
-
-    def doubtful(self, answer: Answer) -> bool:
-        on = self.spec.quality.escalate_on
+    def doubtful(self, answer: Answer, spec: AgentSpec) -> bool:
+        on = spec.quality.escalate_on
         if on == "never" or (answer.size <= 1 and not self.second):
             return False
         if on == "reask":
             return answer.attempt > 1
-        _, consensus = summarise(self.spec, answer.opinions)
-        return consensus.advisors > 0 and consensus.divergence >= self.spec.advice.divergence_alert
+        _, consensus = summarise(spec, answer.opinions)
+        return consensus.advisors > 0 and consensus.divergence >= spec.advice.divergence_alert
 
-    async def review(self, outcome: Outcome) -> None:
-        """Replaces each doubtful answer of `outcome` by its second opinion, in place."""
+    async def review(self, outcome: Outcome, edition: Edition) -> None:
+        """Replaces each doubtful answer of `outcome` (asked on `edition` of the spec) by
+        its second opinion, asked on the same edition, in place."""
+        spec = edition.spec
+        solver = edition.solver(self.llm, self.max_attempts, max_consults=0)
         for k, answer in enumerate(outcome.answers):
-            if not self.doubtful(answer):
+            if not self.doubtful(answer, spec):
                 continue
             try:
-                again = await self.solver.solve([answer.instance])
+                again = await solver.solve([answer.instance])
             except LLMError as exc:
                 log.info("second opinion failed, the first stands: %s", exc.message)
                 continue
-            cost = self.spec.model.cost_usd(
+            cost = spec.model.cost_usd(
                 again.prompt_tokens, again.completion_tokens, again.cached_tokens
             )
             self.metrics.agreement.escalated(cost)

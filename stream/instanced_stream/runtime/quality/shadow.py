@@ -19,12 +19,10 @@ from collections.abc import Callable
 
 from instanced_stream.core.controller import WindowController
 from instanced_stream.core.decision import decision_of
+from instanced_stream.core.live_spec import Edition, LiveSpec
 from instanced_stream.core.model import Model
-from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.quality import bucket_of, z_of
-from instanced_stream.core.solve import Answer, Outcome, Solver
-from instanced_stream.core.spec import AgentSpec
-from instanced_stream.core.validate import Validator
+from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.errors import LLMError
 from instanced_stream.observe.metrics import Metrics
 
@@ -41,13 +39,14 @@ _QUEUED = 64
 class Shadow:
     def __init__(
         self,
-        spec: AgentSpec,
+        live: LiveSpec,
         llm: Model,
         metrics: Metrics,
         max_attempts: int,
         resize: Callable[[int], None],
         rng: random.Random | None = None,
     ) -> None:
+        self.live = live  # the spec, read at each use
         self.llm = llm
         self.metrics = metrics
         self.max_attempts = max_attempts
@@ -56,18 +55,13 @@ class Shadow:
         self.gate = asyncio.Semaphore(_AT_ONCE)
         self.tasks: set[asyncio.Task[None]] = set()
         self.controller: WindowController | None = None
-        self.spec = spec
-        self.reconfigure(spec)
+        self._follow(live.edition)
+        live.follow(self._follow)  # the controller learns across changes: told, not remade
 
-    def reconfigure(self, spec: AgentSpec) -> None:
-        self.spec = spec
-        self.solver = Solver(
-            self.llm,
-            PromptBuilder(spec),
-            Validator(spec),
-            self.max_attempts,
-            spec.advice.max_consults,
-        )
+    def _follow(self, edition: Edition) -> None:
+        """The spec `edition` is live: the agreement's confidence and the controller's
+        bounds follow it."""
+        spec = edition.spec
         quality = spec.quality
         self.metrics.agreement.z = z_of(quality.confidence)
         if quality.min_agreement is None:
@@ -86,11 +80,13 @@ class Shadow:
 
     @property
     def window(self) -> int:
-        return self.controller.window if self.controller else self.spec.window.max_items
+        return self.controller.window if self.controller else self.live.spec.window.max_items
 
-    def offer(self, outcome: Outcome) -> None:
-        """A solved batch: its sampled answers are asked again alone."""
-        rate = self.spec.quality.shadow_rate
+    def offer(self, outcome: Outcome, edition: Edition) -> None:
+        """A solved batch, asked on `edition` of the spec: its sampled answers are asked
+        again alone, on the same edition (a comparison across two specs measures
+        nothing)."""
+        rate = edition.spec.quality.shadow_rate
         if not rate:
             return
         latest = {id(a.instance): a for a in outcome.answers}  # after consults: the last
@@ -102,14 +98,15 @@ class Shadow:
             elif len(self.tasks) >= _QUEUED:
                 self.metrics.agreement.shadow.labels("dropped").inc()
             else:
-                task = asyncio.create_task(self._alone(answer), name="shadow")
+                task = asyncio.create_task(self._alone(answer, edition), name="shadow")
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
 
-    async def _alone(self, answer: Answer) -> None:
+    async def _alone(self, answer: Answer, edition: Edition) -> None:
+        spec = edition.spec
         try:
             async with self.gate:
-                lone = await self.solver.solve([answer.instance])
+                lone = await edition.solver(self.llm, self.max_attempts).solve([answer.instance])
         except LLMError as exc:
             log.info("shadow request failed, not compared: %s", exc.message)
             self.metrics.agreement.shadow.labels("unanswered").inc()
@@ -117,7 +114,7 @@ class Shadow:
         except Exception:  # a sample must never cost the stream: logged, not raised
             log.exception("shadow request failed")
             return
-        prices = self.spec.model
+        prices = spec.model
         cost = prices.cost_usd(lone.prompt_tokens, lone.completion_tokens, lone.cached_tokens)
         self.metrics.agreement.asked_alone(
             lone.prompt_tokens, lone.completion_tokens, lone.cached_tokens, cost
@@ -130,9 +127,7 @@ class Shadow:
         if not lone.answers:
             self.metrics.agreement.shadow.labels("unanswered").inc()
             return
-        agreed = decision_of(lone.answers[-1].calls, self.spec) == decision_of(
-            answer.calls, self.spec
-        )
+        agreed = decision_of(lone.answers[-1].calls, spec) == decision_of(answer.calls, spec)
         self._compared(answer.size, agreed)
 
     def _compared(self, size: int, agreed: bool, measured: bool = True) -> None:

@@ -114,7 +114,7 @@ async def test_finished_workflows_retire_and_are_read_back_by_a_repeat_and_a_new
     )
     spec = tickets_spec()
     assert spec.plan is not None and spec.plan.max_turns >= 2
-    rig.stager.reconfigure(
+    rig.live.install(
         spec.model_copy(update={"plan": spec.plan.model_copy(update={"max_turns": 1})})
     )
     await rig.result(result)  # the turn limit: it ends

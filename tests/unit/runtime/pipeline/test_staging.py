@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.spec import load_spec
 from instanced_stream.kafka.records import OutRecord
@@ -46,7 +47,7 @@ def _staging() -> tuple[Staging, Metrics]:
     settings = Settings()
     spec = load_spec(DEFAULT_SPEC)
     metrics = Metrics()
-    builder = RecordBuilder(spec, settings.topics, "m")
+    builder = RecordBuilder(LiveSpec(spec), settings.topics, "m")
     return Staging(settings, metrics=metrics, builder=builder, tier=ONLINE, flows=None), metrics
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from instanced_stream.core.advice import Consensus, gate, summarise
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import is_step
+from instanced_stream.core.live_spec import Edition, SpecSource
 from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
@@ -113,13 +114,25 @@ class _Advice:
 
 
 class RecordBuilder:
-    """Makes the records; `spec` follows the processor's reconfigurations."""
+    """Makes the records on the spec `source` holds: the live spec (read from its one
+    holder at each use), or a batch's edition (`at`)."""
 
-    def __init__(self, spec: AgentSpec, topics: Topics, model: str) -> None:
-        self.spec = spec
+    def __init__(self, source: SpecSource, topics: Topics, model: str) -> None:
+        self.source = source
         self.topics = topics
         self.model = model
         self.frames: dict[str, bytes] = {}  # topic: its wire-format prefix (kafka/registry.py)
+
+    @property
+    def spec(self) -> AgentSpec:
+        return self.source.spec
+
+    def at(self, edition: Edition) -> RecordBuilder:
+        """This builder on `edition` of the spec: a batch's records are built on the spec
+        it was asked on (its advisors' opinions are read by it), whatever changed since."""
+        bound = RecordBuilder(edition, self.topics, self.model)
+        bound.frames = self.frames
+        return bound
 
     def _out(self, topic: str, key: bytes | None, rec: BaseModel, origin: Origin) -> OutRecord:
         return OutRecord(topic, key, self.frames.get(topic, b"") + _dumps(rec), origin)

@@ -3,10 +3,12 @@
 Within a window the first of its twins is asked and its answer is given to the others;
 across windows a bounded answer cache, keyed by the content and the spec's fingerprint
 (instructions, tools, global inputs, model and answer form), answers later twins for
-`dedupe.cache_ttl_s`. Each twin keeps its own instance, so the records built from its
-answer carry its own id, source and call_ids (runtime/pipeline/outcomes/records.py): what is shared
-is only what the model was asked. A content a batch in flight is asking is not asked
-by another: that batch's twins wait for the answer (and ask it themselves if none came).
+`dedupe.cache_ttl_s`. A batch's answers are keyed by the edition of the spec it asked on
+(`Edition`, core/live_spec.py): a change of spec is a new cache. Each twin keeps its own
+instance, so the records built from its answer carry its own id, source and call_ids
+(runtime/pipeline/outcomes/records.py): what is shared is only what the model was asked. A
+content a batch in flight is asking is not asked by another: that batch's twins wait for
+the answer (and ask it themselves if none came).
 
 Twins asks nothing itself; the batch's owner (`Dispatch._once`, runtime/pipeline/dispatch.py)
 drives one window through it with plain values: `Twins.split` (what to ask), the ask,
@@ -27,6 +29,7 @@ import orjson
 
 from instanced_stream.core.dedupe import content_key
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import Edition, LiveSpec
 from instanced_stream.core.solve import Answer, Outcome, Unanswered
 from instanced_stream.core.spec import AgentSpec
 
@@ -112,15 +115,47 @@ def merge(into: Outcome, more: Outcome) -> Outcome:
     return into
 
 
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """How a content's cache key is made under one edition of the spec."""
+
+    version: int  # the edition's
+    enabled: bool
+    ids_shown: bool
+    fingerprint: str
+
+    @classmethod
+    def of(cls, edition: Edition) -> _Keys:
+        spec, dedupe = edition.spec, edition.spec.dedupe
+        enabled = dedupe.enabled and (spec.plan is None or dedupe.stateful)
+        ids_shown = spec.instance_ids == "shown"
+        return cls(edition.version, enabled, ids_shown, fingerprint(spec, edition.system))
+
+    def key(self, inst: Instance) -> str:
+        return f"{self.fingerprint}/{content_key(inst, self.ids_shown)}"
+
+
 class Twins:
-    def __init__(
-        self, spec: AgentSpec, system: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.cache = AnswerCache(spec.dedupe.cache_ttl_s, spec.dedupe.cache_items, clock)
+    def __init__(self, live: LiveSpec, clock: Callable[[], float] = time.monotonic) -> None:
+        self.live = live  # the spec, read at each use
+        dedupe = live.spec.dedupe
+        self.cache = AnswerCache(dedupe.cache_ttl_s, dedupe.cache_items, clock)
         # Contents asked by a batch in flight: a twin in another window waits for it.
         self._flying: dict[str, asyncio.Future[Answer | None]] = {}
         self._open: set[str] = set()  # contents in the open window (`free`)
-        self.reconfigure(spec, system)
+        self._keys = _Keys.of(live.edition)  # made again when the edition asked about changes
+        self._bounded = live.version  # the edition the cache's bounds are of
+
+    def _keys_of(self, edition: Edition) -> _Keys:
+        """The keys under `edition`: a change of spec is a new fingerprint, so a new cache;
+        the cache's bounds follow the newest edition seen."""
+        if self._keys.version != edition.version:
+            self._keys = _Keys.of(edition)
+        if edition.version > self._bounded:
+            dedupe = edition.spec.dedupe
+            self.cache.ttl_s, self.cache.size = dedupe.cache_ttl_s, dedupe.cache_items
+            self._bounded = edition.version
+        return self._keys
 
     async def waited(self, split: Split) -> list[Instance]:
         """Waits for the answers of the contents other batches in flight are asking
@@ -151,20 +186,14 @@ class Twins:
             if self._flying.get(key) is flying:
                 del self._flying[key]
 
-    def reconfigure(self, spec: AgentSpec, system: str) -> None:
-        settings = spec.dedupe
-        self.enabled = settings.enabled and (spec.plan is None or settings.stateful)
-        self.ids_shown = spec.instance_ids == "shown"
-        self.fingerprint = fingerprint(spec, system)
-        self.cache.ttl_s, self.cache.size = settings.cache_ttl_s, settings.cache_items
-
     def free(self, inst: Instance) -> bool:
         """Whether `inst` will not be asked (the windower gives it no place): its content
         is in the open window, asked by a batch in flight or cached. Else the content
         joins the open window's, until `closed`."""
-        if not self.enabled:
+        keys = self._keys_of(self.live.edition)
+        if not keys.enabled:
             return False
-        key = f"{self.fingerprint}/{content_key(inst, self.ids_shown)}"
+        key = keys.key(inst)
         if key in self._open or key in self._flying or self.cache.get(key) is not None:
             return True
         self._open.add(key)
@@ -174,13 +203,16 @@ class Twins:
         """The open window closed: its contents are the batch's now."""
         self._open.clear()
 
-    def split(self, instances: list[Instance]) -> Split:
-        if not self.enabled:
+    def split(self, instances: list[Instance], edition: Edition | None = None) -> Split:
+        """Whom of `instances` to ask, the batch asking on `edition` of the spec (the one
+        its answers are cached under; the live one unless given)."""
+        keys = self._keys_of(self.live.edition if edition is None else edition)
+        if not keys.enabled:
             return Split(list(instances))
         out = Split([])
         first: dict[str, Instance] = {}
         for inst in instances:
-            key = f"{self.fingerprint}/{content_key(inst, self.ids_shown)}"
+            key = keys.key(inst)
             stand = first.get(key)
             if stand is not None:
                 out.twins[id(stand)].append(inst)
@@ -210,8 +242,8 @@ class Twins:
     def expand(self, outcome: Outcome, split: Split) -> Outcome:
         """`outcome` of the asked, for the whole window: each twin gets what the one that
         stood for it got (its answer, or its dead letter's reason); answers are cached."""
-        if not self.enabled:
-            return outcome
+        if not split.keys and not split.reused:
+            return outcome  # nothing shared: dedupe is off, or the window was empty
         settled: set[int] = set()
         for answer in list(outcome.answers):
             stand = id(answer.instance)

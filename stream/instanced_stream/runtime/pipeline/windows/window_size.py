@@ -9,12 +9,13 @@ and one reader-facing answer (`limit`):
 - the output budget: instances whose expected answers fit it, learnt as answers come back.
 
 The windower, the metrics and the operator's check read it from here; nothing else writes
-a window's size."""
+a window's size. The spec is read from its one holder (`LiveSpec`, core/live_spec.py) at
+each use; a spec whose window cannot hold the instructions is refused before it is live."""
 
 from __future__ import annotations
 
+from instanced_stream.core.live_spec import Edition, LiveSpec
 from instanced_stream.core.solve import Outcome
-from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import SpecError
 from instanced_stream.llm.limiter import Limiter
@@ -28,15 +29,25 @@ _LEARN = 0.2  # weight of the latest batch in the moving average of output per i
 
 
 class WindowSize:
-    def __init__(
-        self, spec: AgentSpec, tokenizer: Tokenizer, system_prompt: str, limiter: Limiter
-    ) -> None:
+    def __init__(self, live: LiveSpec, tokenizer: Tokenizer, limiter: Limiter) -> None:
+        self.live = live  # the spec, read at each use
         self.tokenizer = tokenizer
         self.limiter = limiter
-        self.output_per_item = float(spec.window.output_tokens_per_item)
-        self.spec = spec
-        self.item_tokens = self._room(spec, system_prompt)
+        self.output_per_item = float(live.spec.window.output_tokens_per_item)
+        # The prompt's tokens are counted once per edition of the spec (its `version`).
+        self._counted = (live.version, self._room(live.edition))  # too small: not started
+        live.check(self._room)  # a change to a spec whose window is too small is refused
         self.quality: int | None = None  # the controller's window; None: not following one
+
+    @property
+    def item_tokens(self) -> int:
+        """Prompt tokens left for instances once the static prefix is counted."""
+        edition = self.live.edition
+        version, room = self._counted
+        if version != edition.version:
+            room = self._room(edition)
+            self._counted = (edition.version, room)
+        return room
 
     def follow_quality(self, items: int) -> None:
         """The shadow sample's controller moved the window to `items`."""
@@ -45,19 +56,16 @@ class WindowSize:
     def limit(self) -> tuple[int, str]:
         """Instances the open window may hold now, and which author set it: "items" (the
         spec or the quality controller) or "output" (the answer's budget, or the limiter)."""
-        ceiling = self.spec.window.max_items
+        ceiling = self.live.spec.window.max_items
         if self.quality is not None:
             ceiling = min(ceiling, self.quality)
         fits = self.capacity()
         return (fits, "output") if fits < ceiling else (ceiling, "items")
 
-    def reconfigure(self, spec: AgentSpec, system_prompt: str) -> None:
-        self.item_tokens = self._room(spec, system_prompt)
-        self.spec = spec
-
-    def _room(self, spec: AgentSpec, system_prompt: str) -> int:
+    def _room(self, edition: Edition) -> int:
         """Prompt tokens left for instances once the static prefix is counted."""
-        fixed = self.tokenizer.count(system_prompt) + _REQUEST_OVERHEAD
+        spec = edition.spec
+        fixed = self.tokenizer.count(edition.system) + _REQUEST_OVERHEAD
         room = spec.window.max_input_tokens - fixed
         if room < _MIN_ROOM:
             raise SpecError(
@@ -70,9 +78,10 @@ class WindowSize:
     def capacity(self) -> int:
         """Instances whose expected answers fit the output budget (measured as we go) and
         that the endpoint answers within the timeout."""
-        window = self.spec.window
+        spec = self.live.spec
+        window = spec.window
         in_time = self.limiter.max_items or window.max_items
-        budget = window.max_output_tokens or self.spec.model.max_output_tokens
+        budget = window.max_output_tokens or spec.model.max_output_tokens
         if budget is None:
             return min(window.max_items, in_time)
         return max(1, min(in_time, int(budget / (self.output_per_item * _OUTPUT_MARGIN))))

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -61,7 +62,7 @@ def _call(tool: str, **fields: Any) -> Call:
 def _records(spec: AgentSpec, *calls: Call) -> dict[str, list[dict[str, Any]]]:
     inst = Instance("a", {"text": "x"}, SRC, 10)
     answer = Answer(inst, list(calls), "①", 1, 1)
-    planned = RecordBuilder(spec, TOPICS, "m").batch("b", Outcome(answers=[answer]), None)
+    planned = RecordBuilder(LiveSpec(spec), TOPICS, "m").batch("b", Outcome(answers=[answer]), None)
     out: dict[str, list[dict[str, Any]]] = {}
     for rec in planned.records:
         out.setdefault(rec.topic, []).append(orjson.loads(rec.value or b"{}"))
@@ -143,7 +144,7 @@ def test_a_finish_stop_records_the_calls_it_does_not_run() -> None:
     stop = Opinion("closer", None, {}, '{"stop": 90, "continue": 10}')
     calls = [_call("routeTicket", queue="standard", note="n"), _call("think", thought="hm")]
     answer = Answer(inst, calls, "①", 1, 1, [stop])
-    builder = RecordBuilder(spec, TOPICS, "m")
+    builder = RecordBuilder(LiveSpec(spec), TOPICS, "m")
     planned = builder.batch("b", Outcome(answers=[answer]), flow.over(Change(flow.store)))
     topics = [r.topic for r in planned.records]
     assert TOPICS.activity("routeTicket") not in topics
@@ -179,7 +180,7 @@ def test_any_number_of_thoughts_per_instance_and_a_refused_one_keeps_no_text() -
     outcome = Outcome(
         answers=[Answer(inst, verdict.calls["①"], "①", 2, 1)], refusals=[(refused, inst, 1)]
     )
-    planned = RecordBuilder(spec, TOPICS, "m").batch("b", outcome, None)
+    planned = RecordBuilder(LiveSpec(spec), TOPICS, "m").batch("b", outcome, None)
     (letter,) = [r for r in planned.records if r.topic == TOPICS.dead_letter]
     assert orjson.loads(letter.value or b"")["call"] == {"_tool": "think", "_instance": "②"}
     assert b"SECRET-THOUGHT" not in b"".join(r.value or b"" for r in planned.records)
@@ -204,7 +205,7 @@ def test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls() -> None:
     inst = Instance("a", {"text": "x"}, SRC, 10)
     calls = [_call("notify"), _call("note", **NOTE), _call("think", **THOUGHT)]
     stop = Opinion("closer", None, {}, '{"stop": 90, "continue": 10}')
-    planned = RecordBuilder(spec, TOPICS, "m").batch(
+    planned = RecordBuilder(LiveSpec(spec), TOPICS, "m").batch(
         "b", Outcome(answers=[Answer(inst, calls, "①", 1, 1, [stop])]), None
     )
     topics = [r.topic for r in planned.records]
@@ -220,7 +221,7 @@ def test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls() -> None:
         r.value or b"" for r in planned.records
     )
     go = Opinion("closer", None, {}, '{"stop": 10, "continue": 90}')
-    planned = RecordBuilder(spec, TOPICS, "m").batch(
+    planned = RecordBuilder(LiveSpec(spec), TOPICS, "m").batch(
         "b", Outcome(answers=[Answer(inst, calls, "①", 1, 1, [go])]), None
     )
     assert TOPICS.activity("notify") in [r.topic for r in planned.records]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from instanced_stream.core.dedupe import content_key
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import Call, SourcePosition
-from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome, Unanswered
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.runtime.pipeline.windows.twins import AnswerCache, Twins, merge
@@ -45,7 +45,7 @@ class Clock:
 
 def _twins(spec: dict[str, Any] = SPEC, clock: Clock | None = None) -> Twins:
     parsed = AgentSpec.model_validate(spec)
-    return Twins(parsed, PromptBuilder(parsed).system, clock or Clock())
+    return Twins(LiveSpec(parsed), clock or Clock())
 
 
 def test_the_content_key_ignores_ids_positions_key_order_and_runs_of_whitespace() -> None:
@@ -103,8 +103,18 @@ def test_another_spec_fingerprint_is_another_cache() -> None:
     first = twins.split([_inst(0, "a")])
     twins.expand(Outcome(answers=[_answer(first.asked[0])]), first)
     changed = AgentSpec.model_validate({**SPEC, "instructions": "Moderate strictly."})
-    twins.reconfigure(changed, PromptBuilder(changed).system)
+    twins.live.install(changed)
     assert len(twins.split([_inst(1, "a")]).asked) == 1
+
+
+def test_a_batch_launched_before_a_change_caches_under_the_spec_it_asked_on() -> None:
+    twins = _twins()
+    launched = twins.live.edition  # the batch's, taken at its launch
+    twins.live.install(AgentSpec.model_validate({**SPEC, "instructions": "Moderate strictly."}))
+    first = twins.split([_inst(0, "a")], launched)
+    twins.expand(Outcome(answers=[_answer(first.asked[0])]), first)
+    assert twins.split([_inst(1, "a")], launched).asked == []  # that spec's answer, cached
+    assert len(twins.split([_inst(2, "a")]).asked) == 1  # the live spec's is another cache
 
 
 def test_the_cache_is_bounded_least_recently_used_first() -> None:
