@@ -19,8 +19,9 @@ from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.kafka.publish import home_partition
 from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, metrics_for
+from instanced_stream.runtime.pipeline.answers import instance_of
 from instanced_stream.runtime.pipeline.windows.intake import source_of
-from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.state.transaction import Transaction
 from instanced_stream.runtime.units.collector import Refusals
@@ -87,6 +88,7 @@ class Rig:
         self.live = built.live  # the spec's one holder: a test changes it there
         self.builder = built.builder
         self.flows = built.flows
+        self.answers = built.answers
         self.stager = built.stager
         self.producer = FakeProducer(limits=limits)
         # Finished states retire once committed, and are read back from what was sent.
@@ -172,7 +174,8 @@ class Rig:
         slot, _ = self._slot_at(topic, partition, None)
         unit = self.unit(partition)
         assert await recalled(self.stores, unit, instance_of(value))
-        ready = self.flows.answer(unit, slot, value, result=topic == self.topics.results)
+        assert self.answers is not None
+        ready = self.answers.answer(unit, slot, value, result=topic == self.topics.results)
         await self.commit()
         await self.turns([(unit, inst) for inst in ready])
 

@@ -34,6 +34,7 @@ from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch_api.ledger import Ledger
 from instanced_stream.runtime.batch_api.submissions import Submissions
+from instanced_stream.runtime.pipeline.answers import Answers
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.runtime.pipeline.restore import Restores
@@ -83,6 +84,7 @@ class Pipeline:
     live: LiveSpec
     builder: RecordBuilder
     flows: Flows | None
+    answers: Answers | None  # results and approvals into the workflows (with `flows`)
     stager: Stager
 
 
@@ -133,7 +135,8 @@ def assemble_pipeline(
         second=second,
         tier=tier,
     )
-    return Pipeline(live, builder, flows, stager)
+    answers = Answers(flows) if flows is not None else None
+    return Pipeline(live, builder, flows, answers, stager)
 
 
 class Routes(Protocol):

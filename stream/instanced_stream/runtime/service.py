@@ -29,9 +29,10 @@ from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.runtime.assembly import assemble
+from instanced_stream.runtime.pipeline.answers import instance_of
 from instanced_stream.runtime.pipeline.dispatch import orphaned
 from instanced_stream.runtime.pipeline.windows.intake import source_of
-from instanced_stream.runtime.pipeline.workflows import instance_of, recalled
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.units.membership import Fetched
 from instanced_stream.runtime.units.unit import Unit, oldest_open_since
@@ -74,6 +75,7 @@ class _Service(mode.Service):
         self.worker = built.worker
         self.live = built.pipeline.live
         self.flows = built.pipeline.flows
+        self.answers = built.pipeline.answers
         self.stager = built.pipeline.stager
         self.llm = built.llm
         self.escalate_llm = built.second
@@ -219,7 +221,7 @@ class _Service(mode.Service):
     async def other(self, got: Fetched) -> None:
         """A result or an approval: its change staged on its slot. A stateless spec has
         nothing awaiting them: they are read and committed, never decided."""
-        if self.flows is None:
+        if self.flows is None or self.answers is None:
             self.metrics.count({"results_ignored": 1})
             got.unit.finish(got.slot)
             return
@@ -237,7 +239,7 @@ class _Service(mode.Service):
             return
         if not await recalled(self.flows.stores, got.unit, instance):
             return  # its unit failed: the partition is reopened and the record redone
-        ready = self.flows.answer(got.unit, got.slot, got.record.value, result=result)
+        ready = self.answers.answer(got.unit, got.slot, got.record.value, result=result)
         self._ready(got.unit, ready)
         # Staged on its unit, not yet committed.
         self.probe.at("after_result" if result else "after_approval")
