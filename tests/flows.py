@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
@@ -30,7 +31,7 @@ from instanced_stream.settings import Settings
 
 from tests.fakes import FakeLLM, FakeProducer, FakeRecall, Sent
 
-__all__ = ["TICKETS", "Rig", "lazy", "tickets_spec"]
+__all__ = ["TICKETS", "Rig", "lazy", "tickets_spec", "tickets_turn"]
 
 TICKETS = Path(__file__).resolve().parents[1] / "examples" / "tickets" / "agent.yaml"
 
@@ -43,6 +44,23 @@ def lazy(spec: AgentSpec) -> AgentSpec:
     """The same spec with a lazy plan: every turn's calls wait for approval."""
     assert spec.plan is not None
     return spec.model_copy(update={"plan": spec.plan.model_copy(update={"mode": "lazy"})})
+
+
+def tickets_turn(instance: str = "t1") -> list[tuple[str, Call]]:
+    """The tickets example's first turn for `instance`, producers first, by call id: the
+    lookup, the assessment whose branch the on-call page reads, a latent summary."""
+
+    def call(tool: str, **fields: Any) -> Call:
+        return Call.model_validate({"_tool": tool, "_instance": instance, **fields})
+
+    return [
+        ("c-look", call("lookupCustomer", reason="r", _outputPath="†state.customer",
+                        _scopes=["input"])),
+        ("c-urg", call("assessUrgency", reason="r",
+                       _outputPath="†state.urgent || †state.routine", _scopes=["input"])),
+        ("c-sum", call("summarize", summary="s", _outputPath="†state.summary")),
+        ("c-page", call("pageOnCall", message="m", _scopes=["†state.urgent"])),
+    ]  # fmt: skip
 
 
 class Rig:

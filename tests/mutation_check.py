@@ -152,7 +152,7 @@ MUTATIONS = [
         '    st.plan, st.status, st.revising = [], "ready", True',
         '    st.plan, st.status, st.revising = [], "ready", False',
         (
-            "core/test_plan_order.py::test_a_rejected_plan_is_planned_again_with_its_reason_up_to_max_revisions",
+            "core/test_lazy.py::test_a_rejected_plan_is_planned_again_with_its_reason_up_to_max_revisions",
         ),
     ),
     Mutation(
@@ -160,10 +160,7 @@ MUTATIONS = [
         "core/plan_graph.py",
         "                continue  # a producer still runs: wait for it",
         "                pass",
-        (
-            "core/test_plan_order.py",
-            "core/test_plan_graph.py",
-        ),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "graph_not_answer_order",
@@ -177,17 +174,14 @@ MUTATIONS = [
         "core/plan_graph.py",
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n',
         '    the same place). A step reading both alternatives of a branch reads the one taken."""\n    return False\n',
-        ("core/test_plan_order.py",),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "ran_on_missing_input",
         "core/plan_graph.py",
         "        if written and not any(_exists(state, w) for w in written):\n            return True\n    return False",
         "        pass\n    return False",
-        (
-            "core/test_plan_order.py",
-            "core/test_plan_graph.py",
-        ),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "skipped_input",
@@ -222,10 +216,7 @@ MUTATIONS = [
         "core/eager.py",
         "                if call is not None and step.output:",
         "                if False:",
-        (
-            "core/test_plan_graph.py",
-            "core/test_plan_order.py",
-        ),
+        ("core/test_plan_graph.py",),
     ),
     Mutation(
         "due_answered_first",

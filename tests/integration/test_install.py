@@ -107,6 +107,25 @@ def test_an_installed_wheel_runs_the_demo_from_anywhere(
     assert not list(elsewhere.iterdir()) or all(p.name.startswith(".") for p in elsewhere.iterdir())
 
 
+def test_the_wheel_ships_the_maven_projects_the_local_broker_and_registry_build(
+    product_wheel: Path,
+) -> None:
+    """testing/kafka (the broker's pom) and testing/apicurio (the schema registry's pom, its
+    Java sources and resources, in Maven's layout) are package data: the launchers build
+    from them where the installed package has them, so every file is in the wheel."""
+    stream = ROOT / "stream"
+    projects = [stream / "instanced_stream" / "testing" / name for name in ("kafka", "apicurio")]
+    wanted = {
+        str(path.relative_to(stream))
+        for project in projects
+        for path in project.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert "instanced_stream/testing/apicurio/pom.xml" in wanted  # the precondition
+    shipped = set(zipfile.ZipFile(product_wheel).namelist())
+    assert wanted <= shipped, sorted(wanted - shipped)
+
+
 HANDLERS = """
 from pathlib import Path
 

@@ -6,6 +6,7 @@ lists a plan's calls in, they run in the graph's order (#45), and thoughts reach
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,11 +17,9 @@ import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.core.messages import ApprovalRecord
-from instanced_stream.harness.seeds import seed_items
+from instanced_stream.harness.seeds import approve_until_ended, seed_items
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic, state_changelog
-from instanced_stream.ops.approvals import pending_now
 from instanced_stream.settings import EXAMPLES
 from instanced_stream.testing.samples import tickets
 from instanced_stream.testing.sim.planner import THOUGHT
@@ -145,39 +144,19 @@ async def _run_tickets(dep: Deployment, n: int, approve: bool = False) -> dict[s
 
 
 async def _run(dep: Deployment, items: list[dict[str, Any]], approve: bool) -> dict[str, Any]:
-    """The items in, every proposal approved as it comes (when `approve`), until every
-    workflow has its done record; returns them by instance."""
+    """The items in, every proposal approved as it comes (when `approve`, as the seeds'
+    demo approves them), until every workflow has its done record; returns them by
+    instance."""
     await dep.produce_items(items)
-    sent: set[str] = set()
+    deadline = time.monotonic() + 150
+    if approve:
+        await approve_until_ended(dep.bootstrap, dep.settings, len(items), 150)
 
     async def all_done() -> dict[str, Any]:
-        if approve:
-            fresh = [
-                p
-                for p in await pending_now(dep.settings, dep.bootstrap)
-                if p["proposal_id"] not in sent
-            ]
-            records: list[tuple[bytes | None, bytes | None]] = [
-                (
-                    str(p["instance"]).encode(),
-                    ApprovalRecord(
-                        instance=p["instance"],
-                        proposal_id=p["proposal_id"],
-                        turn=p["turn"],
-                        approve=True,
-                    )
-                    .model_dump_json(exclude_none=True)
-                    .encode(),
-                )
-                for p in fresh
-            ]
-            if records:
-                await dep.produce_to(dep.settings.topics.approvals, records)
-                sent.update(p["proposal_id"] for p in fresh)
         got = {d["instance"]: d for d in await dep.records(dep.settings.topics.done)}
         return got if len(got) >= len(items) else {}
 
-    return dict(await until(all_done, 150))
+    return dict(await until(all_done, max(0.0, deadline - time.monotonic())))
 
 
 @pytest.mark.parametrize("order", ["readers_first", "interleaved"])

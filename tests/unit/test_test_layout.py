@@ -1,11 +1,17 @@
 """The tests mirror the package: every module under stream/instanced_stream has a test file
-named after it (tests/unit/<room>/test_<module>.py, or tests/integration/test_<module>.py
-for a behaviour tested across modules), or a row in docs/testing.md's table that says why
-it has none. A package's own test is named for the package, one room up."""
+named after it in its room (tests/unit/<room>/test_<module>.py, or
+tests/integration/test_<module>.py for a behaviour tested across modules), or a row in
+docs/testing.md's table that says why it has none. A package's own test is named for the
+package, one room up. Integration tests are not filed by room, so one counts for a module
+only when it imports it (a package: it or anything in it): a name alone matched
+testing/sim/routing.py to tests/integration/test_routing.py, which tests partition
+forwarding."""
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +27,8 @@ def _modules() -> list[str]:
 
 
 def _named_tests(module: str) -> list[Path]:
-    """The test files named after `module` (a path under stream/instanced_stream)."""
+    """The test files named after `module` (a path under stream/instanced_stream) in its
+    room: the unit test in the module's own folder, an integration test that imports it."""
     path = Path(module)
     if path.name == "__init__.py":
         if path.parent == Path("."):
@@ -29,8 +36,30 @@ def _named_tests(module: str) -> list[Path]:
         room, name = path.parent.parent, path.parent.name
     else:
         room, name = path.parent, path.stem
-    candidates = [UNIT / room / f"test_{name}.py", INTEGRATION / f"test_{name}.py"]
-    return [c for c in candidates if c.exists()]
+    dotted = ".".join(("instanced_stream", *room.parts, name))
+    found = [c for c in [UNIT / room / f"test_{name}.py"] if c.exists()]
+    integration = INTEGRATION / f"test_{name}.py"
+    if integration.exists() and _imports(integration, dotted, path.name == "__init__.py"):
+        found.append(integration)
+    return found
+
+
+@cache
+def _imported(test: Path) -> frozenset[str]:
+    """The modules `test` imports, wherever in it (`from a import b` names a and a.b)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(test.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return frozenset(names)
+
+
+def _imports(test: Path, dotted: str, package: bool) -> bool:
+    imported = _imported(test)
+    return dotted in imported or (package and any(n.startswith(f"{dotted}.") for n in imported))
 
 
 def _listed() -> dict[str, str]:
@@ -41,8 +70,9 @@ def test_every_module_has_a_test_named_after_it_or_a_reason_in_the_docs() -> Non
     listed = _listed()
     missing = [m for m in _modules() if not _named_tests(m) and m not in listed]
     assert not missing, (
-        "no test file named after these modules (tests/unit/<room>/test_<module>.py or "
-        f"tests/integration/test_<module>.py) and no row in docs/testing.md: {missing}"
+        "no test file named after these modules (tests/unit/<room>/test_<module>.py, or "
+        "tests/integration/test_<module>.py importing the module) and no row in "
+        f"docs/testing.md: {missing}"
     )
 
 

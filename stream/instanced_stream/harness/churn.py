@@ -34,11 +34,8 @@ again, each fencing its predecessor (as the partition's next owner does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,11 +43,10 @@ from typing import Any
 import orjson
 
 from instanced_stream.harness.changelog_states import same_format, write_states
-from instanced_stream.harness.fleet import Deploy, Group, Worker, deploy
+from instanced_stream.harness.fleet import Deploy, Group, deploy, prepare_run
 from instanced_stream.harness.moves import init_transactions, processor_moves
 from instanced_stream.harness.outcomes import per_input_outcomes
 from instanced_stream.harness.rebalances import from_logs, rebalance_times, wait_assigned
-from instanced_stream.harness.report import Endpoint
 from instanced_stream.harness.target import SimProcess
 from instanced_stream.harness.timeline import Roll, Watch, produce_paced, resume
 from instanced_stream.kafka.topics import read_topic, state_changelog
@@ -58,7 +54,7 @@ from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
 from instanced_stream.testing.samples import tickets
 
-__all__ = ["ChurnPlan", "audit_run", "churn_command", "keep_logs_of", "run_churn"]
+__all__ = ["ChurnPlan", "audit_run", "churn_command", "run_churn"]
 
 
 @dataclass(slots=True)
@@ -108,8 +104,7 @@ async def _steady(
     """One processor, no states, the tickets at the churn run's rate: the baseline."""
     d = await deploy(bootstrap, sim, workdir, plan.partitions, plan.window_wait_ms)
     items = _items(max(10, int(plan.rate * plan.steady_s)), "s-")
-    worker = Worker(d.env, d.run_dir / "activities.log")
-    worker.start()
+    worker = d.start_worker()
     origin = time.monotonic()
     group = Group(d.env, d.run_dir, origin)
     group.start(0)
@@ -150,8 +145,7 @@ async def _churn(
     sample = [rec.value async for rec in _first_records(bootstrap, changelog)]
     wrote["store_format"] = bool(sample) and all(same_format(v) for v in sample if v)
     say(f"churn: {plan.states} states written in {wrote['seconds']} s ({wrote['mean_bytes']} B)")
-    worker = Worker(d.env, d.run_dir / "activities.log")
-    worker.start()
+    worker = d.start_worker()
     origin = time.monotonic()
     wall_origin = time.time()
     group = Group(d.env, d.run_dir, origin)
@@ -275,37 +269,15 @@ async def audit_run(bootstrap: str, d: Deploy, inputs: int) -> dict[str, Any]:
     }
 
 
-def keep_logs_of(workdir: Path, folder: Path) -> None:
-    """The processors' logs of a run's work folder, copied to `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for log in workdir.glob("run-*/*.log"):
-        (folder / f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
-
-
-@contextlib.contextmanager
-def workdir_() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="stream-churn-") as tmp:
-        yield Path(tmp)
-
-
 async def run_churn(
     bootstrap: str, plan: ChurnPlan, say: Any = print, keep_logs: Path | None = None
 ) -> dict[str, Any]:
     """The steady run, then the churn run; the report churn.json holds. `keep_logs`:
     a folder the processors' logs are copied to before the work folder goes."""
-    with workdir_() as workdir:
-        sim = SimProcess(workdir)
-        sim.start()
-        try:
-            await sim.ready()
-            await sim.configure(Endpoint(plan.latency_ms, 1.0, 32, 20_000_000).config())
-            steady = await _steady(bootstrap, sim, workdir, plan, say)
-            churn = await _churn(bootstrap, sim, workdir, plan, say)
-            inits = await init_transactions(bootstrap, plan.partitions)
-        finally:
-            sim.stop()
-            if keep_logs is not None:
-                keep_logs_of(workdir, keep_logs)
+    async with prepare_run(plan.latency_ms, keep_logs) as (workdir, sim):
+        steady = await _steady(bootstrap, sim, workdir, plan, say)
+        churn = await _churn(bootstrap, sim, workdir, plan, say)
+        inits = await init_transactions(bootstrap, plan.partitions)
     # Against the steady run; honest only once every workflow of both runs ended (a
     # stranded one asks nothing more): `settled` says whether they did.
     ratio = asks = None

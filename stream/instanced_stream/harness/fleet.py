@@ -1,10 +1,12 @@
-"""The processes of a churn run: processors of one group started and stopped by slot
-(each start a new life, with its own log and peak RSS), the tickets example's activity
-worker, and the topics and settings they run on."""
+"""The processes of a churn run: its work folder and the LLM simulator (`prepare_run`),
+processors of one group started and stopped by slot (each start a new life, with its own
+log and peak RSS), the tickets example's activity worker, and the topics and settings
+they run on."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -12,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +23,24 @@ import yaml
 from instanced_stream.core.spec import load_spec
 from instanced_stream.harness.demo import ProcessorProcess
 from instanced_stream.harness.load import rss_mb
+from instanced_stream.harness.report import Endpoint
 from instanced_stream.harness.target import SimProcess
 from instanced_stream.kafka.topics import activity_topics, ensure_product_topics, ensure_topics
 from instanced_stream.settings import EXAMPLES, Settings
 from instanced_stream.testing.broker import free_port
 from instanced_stream.testing.sim.server import MODEL_NAME
 
-__all__ = ["ACTIVITIES", "SPEC", "Deploy", "Group", "Life", "Worker", "deploy"]
+__all__ = [
+    "ACTIVITIES",
+    "SPEC",
+    "Deploy",
+    "Group",
+    "Life",
+    "Worker",
+    "deploy",
+    "keep_logs_of",
+    "prepare_run",
+]
 
 SPEC = EXAMPLES / "tickets" / "agent.yaml"
 
@@ -36,6 +49,37 @@ ACTIVITIES = EXAMPLES / "tickets" / "activities.py"
 
 
 _STOP_GRACE_S = 40.0  # SIGTERM, then SIGKILL: the processor drains up to drain_s (25 s)
+
+
+@contextlib.asynccontextmanager
+async def prepare_run(
+    latency_ms: float | None, keep_logs: Path | None = None
+) -> AsyncIterator[tuple[Path, SimProcess]]:
+    """A run's work folder and the LLM simulator as its own process in it, ready and,
+    with `latency_ms`, answering after that long (32 requests at once, a roomy token
+    budget: the endpoint is not what a churn run measures; None keeps the simulator's
+    own settings). On the way out the simulator stops and, with `keep_logs`, the
+    processors' logs are copied there before the folder goes."""
+    with tempfile.TemporaryDirectory(prefix="stream-churn-") as tmp:
+        workdir = Path(tmp)
+        sim = SimProcess(workdir)
+        sim.start()
+        try:
+            await sim.ready()
+            if latency_ms is not None:
+                await sim.configure(Endpoint(latency_ms, 1.0, 32, 20_000_000).config())
+            yield workdir, sim
+        finally:
+            sim.stop()
+            if keep_logs is not None:
+                keep_logs_of(workdir, keep_logs)
+
+
+def keep_logs_of(workdir: Path, folder: Path) -> None:
+    """The processors' logs of a run's work folder, copied to `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for log in workdir.glob("run-*/*.log"):
+        (folder / f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
 
 
 class Worker:
@@ -153,6 +197,13 @@ class Deploy:
     outcome_topics: list[str]
     tools: list[str]
     run_dir: Path
+
+    def start_worker(self) -> Worker:
+        """The example's activity worker on this deployment, started, logging in its
+        run folder."""
+        worker = Worker(self.env, self.run_dir / "activities.log")
+        worker.start()
+        return worker
 
 
 async def deploy(

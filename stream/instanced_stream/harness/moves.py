@@ -9,16 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from instanced_stream.harness.fleet import Group, deploy
+from instanced_stream.harness.fleet import Group, deploy, prepare_run
 from instanced_stream.harness.rebalances import parse_log, wait_assigned
-from instanced_stream.harness.target import SimProcess
 from instanced_stream.kafka import clients
 
 __all__ = ["init_transactions", "processor_moves"]
@@ -76,26 +73,19 @@ async def processor_moves(bootstrap: str, partitions: int, moves: int = 3) -> di
     each start takes all of them over from the last (its producers fence the earlier
     ones). Its assignment callback is what a move costs the process, init_transactions
     for each partition's producer included."""
-    with tempfile.TemporaryDirectory(prefix="stream-moves-") as tmp:
-        workdir = Path(tmp)
-        sim = SimProcess(workdir)
-        sim.start()
-        try:
-            await sim.ready()
-            d = await deploy(bootstrap, sim, workdir, partitions)
-            group = Group(d.env, d.run_dir, time.monotonic())
-            for _ in range(moves):
-                group.start(0)
-                await wait_assigned(group, time.monotonic() + 120)
-                await group.stop([0])
-            callbacks = [
-                a["ended"] - a["began"]
-                for life in group.lives
-                for a in parse_log(life.proc.log_path).assignments
-                if a["ended"] is not None
-            ]
-        finally:
-            sim.stop()
+    async with prepare_run(None) as (workdir, sim):
+        d = await deploy(bootstrap, sim, workdir, partitions)
+        group = Group(d.env, d.run_dir, time.monotonic())
+        for _ in range(moves):
+            group.start(0)
+            await wait_assigned(group, time.monotonic() + 120)
+            await group.stop([0])
+        callbacks = [
+            a["ended"] - a["began"]
+            for life in group.lives
+            for a in parse_log(life.proc.log_path).assignments
+            if a["ended"] is not None
+        ]
     return {
         "partitions": partitions,
         "moves": moves,

@@ -34,7 +34,7 @@ from instanced_stream.testing.broker import free_port, kafka_bootstrap
 from instanced_stream.testing.samples import comments
 from instanced_stream.testing.sim.server import SimConfig
 
-__all__ = ["run_example", "run_seeds", "seed_items"]
+__all__ = ["approve_until_ended", "run_example", "run_seeds", "seed_items"]
 
 SEEDS = EXAMPLES / "seeds"
 
@@ -117,7 +117,7 @@ async def run_example(
         report = await report_when_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
         approved = 0
         if example == "lazy":
-            approved = await _approve_until_ended(bootstrap, settings, len(items), wait_s)
+            approved = await approve_until_ended(bootstrap, settings, len(items), wait_s)
         requests = await _usage(target, before, port)
     finally:
         proc.stop()
@@ -170,7 +170,7 @@ def _manager(
     }
 
 
-async def _approve_until_ended(
+async def approve_until_ended(
     bootstrap: str, settings: Settings, expected: int, wait_s: float
 ) -> int:
     """Approves every proposal as it comes (a moderator who trusts the plans) until every

@@ -38,9 +38,9 @@ import orjson
 
 from instanced_stream.errors import StreamError
 from instanced_stream.harness.changelog_states import write_states
-from instanced_stream.harness.churn import audit_run, keep_logs_of, workdir_
+from instanced_stream.harness.churn import audit_run
 from instanced_stream.harness.coordinator import BrokerKiller
-from instanced_stream.harness.fleet import Group, Worker, deploy
+from instanced_stream.harness.fleet import Group, deploy, prepare_run
 from instanced_stream.harness.kills import Kills
 from instanced_stream.harness.owners import Owners
 from instanced_stream.harness.progress import (
@@ -52,7 +52,6 @@ from instanced_stream.harness.progress import (
     unowned,
 )
 from instanced_stream.harness.rebalances import from_logs, group_facts, wait_assigned
-from instanced_stream.harness.report import Endpoint
 from instanced_stream.harness.target import SimProcess
 from instanced_stream.harness.timeline import Watch, produce_paced
 from instanced_stream.kafka.topics import state_changelog
@@ -168,8 +167,7 @@ async def _run(
     gid = f"{d.settings.topic_prefix}{d.settings.app_id}"
     wrote = await write_states(bootstrap, state_changelog(d.settings), plan.partitions, plan.states)
     say(f"storm: {plan.states} states written in {wrote['seconds']} s")
-    worker = Worker(d.env, d.run_dir / "activities.log")
-    worker.start()
+    worker = d.start_worker()
     origin = time.monotonic()
     wall_origin = time.time()
     group = Group(d.env, d.run_dir, origin, static="processor" if plan.static else None)
@@ -276,17 +274,8 @@ async def run_storm(
     keep_logs: Path | None = None,
 ) -> dict[str, Any]:
     """The storm; the report churn.json holds (its figures first, `raw` last)."""
-    with workdir_() as workdir:
-        sim = SimProcess(workdir)
-        sim.start()
-        try:
-            await sim.ready()
-            await sim.configure(Endpoint(plan.latency_ms, 1.0, 32, 20_000_000).config())
-            run = await _run(bootstrap, sim, workdir, plan, say, brokers)
-        finally:
-            sim.stop()
-            if keep_logs is not None:
-                keep_logs_of(workdir, keep_logs)
+    async with prepare_run(plan.latency_ms, keep_logs) as (workdir, sim):
+        run = await _run(bootstrap, sim, workdir, plan, say, brokers)
     audit_ = run.pop("audit")
     phases: dict[str, int] = {}
     for kill in run["kills"]:

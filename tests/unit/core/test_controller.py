@@ -1,5 +1,5 @@
-"""The window controller (shrink fast, grow slowly, a minimum sample), the Wilson bounds
-it judges by, and the shadow sample on the in-memory simulator."""
+"""The window controller (shrink fast, grow slowly, a minimum sample) and the shadow
+sample on the in-memory simulator; the Wilson bounds it judges by are test_quality.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from instanced_stream.core.controller import WindowController
 from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.prompt import PromptBuilder
-from instanced_stream.core.quality import Quality, bucket_of, wilson, z_of
+from instanced_stream.core.quality import Quality, bucket_of, z_of
 from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
@@ -25,18 +25,6 @@ from instanced_stream.testing.sim.server import Simulator
 from tests.fakes import FakeLLM, make_batch
 
 Z = z_of(0.95)
-
-
-def test_wilson_bounds_and_buckets() -> None:
-    assert pytest.approx(1.96, abs=0.001) == Z
-    lower, upper = wilson(10, 10, Z)
-    assert upper == 1.0 and lower == pytest.approx(10 / (10 + Z * Z))
-    lower, upper = wilson(50, 100, Z)
-    assert lower == pytest.approx(0.404, abs=0.001) and upper == pytest.approx(0.596, abs=0.001)
-    assert wilson(0, 0, Z) == (0.0, 1.0)
-    assert [bucket_of(n) for n in (1, 2, 3, 4, 7, 8, 25, 500)] == [
-        "1", "2-3", "2-3", "4-7", "4-7", "8-15", "16-31", "256-511"
-    ]  # fmt: skip
 
 
 def test_no_decision_below_the_minimum_sample() -> None:

@@ -1,14 +1,17 @@
 """A plan runs in its graph's order, whatever order the answer lists its calls in: a
-reader written before its producer waits for it (eager and lazy, latent steps included),
-a reader of a failed producer never runs and is counted, and a graph that cannot run (a
+reader waits for its producer (eager and lazy, latent steps included, listed before or
+after it), a reader on the branch not taken or of a failed producer never runs and is
+counted, a held step keeps its turn's gate verdict, and a graph that cannot run (a
 cycle, a read of what nothing writes) is refused with a reason the re-ask carries."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from instanced_stream.core.instance import Instance
+from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import (
     ApprovalRecord,
     BatchRef,
@@ -25,11 +28,15 @@ from instanced_stream.core.plan_graph import (
     problem,
 )
 from instanced_stream.core.prompt import PromptBuilder
-from instanced_stream.core.state import MemoryStore
-from instanced_stream.core.validate import BAD_PLAN, Validator
+from instanced_stream.core.solve import Answer, Outcome
+from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.state import Change, MemoryStore
+from instanced_stream.core.validate import BAD_PLAN, Opinion, Validator
 from instanced_stream.core.workflow import Workflow
+from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
+from instanced_stream.settings import Settings
 
-from tests.flows import lazy, tickets_spec
+from tests.flows import lazy, tickets_spec, tickets_turn
 
 SRC = SourcePosition(topic="items", partition=0, offset=7)
 BATCH = BatchRef(id="b", size=1, token="①", attempt=1)
@@ -54,11 +61,31 @@ SUMMARY = (
 ROUTE = ("c-route", _call("routeTicket", queue="standard", note="n", _scopes=["†state.summary"]))
 
 
+# The issue's first probe, the page listed before the assessUrgency it reads; and the
+# example's turn written producers first (tests/flows.py): what goes out with the answer.
+ORDERS = {
+    "reader_first": ([PAGE, URGENCY], ["c-urg"]),
+    "producers_first": (tickets_turn(), ["c-look", "c-urg"]),
+}
+
+
 def _flow(spec: Any = None) -> tuple[Workflow, Instance]:
     flow = Workflow(spec or tickets_spec(), MemoryStore(), pending_timeout_s=60)
     inst = flow.admit(Instance("t1", {"subject": "down"}, SRC, 40))
     assert inst is not None
     return flow, inst
+
+
+def _started(order: str) -> tuple[Workflow, list[str]]:
+    """The first eager turn in `order`, checked to start just what it reads nothing
+    awaited for: the page is not among them."""
+    answer, expected = ORDERS[order]
+    flow, inst = _flow()
+    run = flow.turn(inst, answer, BATCH, []).run
+    assert run == expected
+    st = flow.store.get("t1")
+    assert st is not None and st.counts == {}
+    return flow, run
 
 
 def _result(call_id: str, tool: str, path: str | None, value: Any, turn: int = 1) -> ResultRecord:
@@ -67,27 +94,61 @@ def _result(call_id: str, tool: str, path: str | None, value: Any, turn: int = 1
     )
 
 
-def test_an_eager_reader_listed_before_its_producer_waits_for_it() -> None:
-    """The issue's first probe: pageOnCall first, then the assessUrgency it reads. It
-    must not go out with the answer, and goes out only on the urgent branch."""
-    flow, inst = _flow()
-    run = flow.turn(inst, [PAGE, URGENCY], BATCH, []).run
-    assert run == ["c-urg"]
-    st = flow.store.get("t1")
-    assert st is not None and st.counts == {}
+def _customer_known(flow: Workflow, run: list[str]) -> None:
+    if "c-look" in run:
+        flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_an_eager_reader_waits_for_its_producer_wherever_it_is_listed(order: str) -> None:
+    """It does not go out with the answer, and goes out once the result it reads is in,
+    on the urgent branch."""
+    flow, run = _started(order)
+    _customer_known(flow, run)
+    assert flow.take_launched("t1") == []  # not what it reads
     flow.on_result(_result("c-urg", "assessUrgency", "†state.urgent", {"why": "outage"}))
-    assert [c["call_id"] for c in flow.take_launched("t1")] == ["c-page"]
+    (page,) = flow.take_launched("t1")
+    assert page["call_id"] == "c-page" and page["_tool"] == "pageOnCall"
     st = flow.store.get("t1")
-    assert st is not None and st.counts.get(RAN_ON_MISSING_INPUT, 0) == 0
+    assert st is not None and st.status == "ready"
+    assert st.counts.get(RAN_ON_MISSING_INPUT, 0) == 0 and SKIPPED_BRANCH not in st.counts
 
 
-def test_an_eager_reader_listed_first_is_skipped_on_the_branch_not_taken() -> None:
-    flow, inst = _flow()
-    flow.turn(inst, [PAGE, URGENCY], BATCH, [])
-    flow.on_result(_result("c-urg", "assessUrgency", "†state.routine", {"why": "minor"}))
+@pytest.mark.parametrize("order", ORDERS)
+def test_an_eager_reader_on_the_branch_not_taken_is_skipped_and_counted(order: str) -> None:
+    flow, run = _started(order)
+    flow.on_result(_result("c-urg", "assessUrgency", "†state.routine", {"why": "no impact"}))
+    _customer_known(flow, run)
     assert flow.take_launched("t1") == []
     st = flow.store.get("t1")
-    assert st is not None and st.counts == {SKIPPED_BRANCH: 1}
+    assert st is not None
+    page = next(s for s in st.plan if s.tool == "pageOnCall")
+    assert page.status == "skipped" and page.skipped_for == "branch"
+    assert st.counts == {SKIPPED_BRANCH: 1}
+    assert st.status == "ready"  # the turn ended: nothing waits for the skipped step
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_reader_of_a_failed_producer_does_not_run_and_the_workflow_says_so(order: str) -> None:
+    """Skipped for its failed input, not called a branch; once the turn is over and the
+    model makes no more awaited calls, the done record names the lost step."""
+    flow, run = _started(order)
+    nxt, _ = flow.on_result(
+        ResultRecord(call_id="c-urg", instance="t1", tool="assessUrgency", turn=1, error="down")
+    )
+    if "c-look" in run:
+        nxt, _ = flow.on_result(
+            _result("c-look", "lookupCustomer", "†state.customer", {"vip": False})
+        )
+    assert flow.take_launched("t1") == []
+    st = flow.store.get("t1")
+    assert st is not None and st.counts == {SKIPPED_INPUT: 1}
+    page = next(s for s in st.plan if s.tool == "pageOnCall")
+    assert page.status == "skipped" and page.skipped_for == "failed_input"
+    assert nxt is not None
+    done = flow.turn(nxt, [("t2", _call("routeTicket", queue="standard", note="n"))], BATCH, [])
+    assert done.done is not None
+    assert "1 steps not run: a step they read failed" in str(done.done.reason)
 
 
 def test_a_latent_intermediary_waits_for_its_input_and_is_answered_again() -> None:
@@ -123,37 +184,39 @@ def test_a_latent_intermediary_waits_for_its_input_and_is_answered_again() -> No
     ]
 
 
-def test_a_reader_of_a_failed_producer_does_not_run_and_the_workflow_says_so() -> None:
-    flow, inst = _flow()
-    flow.turn(inst, [PAGE, URGENCY], BATCH, [])
-    nxt, _ = flow.on_result(
-        ResultRecord(call_id="c-urg", instance="t1", tool="assessUrgency", turn=1, error="down")
-    )
-    assert flow.take_launched("t1") == []
-    st = flow.store.get("t1")
-    assert st is not None and st.counts == {SKIPPED_INPUT: 1}
-    assert nxt is not None
-    # The model then makes no more awaited calls: the done record names the lost step.
-    done = flow.turn(nxt, [("t2", _call("routeTicket", queue="standard", note="n"))], BATCH, [])
-    assert done.done is not None
-    assert "1 steps not run: a step they read failed" in str(done.done.reason)
-
-
-def test_a_lazy_reader_listed_first_runs_after_its_producer() -> None:
-    flow, inst = _flow(lazy(tickets_spec()))
-    effects = flow.turn(inst, [PAGE, URGENCY, LOOKUP], BATCH, [])
-    assert effects.proposal is not None
+def _approved(flow: Workflow, inst: Instance, answer: list[tuple[str, Call]]) -> list[str]:
+    """A lazy turn proposed (nothing runs before approval), approved as a whole: the
+    tools that start."""
+    effects = flow.turn(inst, answer, BATCH, [])
+    assert effects.proposal is not None and effects.run == []
     st = flow.store.get("t1")
     assert st is not None
     approval = ApprovalRecord(instance="t1", proposal_id=st.proposal_id, turn=1, approve=True)
     run, _ = flow.on_approval(approval)
-    assert [c["_tool"] for c in run] == ["assessUrgency", "lookupCustomer"]
+    return [c["_tool"] for c in run]
+
+
+def test_a_lazy_reader_listed_first_runs_after_its_producer() -> None:
+    flow, inst = _flow(lazy(tickets_spec()))
+    assert _approved(flow, inst, [PAGE, URGENCY, LOOKUP]) == ["assessUrgency", "lookupCustomer"]
     flow.on_result(_result("c-urg", "assessUrgency", "†state.urgent", {"why": "outage"}))
     # A lazy graph moves on once every result it awaits is in.
     flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
     assert [c["_tool"] for c in flow.take_launched("t1")] == ["pageOnCall"]
     st = flow.store.get("t1")
     assert st is not None and st.counts.get(RAN_ON_MISSING_INPUT, 0) == 0
+
+
+def test_a_lazy_plan_skips_the_untaken_branch_after_approval() -> None:
+    flow, inst = _flow(lazy(tickets_spec()))
+    assert _approved(flow, inst, tickets_turn()) == ["lookupCustomer", "assessUrgency"]
+    flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": False}))
+    flow.on_result(_result("c-urg", "assessUrgency", "†state.routine", {"why": "no"}))
+    assert [c["_tool"] for c in flow.take_launched("t1")] == []
+    st = flow.store.get("t1")
+    assert st is not None
+    assert {s.tool: s.status for s in st.plan}["pageOnCall"] == "skipped"
+    assert st.counts == {SKIPPED_BRANCH: 1}
 
 
 def _graph(*steps: tuple[str, str | None, list[str]]) -> list[Step]:
@@ -164,16 +227,47 @@ def _graph(*steps: tuple[str, str | None, list[str]]) -> list[Step]:
     ]  # fmt: skip
 
 
-def test_ran_on_missing_input_reads_the_state_not_the_answer_order() -> None:
-    """The guard counts a step started while a step of its graph that writes what it reads
-    has not: listed later in the answer included (it used to look only earlier)."""
-    graph = _graph(("page", None, ["†state.urgent"]), ("assess", "†state.urgent", []))
-    graph[0].status = "approved"
+def test_lazy_readers_follow_the_branch_taken_and_a_whole_state_reader_runs_either_way() -> None:
+    graph = _graph(
+        ("assess", "†state.urgent || †state.routine", []),
+        ("page", None, ["†state.urgent"]),
+        ("escalate", "†state.ticket", ["†state.urgent.why"]),
+        ("close", None, ["†state.ticket"]),  # reads only the skipped step's output
+        ("route", None, ["†state"]),  # reads the branch taken too
+    )
     counts: dict[str, int] = {}
-    # Force the reader's start as an order bug would: its producer marked done, no output.
-    graph[1].status, graph[1].wrote = "done", "†state.urgent"
+    assert [s.tool for s in advance(graph, {}, counts)] == ["assess"]
+    graph[0].status, graph[0].wrote = "done", "†state.routine"
+    started = advance(graph, {"routine": {"why": "x"}}, counts)
+    assert [s.tool for s in started] == ["route"]
+    assert [s.status for s in graph[1:4]] == ["skipped"] * 3
+    assert counts == {SKIPPED_BRANCH: 3}
+
+
+@pytest.mark.parametrize(
+    ("steps", "reader", "producer", "path"),
+    [
+        # Listed before its producer: the guard reads the state, not the answer order (it
+        # used to look only at steps listed earlier).
+        ((("page", None, ["†state.urgent"]), ("assess", "†state.urgent", [])), 0, 1, "urgent"),
+        ((("look", "†state.customer", []), ("route", None, ["†state.customer"])), 1, 0, "customer"),
+    ],
+)
+def test_a_reader_started_without_its_input_is_counted_wherever_it_is_listed(
+    steps: tuple[tuple[str, str | None, list[str]], ...], reader: int, producer: int, path: str
+) -> None:
+    """The guard counts a step started while a step of its graph that writes what it reads
+    has not: forced as an order bug would, its producer marked done with no output in the
+    state. With the output in the state, nothing is counted."""
+    graph = _graph(*steps)
+    graph[producer].status, graph[producer].wrote = "done", f"†state.{path}"
+    counts: dict[str, int] = {}
     advance(graph, {}, counts)
     assert counts == {RAN_ON_MISSING_INPUT: 1}
+    graph[reader].status = "approved"
+    counts = {}
+    advance(graph, {path: {"known": True}}, counts)
+    assert counts == {}
 
 
 def test_a_cycle_and_a_read_of_nothing_are_refused_with_why() -> None:
@@ -217,3 +311,39 @@ def test_the_eager_prompt_says_the_graph_decides_the_order(answer: str) -> None:
     system = PromptBuilder(spec).system
     assert "Steps run in the order of what they read, not of the answer" in system
     assert 'answer the latent steps whose status is "due" first' in system
+
+
+def test_a_held_eager_step_keeps_its_turn_s_gate_verdict() -> None:
+    """The page waits for assessUrgency; the council voted clearly against it, so when
+    it goes out it goes to review, as it would have with the answer."""
+    spec = tickets_spec()
+    judge = {"id": "judge", "role": "r", "on": "request", "isInstanced": True}
+    spec = AgentSpec.model_validate(
+        {**spec.model_dump(by_alias=True), "advisors": [judge], "advice": {"mode": "gate"}}
+    )
+    flow, inst = _flow(spec)
+    before = flow.store.get("t1")
+    votes = Opinion("judge", "①", {}, '{"pageOnCall": 5, "routeTicket": 95}')
+    answer = Answer(inst, [c for _, c in tickets_turn()], "①", 1, 1, [votes])
+    topics = Settings(bootstrap_servers="unused:9092").topics
+    builder = RecordBuilder(LiveSpec(spec), topics, "m")
+    change = Change(flow.store)
+    planned = builder.batch("b", Outcome(answers=[answer]), flow.over(change))
+    assert not [
+        r for r in planned.records if r.topic in (topics.review, topics.activity("pageOnCall"))
+    ]
+    assert flow.store.get("t1") == before  # the turn is made on the change only
+    (write,) = change.take()
+    assert write.state is not None
+    flow.store.put(write.state)
+    st = flow.store.get("t1")
+    assert st is not None
+    (urgency,) = [s.call_id for s in st.plan if s.tool == "assessUrgency"]
+    flow.on_result(_result(urgency, "assessUrgency", "†state.urgent", {"why": "outage"}))
+    launched = flow.take_launched("t1")
+    st = flow.store.get("t1")
+    assert st is not None and [c["_tool"] for c in launched] == ["pageOnCall"]
+    out = builder.approved(st, launched, "w")
+    (held,) = [orjson.loads(r.value or b"") for r in out.records]
+    assert [r.topic for r in out.records] == [topics.review]
+    assert "against the council" in held["review"] and "_review" not in held["call"]
