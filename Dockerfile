@@ -1,5 +1,7 @@
-# The product image. One image, three roles picked by the command:
-#   process (default) | activities MODULE | llm-sim ...
+# The product image. One image, two roles picked by the command:
+#   process (default) | activities MODULE   (and the operator commands: check, topics, audit)
+# It holds the product alone: the LLM simulator of docker-compose.yml's `sim` profile is the
+# team's bench (packages/bench), built by deploy/sim.Dockerfile.
 # Built from this repository; no registry host is named so any mirror can serve the base.
 
 # Build stage: turn the source into a wheel, so the runtime image holds no build tree.
@@ -47,7 +49,7 @@ COPY examples ./examples
 USER 10001:10001
 ENV STREAM_DATA_DIR=/var/lib/stream \
     STREAM_SPEC=/app/examples/moderation/agent.yaml
-# 6066: the processor's /metrics, /healthz, /readyz. 8000: the LLM simulator.
-EXPOSE 6066 8000
+# 6066: the processor's /metrics, /healthz, /readyz.
+EXPOSE 6066
 ENTRYPOINT ["stream"]
 CMD ["process"]

@@ -20,13 +20,13 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.harness.demo import ProcessorProcess, launch_processor, wait_accounted
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import partitions, read_json, read_topic, state_changelog
 from instanced_stream.ops.audit import AuditReport
 from instanced_stream.settings import Settings
-from instanced_stream.testing.broker import kafka_bootstrap
-from instanced_stream.testing.sim.server import Faults, Simulator, running_simulator
+from instanced_stream_bench.harness.demo import ProcessorProcess, launch_processor, wait_accounted
+from instanced_stream_bench.testing.broker import kafka_bootstrap
+from instanced_stream_bench.testing.sim.server import Faults, Simulator, running_simulator
 
 # The xdist groups hook, in its own module for its own test (tests/unit/test_xdist_groups.py).
 from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401

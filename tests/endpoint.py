@@ -1,7 +1,7 @@
 """A model endpoint in memory, behind the real openai client (httpx2's MockTransport):
 the unit tests drive `instanced_stream.llm.LLM` through HTTP status codes and provider error
 JSON without a socket. It answers with the simulator's judge and follows a provider's request
-rules (`instanced_stream.testing.sim.provider`); `fail` decides a response of its own per
+rules (`instanced_stream_bench.testing.sim.provider`); `fail` decides a response of its own per
 request."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import orjson
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.shape import RequestShape
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.testing.sim.provider import ProviderName, Refusal, refusal
-from instanced_stream.testing.sim.request import read_request
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.provider import ProviderName, Refusal, refusal
+from instanced_stream_bench.testing.sim.request import read_request
+from instanced_stream_bench.testing.sim.server import Simulator
 
 __all__ = ["MemoryEndpoint"]
 

@@ -13,8 +13,8 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
 from instanced_stream.runtime.state.recall import Recall
-from instanced_stream.testing.sim.request import SimRequest, read_request
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.request import SimRequest, read_request
+from instanced_stream_bench.testing.sim.server import Simulator
 
 
 def make_batch(texts: list[str], prefix: str = "id-") -> list[Instance]:

@@ -1,19 +1,28 @@
 """The named moments of the pipeline, and the seam that lets a test act at them.
 
-The fault campaign needs a processor to stop at exact moments (testing/faults.py says
-what each point means). The pipeline's pieces take a `Probe` at construction and tell it
-when they pass a point; in production that is `NO_PROBE`, which does nothing, so no test
-code runs on the hot path. `stream process` passes the fault injector instead when
-STREAM_CRASH_AT is set. The points and the `STREAM_CRASH_AT` grammar live here, at the
-bottom floor, so that the settings can refuse a misspelt point without loading the test
-package.
+The fault campaign needs a processor to stop at exact moments (the development
+distribution's `instanced_stream_bench.testing.faults` says what each point means). The
+pipeline's pieces take a `Probe` at construction and tell it when they pass a point; in
+production that is `NO_PROBE`, which does nothing, so no test code runs on the hot path.
+When STREAM_CRASH_AT is set, `stream process` asks `injector` for a probe, which comes from
+the entry point group `INJECTORS`: the product itself ships none, so a deployment cannot
+arm a fault point by accident. The points and the `STREAM_CRASH_AT` grammar live here, at
+the bottom floor, so that the settings can refuse a misspelt point without loading the
+test package.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Protocol
 
-__all__ = ["NO_PROBE", "POINTS", "NoProbe", "Probe", "parse"]
+from instanced_stream.errors import StreamError
+
+__all__ = ["INJECTORS", "NO_PROBE", "POINTS", "NoProbe", "Probe", "injector", "parse"]
+
+# Where a fault injector is found: an entry point that takes the STREAM_CRASH_AT value and
+# returns the armed Probe (packages/bench/pyproject.toml declares the campaign's).
+INJECTORS = "instanced_stream.fault_injectors"
 
 # The points the pipeline's probe passes: an unknown name in STREAM_CRASH_AT would
 # silently never fire, so `parse` refuses it.
@@ -67,3 +76,15 @@ class NoProbe:
 
 
 NO_PROBE = NoProbe()
+
+
+def injector(crash_at: str) -> Probe:
+    """The probe armed at `crash_at`, from the installed fault injector (the module
+    docstring); refused when none is installed."""
+    for point in entry_points(group=INJECTORS):
+        made: Probe = point.load()(crash_at)
+        return made
+    raise StreamError(
+        "STREAM_CRASH_AT is set, but no fault injector is installed: it comes with the "
+        "development distribution (instanced-stream-bench); unset STREAM_CRASH_AT"
+    )

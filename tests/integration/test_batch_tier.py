@@ -21,7 +21,7 @@ from instanced_stream.activities.worker import load_activities
 from instanced_stream.kafka.topics import batch_changelog
 from instanced_stream.ops.audit import AuditReport
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment
 
@@ -185,8 +185,8 @@ async def test_batch_lines_are_answered_by_a_real_model(tmp_path: Path) -> None:
     from instanced_stream.core.validate import Validator
     from instanced_stream.llm.batch_api import BatchModel
     from instanced_stream.llm.client import LLM
-    from instanced_stream.llm.local import running_local_llm
-    from instanced_stream.testing.sim.server import SimConfig, running_simulator
+    from instanced_stream_bench.testing.local_model import running_local_llm
+    from instanced_stream_bench.testing.sim.server import SimConfig, running_simulator
 
     from tests.integration.test_real_model import _instances, _settled, _spec_file
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from instanced_stream.harness.bench import run_bench
-from instanced_stream.harness.report import Endpoint
+from instanced_stream_bench.harness.bench import run_bench
+from instanced_stream_bench.harness.report import Endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from instanced_stream.harness.demo import ProcessorProcess, launch_processor
 from instanced_stream.ops.audit import AuditReport
-from instanced_stream.testing.broker import LocalKafka
-from instanced_stream.testing.sim.server import Faults, Simulator
+from instanced_stream_bench.harness.demo import ProcessorProcess, launch_processor
+from instanced_stream_bench.testing.broker import LocalKafka
+from instanced_stream_bench.testing.sim.server import Faults, Simulator
 
 from tests.conftest import Deployment, committed_offsets
 

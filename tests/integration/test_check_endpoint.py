@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from instanced_stream.cli import main as cli
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.server import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

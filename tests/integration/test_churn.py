@@ -4,7 +4,7 @@ size today's engine handles, so its report can be trusted at the size that matte
 from __future__ import annotations
 
 import pytest
-from instanced_stream.harness.churn import ChurnPlan, run_churn
+from instanced_stream_bench.harness.churn import ChurnPlan, run_churn
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -53,7 +53,7 @@ def test_missing_api_key_is_named(tmp_path: Path) -> None:
 
 
 def test_an_endpoint_that_refuses_the_key_or_the_model_stops_the_processor_at_start() -> None:
-    from instanced_stream.testing.sim.server import SimConfig, running_simulator
+    from instanced_stream_bench.testing.sim.server import SimConfig, running_simulator
 
     with running_simulator(SimConfig(api_key="sk-right")) as (_, url):
         common = {"STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1", "STREAM_LLM_BASE_URL": url}

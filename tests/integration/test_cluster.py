@@ -10,10 +10,10 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
-from instanced_stream.harness.coordinator import BrokerKiller
 from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import ensure_topics
-from instanced_stream.testing.cluster import LocalCluster
+from instanced_stream_bench.harness.coordinator import BrokerKiller
+from instanced_stream_bench.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -21,7 +21,7 @@ from instanced_stream.kafka.topics import ensure_product_topics, product_topics,
 from instanced_stream.ops.console import produce, render_topics, resolve_topic, topics
 from instanced_stream.ops.tail import tail
 from instanced_stream.settings import Settings
-from instanced_stream.testing.samples import comments
+from instanced_stream_bench.testing.samples import comments
 
 from tests.conftest import Deployment
 

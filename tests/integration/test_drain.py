@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from instanced_stream.harness.demo import ProcessorProcess
-from instanced_stream.testing.broker import free_port
+from instanced_stream_bench.harness.demo import ProcessorProcess
+from instanced_stream_bench.testing.broker import free_port
 
 from tests.conftest import Deployment, committed_offsets
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from instanced_stream.core.spec import load_spec
-from instanced_stream.harness.eval import evaluate, load_items, markdown
 from instanced_stream.llm.client import LLM
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.harness.eval import evaluate, load_items, markdown
+from instanced_stream_bench.testing.sim.server import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

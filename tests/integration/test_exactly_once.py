@@ -19,10 +19,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.harness.demo import ProcessorProcess
 from instanced_stream.kafka.security import options_for
 from instanced_stream.ops.audit import AuditReport
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.harness.demo import ProcessorProcess
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import (
     Deployment,

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from instanced_stream.harness.demo import ProcessorProcess
 from instanced_stream.kafka.topics import read_topic
+from instanced_stream_bench.harness.demo import ProcessorProcess
 
 from tests.conftest import Deployment, kill_with_work
 

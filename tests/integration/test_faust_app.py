@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from instanced_stream.settings import Settings
-from instanced_stream.testing.broker import free_port
-from instanced_stream.testing.samples import comments
+from instanced_stream_bench.testing.broker import free_port
+from instanced_stream_bench.testing.samples import comments
 
 from tests.conftest import Deployment
 from tests.integration.test_faust_worker import Deploy, _commit_lag

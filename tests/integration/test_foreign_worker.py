@@ -19,7 +19,7 @@ from typing import IO, Any
 import pytest
 from instanced_stream.kafka.publish import forwarded_from
 from instanced_stream.kafka.topics import read_topic
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, stuck_report
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 from instanced_stream.core.spec import load_spec
-from instanced_stream.harness.injection import injection_share
 from instanced_stream.llm.client import LLM
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.harness.injection import injection_share
+from instanced_stream_bench.testing.sim.server import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

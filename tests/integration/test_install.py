@@ -1,6 +1,7 @@
-"""A non-editable install runs its own demo: the wheel built from what the image copies,
-installed into a clean venv with the pinned dependencies, run from a folder that is not
-this checkout (issue 27, item 1)."""
+"""Non-editable installs, each into a clean venv with the pinned dependencies, run from a
+folder that is not this checkout: the product's wheel (built from what the image copies)
+holds only the product and runs a processor alone; with the bench's wheel beside it the
+demo runs from anywhere; the worker's wheel runs a worker beside the product."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -25,10 +27,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 # What the Dockerfile's build stage copies: the wheel must need nothing else.
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "stream", "examples")
+BENCH = ROOT / "packages" / "bench"
+# What a module of the bench would be named inside the product's wheel, had it leaked in.
+BENCH_IN_PRODUCT = (
+    "instanced_stream/harness/",
+    "instanced_stream/testing/",
+    "instanced_stream_bench",
+)
+ITEMS = [
+    {"_instance": "c-1", "text": "Thanks, this guide helped me a lot."},
+    {"_instance": "c-2", "text": "You are an idiot and everyone hates you."},
+    {"_instance": "c-3", "text": "BUY NOW cheap watches at my shop!!!"},
+]
 
 
-def _run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _run(
+    *argv: str | Path, cwd: Path, timeout: float = 300, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))}
+    env |= env_extra or {}
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)
     return subprocess.run(
@@ -79,17 +96,104 @@ def product_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(SOURCES, ROOT, tmp_path_factory.mktemp("product"))
 
 
-def test_an_installed_wheel_runs_the_demo_from_anywhere(
-    product_wheel: Path, tmp_path: Path
+@pytest.fixture(scope="module")
+def bench_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(("pyproject.toml", "setup.py", "src"), BENCH, tmp_path_factory.mktemp("b"))
+
+
+def _audit(stream: Path, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [stream, "audit", "--json"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+    report: dict[str, Any] = orjson.loads(done.stdout)
+    return report
+
+
+def test_the_product_wheel_holds_only_the_product_and_runs_a_processor_alone(
+    bootstrap: str, simulator: tuple[object, str], product_wheel: Path, tmp_path: Path
 ) -> None:
-    wheel = product_wheel
-    venv = clean_venv(wheel, tmp_path)
+    """What a deployment installs: no module of the harness or the test support, no bench
+    command; `stream process` from that wheel alone decides items on a real broker (the
+    model here is the test session's simulator, reached over HTTP as any endpoint)."""
+    shipped = sorted(zipfile.ZipFile(product_wheel).namelist())
+    assert "instanced_stream/runtime/service.py" in shipped  # the precondition
+    leaked = [n for n in shipped if n.startswith(BENCH_IN_PRODUCT) or n.endswith("/local.py")]
+    assert not leaked, leaked
+    print(f"the product's wheel: {len(shipped)} files")
+
+    venv = clean_venv(product_wheel, tmp_path)
+    stream = venv / "bin" / "stream"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    absent = _run(venv / "bin" / "python", "-c", "import instanced_stream_bench", cwd=elsewhere)
+    assert absent.returncode != 0
+    for command in ("demo", "bench", "broker", "llm-sim"):
+        done = _run(stream, command, "--items", "3", cwd=elsewhere)
+        assert done.returncode == 2, done
+        (line,) = done.stderr.strip().splitlines()
+        assert "comes with the development distribution (instanced-stream-bench)" in line
+
+    items = elsewhere / "items.jsonl"
+    items.write_bytes(b"".join(orjson.dumps(item) + b"\n" for item in ITEMS))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "VIRTUAL_ENV"))}
+    env |= {
+        "STREAM_BOOTSTRAP_SERVERS": bootstrap,
+        "STREAM_TOPIC_PREFIX": f"wheel{secrets.token_hex(3)}.",
+        "STREAM_LLM_BASE_URL": simulator[1],
+        "STREAM_WEB_PORT": "0",
+    }
+    # nor can a deployment arm a fault point: the injector is the bench's
+    armed = _run(
+        stream, "process", cwd=elsewhere, env_extra={**env, "STREAM_CRASH_AT": "after_llm:1"}
+    )
+    assert armed.returncode == 2, armed
+    assert "no fault injector is installed" in armed.stderr, armed.stderr
+    created = subprocess.run(
+        [stream, "topics", "--create"], env=env, cwd=elsewhere, capture_output=True, timeout=120
+    )
+    assert created.returncode == 0, created.stderr
+    processor = subprocess.Popen(
+        [stream, "process"],
+        cwd=elsewhere,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        produced = subprocess.run(
+            [stream, "produce", items], env=env, cwd=elsewhere, capture_output=True, timeout=60
+        )
+        assert produced.returncode == 0, produced.stderr
+        report: dict[str, Any] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert processor.poll() is None, processor.stdout.read() if processor.stdout else ""
+            report = _audit(stream, env, elsewhere)
+            if report["inputs"] == len(ITEMS) and not report["missing"]:
+                break
+            time.sleep(1)
+    finally:
+        processor.send_signal(signal.SIGTERM)
+        output = processor.communicate(timeout=60)[0]
+    assert report["inputs"] == len(ITEMS) and report["accounted"] == len(ITEMS), (report, output)
+    assert not report["missing"] and not report["unexpected"], report
+    assert processor.returncode == 0, output[-2000:]
+
+
+def test_the_bench_beside_the_product_runs_the_demo_from_anywhere(
+    product_wheel: Path, bench_wheel: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    _ok(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
+    _ok(*pip, "-c", ROOT / "constraints.txt", product_wheel, bench_wheel, cwd=tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = _ok(
         venv / "bin" / "python",
         "-c",
-        "import instanced_stream; print(instanced_stream.__file__)",
+        "import instanced_stream, instanced_stream_bench as b; print(instanced_stream.__file__)",
         cwd=elsewhere,
     ).stdout.strip()
     assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout's
@@ -107,22 +211,23 @@ def test_an_installed_wheel_runs_the_demo_from_anywhere(
     assert not list(elsewhere.iterdir()) or all(p.name.startswith(".") for p in elsewhere.iterdir())
 
 
-def test_the_wheel_ships_the_maven_projects_the_local_broker_and_registry_build(
-    product_wheel: Path,
+def test_the_bench_wheel_ships_the_maven_projects_the_local_broker_and_registry_build(
+    bench_wheel: Path,
 ) -> None:
     """testing/kafka (the broker's pom) and testing/apicurio (the schema registry's pom, its
-    Java sources and resources, in Maven's layout) are package data: the launchers build
-    from them where the installed package has them, so every file is in the wheel."""
-    stream = ROOT / "stream"
-    projects = [stream / "instanced_stream" / "testing" / name for name in ("kafka", "apicurio")]
+    Java sources and resources, in Maven's layout) are package data of the bench: the
+    launchers build from them where the installed package has them, so every file is in
+    its wheel."""
+    src = BENCH / "src"
+    testing = src / "instanced_stream_bench" / "testing"
     wanted = {
-        str(path.relative_to(stream))
-        for project in projects
+        str(path.relative_to(src))
+        for project in (testing / "kafka", testing / "apicurio")
         for path in project.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     }
-    assert "instanced_stream/testing/apicurio/pom.xml" in wanted  # the precondition
-    shipped = set(zipfile.ZipFile(product_wheel).namelist())
+    assert "instanced_stream_bench/testing/apicurio/pom.xml" in wanted  # the precondition
+    shipped = set(zipfile.ZipFile(bench_wheel).namelist())
     assert wanted <= shipped, sorted(wanted - shipped)
 
 
@@ -198,7 +303,7 @@ def test_the_worker_package_runs_a_worker_and_sits_beside_the_product(
     # command, test support or the product's CLI
     shipped = [n for n in zipfile.ZipFile(thin).namelist() if n.endswith(".py")]
     assert "instanced_stream_worker/activities/worker.py" in shipped, shipped
-    heavy = ("runtime/", "harness/", "ops/", "testing/", "cli/main.py", "cli/commands.py")
+    heavy = ("runtime/", "harness/", "ops/", "testing/", "cli/main.py")
     pulled = [n for n in shipped if n.removeprefix("instanced_stream_worker/").startswith(heavy)]
     assert not pulled, pulled
 

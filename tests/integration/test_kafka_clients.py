@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaError
-from instanced_stream.harness.demo import launch_processor
 from instanced_stream.kafka import clients
 from instanced_stream.settings import Settings
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.harness.demo import launch_processor
+from instanced_stream_bench.testing.sim.server import Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

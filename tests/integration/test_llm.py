@@ -13,7 +13,7 @@ from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import LLM, RetryPolicy
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.server import Faults, Simulator
+from instanced_stream_bench.testing.sim.server import Faults, Simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

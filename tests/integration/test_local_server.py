@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 from instanced_stream.core.prompt import token_for
-from instanced_stream.llm.local import running_local_llm
+from instanced_stream_bench.testing.local_model import running_local_llm
 from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(120)]

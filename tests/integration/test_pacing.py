@@ -22,8 +22,8 @@ from instanced_stream.core.spec import load_spec
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.account import SimConfig
-from instanced_stream.testing.sim.server import Simulator, running_simulator
+from instanced_stream_bench.testing.sim.account import SimConfig
+from instanced_stream_bench.testing.sim.server import Simulator, running_simulator
 
 from tests.fakes import make_batch
 

@@ -17,12 +17,12 @@ import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.harness.seeds import approve_until_ended, seed_items
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic, state_changelog
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.samples import tickets
-from instanced_stream.testing.sim.planner import THOUGHT
+from instanced_stream_bench.harness.seeds import approve_until_ended, seed_items
+from instanced_stream_bench.testing.samples import tickets
+from instanced_stream_bench.testing.sim.planner import THOUGHT
 
 from tests.conftest import Deployment, workflow_states
 from tests.flows import until

@@ -19,17 +19,17 @@ import orjson
 import pytest
 import yaml
 from instanced_stream.core.messages import ITEM_CODES
-from instanced_stream.harness.demo import (
+from instanced_stream.kafka.topics import read_json
+from instanced_stream.settings import DEFAULT_SPEC
+from instanced_stream_bench.harness.demo import (
     ProcessorProcess,
     launch_processor,
     produce,
     wait_accounted,
 )
-from instanced_stream.kafka.topics import read_json
-from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.samples import malformed_records
-from instanced_stream.testing.sim.account import MODEL_NAME, SimConfig
-from instanced_stream.testing.sim.server import Simulator, running_simulator
+from instanced_stream_bench.testing.samples import malformed_records
+from instanced_stream_bench.testing.sim.account import MODEL_NAME, SimConfig
+from instanced_stream_bench.testing.sim.server import Simulator, running_simulator
 
 from tests.conftest import _free_port, demo_json
 

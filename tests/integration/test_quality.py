@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.samples import comments
-from instanced_stream.testing.sim.account import Faults
-from instanced_stream.testing.sim.request import read_request
+from instanced_stream_bench.testing.samples import comments
+from instanced_stream_bench.testing.sim.account import Faults
+from instanced_stream_bench.testing.sim.request import read_request
 
 from tests.conftest import Deployment, demo_json
 

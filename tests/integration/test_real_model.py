@@ -28,21 +28,21 @@ from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.validate import Validator
-from instanced_stream.harness.demo import (
+from instanced_stream.kafka.topics import activity_topics, read_json, read_topic, state_changelog
+from instanced_stream.llm.client import LLM
+from instanced_stream.llm.limiter import Limiter
+from instanced_stream.ops.workflow_audit import audit_workflows
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
+from instanced_stream_bench.harness.demo import (
     ProcessorProcess,
     launch_processor,
     produce,
     wait_accounted,
 )
-from instanced_stream.harness.seeds import run_example
-from instanced_stream.harness.target import Target
-from instanced_stream.kafka.topics import activity_topics, read_json, read_topic, state_changelog
-from instanced_stream.llm.client import LLM
-from instanced_stream.llm.limiter import Limiter
-from instanced_stream.llm.local import running_local_llm
-from instanced_stream.ops.workflow_audit import audit_workflows
-from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
-from instanced_stream.testing.samples import comments, tickets
+from instanced_stream_bench.harness.seeds import run_example
+from instanced_stream_bench.harness.target import Target
+from instanced_stream_bench.testing.local_model import running_local_llm
+from instanced_stream_bench.testing.samples import comments, tickets
 from jsonschema import Draft202012Validator
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_model, pytest.mark.timeout(600)]

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.harness.demo import ProcessorProcess
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.harness.demo import ProcessorProcess
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, stuck_report
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.ops.redrive import REDRIVE, REDRIVE_COUNT, REDRIVE_OF
-from instanced_stream.testing.sim.server import Faults
+from instanced_stream_bench.testing.sim.server import Faults
 
 from tests.conftest import Deployment
 

@@ -19,7 +19,7 @@ from instanced_stream.activities.worker import load_activities
 from instanced_stream.kafka.publish import home_partition
 from instanced_stream.kafka.security import options_for
 from instanced_stream.kafka.topics import read_topic, state_changelog
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, stuck_report
 

@@ -26,8 +26,8 @@ from instanced_stream.core.subjects import subject_of
 from instanced_stream.core.wire import frame, schema_id
 from instanced_stream.kafka.topics import read_topic
 from instanced_stream.settings import DEFAULT_SPEC, Settings
-from instanced_stream.testing.broker import free_port
-from instanced_stream.testing.schema_registry import registry_url
+from instanced_stream_bench.testing.broker import free_port
+from instanced_stream_bench.testing.schema_registry import registry_url
 
 from tests.conftest import Deployment
 

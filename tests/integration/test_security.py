@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
-from instanced_stream.harness.demo import launch_processor
 from instanced_stream.kafka.security import client_options, register
 from instanced_stream.settings import Settings
-from instanced_stream.testing.broker import LocalKafka, Tls
-from instanced_stream.testing.listeners import unsecured_token
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.harness.demo import launch_processor
+from instanced_stream_bench.testing.broker import LocalKafka, Tls
+from instanced_stream_bench.testing.listeners import unsecured_token
+from instanced_stream_bench.testing.sim.server import Simulator
 
 from tests.conftest import Deployment, _free_port
 

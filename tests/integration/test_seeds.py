@@ -16,9 +16,9 @@ import yaml
 from instanced_stream.activities.worker import Activities
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import Tool
-from instanced_stream.harness.seeds import seed_items
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.harness.seeds import seed_items
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, demo_json, workflow_states
 from tests.flows import until

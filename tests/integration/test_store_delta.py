@@ -15,10 +15,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from instanced_stream.core.state import InstanceState
-from instanced_stream.harness.changelog_states import done_state
 from instanced_stream.kafka.security import options_for
 from instanced_stream.runtime.state.recall import Recall
 from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream_bench.harness.changelog_states import done_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

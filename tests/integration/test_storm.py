@@ -7,7 +7,7 @@ chart's default: each restarted member rejoins under its name)."""
 from __future__ import annotations
 
 import pytest
-from instanced_stream.harness.storm import StormPlan, run_storm
+from instanced_stream_bench.harness.storm import StormPlan, run_storm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(720)]
 

@@ -12,10 +12,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import StreamError
-from instanced_stream.harness.demo import produce
 from instanced_stream.kafka.topics import check_partitions, ensure_product_topics, ensure_topics
 from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
+from instanced_stream_bench.harness.demo import produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

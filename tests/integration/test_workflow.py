@@ -14,7 +14,7 @@ import pytest
 import yaml
 from instanced_stream.activities.worker import Activities, load_activities
 from instanced_stream.kafka.topics import read_json, read_topic, state_changelog
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, demo_json, live_of, stuck_report, workflow_states
 

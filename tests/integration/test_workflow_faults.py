@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import yaml
 from instanced_stream.activities.worker import load_activities
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.conftest import Deployment, stuck_report, workflow_states
 

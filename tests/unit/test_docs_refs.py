@@ -2,7 +2,8 @@
 backticks exists, so a rename or a removal that leaves a page behind fails here.
 
 Where: inline code spans (`...`) of README.md and docs/**/*.md and of every module's and
-class's docstring under stream/instanced_stream. A fenced block with a language (```bash,
+class's docstring under stream/instanced_stream and the bench's
+packages/bench/src/instanced_stream_bench. A fenced block with a language (```bash,
 ```python, ```json) is an example, not a reference, and is left out; one without (a
 diagram, as docs/architecture.md's picture, or a command's output) is read for paths and
 for `Class.attr` names of the package's classes, the two kinds that cannot be mistaken
@@ -12,15 +13,17 @@ What counts as a reference (a span without spaces; a trailing `()` is dropped):
 
 - a **path**: path characters only, with a `/`, whose first part is a top-level folder
   of the repository (`stream/...`, `tests/...`, `docs/...`, `deploy/...`, `examples/...`)
-  or a sub-package of instanced_stream (`runtime/units/lifecycle.py`); or a test file
-  by its name alone (`test_docs.py`, anywhere under tests/). It resolves when the file
-  or folder exists under the repository's root, stream/instanced_stream or the page's
-  own folder. `path/module.name` names `name` in that module, and
-  `file.py::name[::name]` a function or class of that file (a pytest node id): the name
-  must be defined there. A bare file name that is not a test (`activities.py`,
+  or a sub-package of instanced_stream or of the bench (`runtime/units/lifecycle.py`,
+  `harness/demo.py`); or a test file by its name alone (`test_docs.py`, anywhere under
+  tests/). It resolves when the file or folder exists under the repository's root,
+  stream/instanced_stream, the bench's package or the page's own folder.
+  `path/module.name` names `name` in that module, and `file.py::name[::name]` a function
+    or class of that file (a pytest node id): the name must be defined there. A bare file
+  name that is not a test (`activities.py`,
   `agent.yaml`) is left alone: pages use those for a user's files.
 - a **dotted name** (`a.b`, identifiers only) whose first part is
-  - `instanced_stream`: the module path and the names after it exist;
+  - `instanced_stream` (or `instanced_stream_bench`): the module path and the names
+    after it exist in that package;
   - a class defined in the package (`Dispatch.launch`, `InstanceState.applied`): the class
     has that attribute (a method, a property, a field, or an attribute one of its
     methods sets on `self`), its bases included; deeper parts are not followed;
@@ -59,6 +62,7 @@ from pydantic import AliasChoices, BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "stream" / "instanced_stream"
+BENCH = ROOT / "packages" / "bench" / "src" / "instanced_stream_bench"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 CHART_VALUES = ROOT / "deploy" / "helm" / "instanced-stream" / "values.yaml"
 
@@ -92,7 +96,7 @@ def _texts() -> Iterator[tuple[str, Path, str]]:
     """(where, the folder a relative path may start from, text) of every page and docstring."""
     for page in PAGES:
         yield str(page.relative_to(ROOT)), page.parent, FENCE.sub("", page.read_text("utf-8"))
-    for module in sorted(PACKAGE.rglob("*.py")):
+    for module in sorted([*PACKAGE.rglob("*.py"), *BENCH.rglob("*.py")]):
         for doc in _docstrings(module):
             yield str(module.relative_to(ROOT)), module.parent, doc
 
@@ -123,17 +127,28 @@ def _spans() -> list[tuple[str, Path, str]]:
 # ------------------------------------------------------------------ what the code defines
 
 
-@cache
-def _modules() -> dict[str, Path]:
-    """Dotted module name under instanced_stream ("" for the package) -> its file."""
+def _modules_of(package: Path) -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
+    return found
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    """Dotted module name under instanced_stream ("" for the package) -> its file."""
+    found = _modules_of(PACKAGE)
     found["examples"] = ROOT / "examples" / "__init__.py"  # shipped as instanced_stream.examples
     return found
+
+
+@cache
+def _bench_modules() -> dict[str, Path]:
+    """The same for the bench's package, instanced_stream_bench."""
+    return _modules_of(BENCH)
 
 
 @cache
@@ -304,7 +319,7 @@ def _missing(path: Path, names: list[str]) -> str | None:
 
 
 def _file(span: str, folder: Path) -> Path | None:
-    for base in (ROOT, PACKAGE, folder):
+    for base in (ROOT, PACKAGE, BENCH, folder):
         if (base / span).exists():
             return base / span
     return None
@@ -315,7 +330,9 @@ def _roots() -> frozenset[str]:
     """The first parts a path reference starts with: the repository's top-level folders
     and the package's sub-packages."""
     top = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    subs = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    subs = {
+        p.name for root in (PACKAGE, BENCH) for p in root.iterdir() if (p / "__init__.py").exists()
+    }
     return frozenset(top | subs | {".ci"})
 
 
@@ -335,7 +352,7 @@ def _counts(span: str) -> bool:
         return False
     first = span.split(".", 1)[0]
     return (
-        first == "instanced_stream"
+        first in ("instanced_stream", "instanced_stream_bench")
         or first in _classes()
         or (first in _by_short_name() and first not in FOREIGN)
     )
@@ -369,6 +386,8 @@ def _dotted(span: str) -> str | None:
     first, *rest = span.split(".")
     if first == "instanced_stream":
         return _package_path(rest)
+    if first == "instanced_stream_bench":
+        return _package_path(rest, _bench_modules())
     if first in _classes():
         return None if _class_has(first, rest[0]) else f"{first} has no attribute {rest[0]}"
     modules = [_modules()[d] for d in _by_short_name()[first]]
@@ -377,12 +396,13 @@ def _dotted(span: str) -> str | None:
     return f"no module {first} defines {rest[0]} (nor is it a configuration key)"
 
 
-def _package_path(parts: list[str]) -> str | None:
+def _package_path(parts: list[str], modules: dict[str, Path] | None = None) -> str | None:
+    modules = _modules() if modules is None else modules
     for cut in range(len(parts), -1, -1):
         dotted = ".".join(parts[:cut])
-        if dotted in _modules():
+        if dotted in modules:
             rest = parts[cut:]
-            return _missing(_modules()[dotted], rest[:2]) if rest else None
+            return _missing(modules[dotted], rest[:2]) if rest else None
     return "no such module"
 
 

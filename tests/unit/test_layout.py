@@ -33,7 +33,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("observe", "kafka"),
     ("llm", "activities"),
-    ("testing",),
     ("runtime.pipeline.windows", "runtime.pipeline.outcomes"),
     ("runtime.quality",),
     ("runtime.state",),
@@ -43,9 +42,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime.assembly",),
     ("runtime", "runtime.service"),
     ("ops",),
-    ("harness",),
     ("cli",),
 )
+# The team's bench (packages/bench): it imports the product; nothing of the product imports it.
+BENCH = "instanced_stream_bench"
 # `python -m instanced_stream` is the CLI's.
 ALIASES = {"__main__": "cli.main"}
 
@@ -226,3 +226,19 @@ def test_no_import_circle() -> None:
         if node not in state:
             walk(node, [node])
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_product_never_imports_the_bench() -> None:
+    """The demo, the benches and the test support are a distribution of their own
+    (packages/bench): a product module that imported one would break every deployment,
+    whose wheel does not hold it (tests/integration/test_install.py builds that wheel)."""
+    found = []
+    for path in sorted(STREAM.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == BENCH]
+    assert not found, "the product imports the bench:\n" + "\n".join(found)

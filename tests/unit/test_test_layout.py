@@ -1,5 +1,7 @@
-"""The tests mirror the package: every module under stream/instanced_stream has a test file
-named after it in its room (tests/unit/<room>/test_<module>.py, or
+"""The tests mirror the packages: every module under stream/instanced_stream, and under the
+bench's packages/bench/src/instanced_stream_bench (its rooms `harness/` and `testing/`
+sit beside the product's in tests/unit), has a test file named after it in its room
+(tests/unit/<room>/test_<module>.py, or
 tests/integration/test_<module>.py for a behaviour tested across modules), or a row in
 docs/testing.md's table that says why it has none. A package's own test is named for the
 package, one room up. Integration tests are not filed by room, so one counts for a module
@@ -16,14 +18,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "stream" / "instanced_stream"
+BENCH = ROOT / "packages" / "bench" / "src" / "instanced_stream_bench"
+# Each package's modules are named by their path in it; no path is in both.
+PACKAGES = {"instanced_stream": PACKAGE, "instanced_stream_bench": BENCH}
 UNIT = ROOT / "tests" / "unit"
 INTEGRATION = ROOT / "tests" / "integration"
 TESTING_DOC = ROOT / "docs" / "testing.md"
 ROW = re.compile(r"^\| `(?P<module>[\w./]+\.py)` \| (?P<reason>.*?) \|$", re.M)
 
 
+@cache
+def _owners() -> dict[str, str]:
+    """A module's path in its package -> that package's import name."""
+    found: dict[str, str] = {}
+    for name, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            module = str(path.relative_to(root))
+            if module != "__init__.py":
+                assert module not in found, f"{module} is in both packages"
+            found[module] = name
+    return found
+
+
 def _modules() -> list[str]:
-    return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+    return sorted(_owners())
 
 
 def _named_tests(module: str) -> list[Path]:
@@ -36,7 +54,7 @@ def _named_tests(module: str) -> list[Path]:
         room, name = path.parent.parent, path.parent.name
     else:
         room, name = path.parent, path.stem
-    dotted = ".".join(("instanced_stream", *room.parts, name))
+    dotted = ".".join((_owners()[module], *room.parts, name))
     found = [c for c in [UNIT / room / f"test_{name}.py"] if c.exists()]
     integration = INTEGRATION / f"test_{name}.py"
     if integration.exists() and _imports(integration, dotted, path.name == "__init__.py"):
@@ -93,5 +111,6 @@ def test_unit_test_folders_mirror_the_package() -> None:
     `__init__.py`), so two test files of one name in different rooms do not collide."""
     for folder in sorted(p for p in UNIT.rglob("*") if p.is_dir() and p.name != "__pycache__"):
         rel = folder.relative_to(UNIT)
-        assert (PACKAGE / rel / "__init__.py").exists(), f"tests/unit/{rel} mirrors no room"
+        rooms = [root / rel / "__init__.py" for root in PACKAGES.values()]
+        assert any(r.exists() for r in rooms), f"tests/unit/{rel} mirrors no room"
         assert (folder / "__init__.py").exists(), f"tests/unit/{rel} has no __init__.py"

@@ -14,7 +14,7 @@ import orjson
 
 from instanced_stream.cli.activities import activities
 from instanced_stream.cli.parser import build_parser
-from instanced_stream.cli.runner import Command, configured, run, secure
+from instanced_stream.cli.runner import Command, configured, run
 from instanced_stream.errors import StreamError
 
 if TYPE_CHECKING:
@@ -30,83 +30,6 @@ def _process(_: argparse.Namespace, settings: Settings) -> int:
     spec, bootstrap = configured(settings)
     preflight(settings, spec)  # what `stream check` refuses, refused here the same way
     return run_processor(settings, spec, bootstrap)
-
-
-def _broker(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.testing.broker import run_foreground
-
-    return run_foreground(args.port, Path(args.data_dir) if args.data_dir else None)
-
-
-def _llm_sim(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.testing.sim.server import SimConfig, serve_forever
-
-    config = SimConfig(
-        latency_ms=args.latency_ms,
-        per_output_token_ms=args.ms_per_token,
-        jitter=args.jitter,
-        max_concurrency=args.max_concurrency,
-        tokens_per_minute=args.tpm,
-        requests_per_minute=args.rpm,
-        provider=args.provider,
-    )
-    return serve_forever(config, args.host, args.port)
-
-
-def _llm_local(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.llm.local import DEFAULT_CTX, DEFAULT_PARALLEL, run_foreground
-
-    return run_foreground(
-        args.model,
-        args.host,
-        args.port,
-        args.parallel or DEFAULT_PARALLEL,
-        args.ctx or DEFAULT_CTX,
-        args.threads,
-        verbose=args.verbose,
-    )
-
-
-def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.harness.demo import run_demo
-    from instanced_stream.settings import EXAMPLES
-
-    secure(settings)  # a configured broker may need TLS or SASL
-
-    if args.example == "seeds":
-        from instanced_stream.harness.seeds import run_seeds
-
-        return run_seeds(args.json, timeout=args.timeout, llm=args.llm)
-    # A real model on this machine writes ~30 tokens/s: the seeds' short example suits it.
-    example = args.example or ("moderation" if args.llm == "simulator" else "seed_moderation")
-    if not (EXAMPLES / example).is_dir():
-        # name what is there, so the message never offers the very name that was missing
-        there = sorted(p.name for p in EXAMPLES.glob("*/") if any(p.glob("*.yaml")))
-        if not there:
-            raise StreamError(f"no examples are installed (looked in {EXAMPLES})")
-        raise StreamError(f"no example named {example!r}; there are: {', '.join(there)}")
-    return run_demo(
-        args.items,
-        args.json,
-        timeout=args.timeout,
-        latency_ms=args.latency_ms,
-        example=example,
-        llm=args.llm,
-        chaos=args.chaos,
-        settings=settings,
-    )
-
-
-def _bench(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.cli.commands import bench
-
-    return bench(args, settings)
-
-
-def _eval(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.cli.commands import evaluate
-
-    return evaluate(args, settings)
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:
@@ -309,15 +232,9 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 _COMMANDS: dict[str, Command] = {
-    "demo": _demo,
     "process": _process,
     "activities": activities,
     "check": _check,
-    "broker": _broker,
-    "llm-sim": _llm_sim,
-    "llm-local": _llm_local,
-    "bench": _bench,
-    "eval": _eval,
     "schemas": _schemas,
     "advice": _advice,
     "produce": _produce,
@@ -329,5 +246,19 @@ _COMMANDS: dict[str, Command] = {
 }
 
 
+def _absent(args: argparse.Namespace, settings: Settings) -> int:
+    raise StreamError(
+        f"`stream {args.command}` comes with the development distribution "
+        "(instanced-stream-bench), which is not installed here: from a checkout, "
+        "`pip install ./packages/bench` (./dev installs it)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv), _COMMANDS)
+    parser = build_parser()
+    # a command of a distribution not installed here: whatever its flags, say so
+    known, _ = parser.parse_known_args(argv)
+    if getattr(known, "absent", False):
+        return run(known, {known.command: _absent})
+    args = parser.parse_args(argv)
+    return run(args, {**_COMMANDS, **({args.command: args.handler} if args.handler else {})})

@@ -1,17 +1,30 @@
 """The `stream` command line: every sub-command and its flags. Parsing only; what each
-command does lives in stream/instanced_stream/cli/main.py and the modules it dispatches to."""
+command does lives in stream/instanced_stream/cli/main.py and the modules it dispatches to.
+
+Other distributions add commands of their own through the entry point group `PLUG_INS`:
+each entry point is a function that takes `add` (a sub-command's parser, with the common
+flags) and sets `handler` on the parsers it adds. The development distribution
+(packages/bench) adds the demo, the benches, the broker and the model servers this way, so
+the product's wheel holds none of them and a deployment without it still says where they
+come from."""
 
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from instanced_stream import __version__
 
-__all__ = ["SETTING_FLAGS", "build_parser", "window_sizes"]
+__all__ = ["DEVELOPMENT", "PLUG_INS", "SETTING_FLAGS", "build_parser", "window_sizes"]
 
 # Global flags that are settings: they win over STREAM_* variables and the .env file.
 SETTING_FLAGS = ("bootstrap_servers", "topic_prefix", "spec")
+# The entry point group of commands from other distributions (the module docstring).
+PLUG_INS = "instanced_stream.commands"
+# The development distribution's commands: without it each still parses (any arguments)
+# and its handler says where it comes from, instead of argparse's "invalid choice".
+DEVELOPMENT = ("demo", "bench", "eval", "broker", "llm-sim", "llm-local")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -68,36 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, **kw: Any) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
-    d = add("demo", help="run everything on embedded defaults and report")
-    d.add_argument("--items", type=int, default=300, help="items to publish (default 300)")
-    d.add_argument("--json", action="store_true", help="print one JSON object as last line")
-    d.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds to wait for outcomes (default 180; 900 with a real model)",
-    )
-    d.add_argument("--latency-ms", type=float, default=50, help="simulated LLM latency")
-    d.add_argument(
-        "--llm",
-        default="simulator",
-        help="simulator (default), local (a real small model via llama.cpp), or an endpoint URL",
-    )
-    d.add_argument(
-        "--example",
-        default=None,
-        help="which example under examples/: moderation (default; seed_moderation with a "
-        "real model), tickets (stateful), seed_moderation (one decision per comment), "
-        "seeds (the seeds' own moderation, advisor and manager examples)",
-    )
-    d.add_argument(
-        "--chaos",
-        type=int,
-        default=0,
-        metavar="N",
-        help="SIGKILL the processor N times at random moments (restarting it each time), "
-        "then show the audit",
-    )
+    p.set_defaults(handler=None)  # the product's commands: cli/main.py maps them by name
+
     add("process", help="run a processor (consumer group member)")
     a = add("activities", help="run an activity worker for a handler module")
     a.add_argument("module", help="a module name or .py file defining an Activities registry")
@@ -128,149 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--kafka",
         action="store_true",
         help="also connect to STREAM_BOOTSTRAP_SERVERS with the STREAM_KAFKA_* settings",
-    )
-    b = add("broker", help="run a local Apache Kafka broker in the foreground")
-    b.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    b.add_argument("--data-dir", default=None, help="keep data here (default: temporary)")
-    s = add("llm-sim", help="run the OpenAI-compatible LLM simulator")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--latency-ms", type=float, default=0.0, help="fixed latency per request")
-    s.add_argument("--ms-per-token", type=float, default=0.0, help="latency per output token")
-    s.add_argument("--jitter", type=float, default=0.0, help="latency varies by this share")
-    s.add_argument("--max-concurrency", type=int, default=0, help="429 beyond (0: no limit)")
-    s.add_argument("--tpm", type=int, default=0, help="tokens per minute, 429 beyond (0: none)")
-    s.add_argument("--rpm", type=int, default=0, help="requests per minute, 429 beyond (0: none)")
-    s.add_argument(
-        "--provider",
-        choices=["generic", "openai", "azure"],
-        default="generic",
-        help="follow this provider's documented request rules, errors and rate-limit headers",
-    )
-    lo = add("llm-local", help="serve a real local model (llama.cpp, extra `local`)")
-    lo.add_argument("--host", default="127.0.0.1")
-    lo.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
-    lo.add_argument("--model", default="smollm2", help="smollm2 (bundled) or a .gguf file")
-    lo.add_argument("--parallel", type=int, default=None, help="requests at once (default 2)")
-    lo.add_argument("--ctx", type=int, default=None, help="tokens, split among slots (16384)")
-    lo.add_argument(
-        "--threads", type=int, default=None, help="CPU threads (default: cores but one, >= 1)"
-    )
-    bn = add("bench", help="measure windows against the per-item baseline, one run")
-    bn.add_argument("--items", type=int, default=20_000, help="items (default 20000)")
-    bn.add_argument(
-        "--partitions", type=int, default=None, help="input partitions (default 4; --churn 24)"
-    )
-    bn.add_argument(
-        "--windows",
-        type=window_sizes,
-        default=(10, 25, 50, 100),
-        help="window sizes (default 10,25,50,100)",
-    )
-    bn.add_argument("--latency-ms", type=float, default=500, help="endpoint fixed latency")
-    bn.add_argument("--ms-per-token", type=float, default=2, help="endpoint ms per output token")
-    bn.add_argument("--concurrency", type=int, default=8, help="endpoint's concurrent requests")
-    bn.add_argument("--tpm", type=int, default=2_000_000, help="endpoint's tokens per minute")
-    bn.add_argument("--cap-s", type=float, default=60, help="seconds per run at most")
-    bn.add_argument(
-        "--paced-s", type=float, default=10, help="latency phase per run (0: none; default 10)"
-    )
-    bn.add_argument("--scaling", action="store_true", help="also 1-2 processes x 1/4/16 partitions")
-    bn.add_argument("--out", default="bench-results", help="folder for bench.md, .json, .png")
-    bn.add_argument(
-        "--tier",
-        choices=("online", "batch"),
-        default="online",
-        help="batch: the baseline, each window online and in the batch tier (docs/batch.md)",
-    )
-    bn.add_argument(
-        "--variants",
-        default="",
-        help="model settings also run at the largest window, comma-separated, e.g. "
-        "reasoning=off,reasoning=brief,answer=protocol,answer=keyed; quality.NAME=VALUE "
-        "sets the spec's quality section (quality.shadow_rate=0.02: shadowing's cost)",
-    )
-    bn.add_argument(
-        "--duplicates",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="instead: at the largest window, the items plain, with SHARE (e.g. 0.3) copies of "
-        "earlier items, and the same with dedupe on (what answering duplicates once saves)",
-    )
-    bn.add_argument(
-        "--soak", type=float, default=0, metavar="SECONDS", help="instead: a steady-load soak run"
-    )
-    bn.add_argument("--rate", type=float, default=None, help="soak: items/s (default: half)")
-    bn.add_argument(
-        "--llm",
-        default="simulator",
-        help="simulator (default, shaped by the flags above), local (a real small model via "
-        "llama.cpp) or an endpoint URL",
-    )
-    bn.add_argument("--endpoint", default=None, metavar="URL", help="same as --llm URL")
-    bn.add_argument(
-        "--churn",
-        action="store_true",
-        help="instead: scale processors 1 -> 3 -> 1 twice on a changelog of --states "
-        "workflow states (rebalances at size; DIR/churn.json)",
-    )
-    bn.add_argument(
-        "--states", type=int, default=100_000, help="--churn: states pre-written (100000)"
-    )
-    bn.add_argument(
-        "--restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="--churn: instead, a restart storm: three processors, N SIGKILLs and restarts "
-        "while tickets flow (progress while running; DIR/churn.json)",
-    )
-    bn.add_argument(
-        "--brokers",
-        type=int,
-        default=1,
-        choices=(1, 3),
-        help="--churn --restarts: 3 runs the storm on a local three-broker cluster and also "
-        "kills the group's coordinator broker twice",
-    )
-    bn.add_argument(
-        "--membership",
-        default="static",
-        choices=("static", "dynamic"),
-        help="--churn --restarts: the processors' group membership: static (default; a "
-        "stable name per member, as a StatefulSet's pods, STREAM_GROUP_INSTANCE_ID) or "
-        "dynamic (a new member each start)",
-    )
-    bn.add_argument(
-        "--init-transactions",
-        action="store_true",
-        help="--churn: only what a move costs in init_transactions at --partitions",
-    )
-    ev = add("eval", help="decisions, tokens and cost per window size, no Kafka")
-    ev.add_argument("file", help="JSONL file: one item per line, optional _label")
-    ev.add_argument(
-        "--windows",
-        type=window_sizes,
-        default=(1, 10, 25, 50),
-        help="window sizes (default 1,10,25,50)",
-    )
-    ev.add_argument("--concurrency", type=int, default=4, help="requests at once (default 4)")
-    ev.add_argument("--limit", type=int, default=0, help="only the first N items")
-    ev.add_argument("--json", action="store_true", help="one JSON array instead of the table")
-    ev.add_argument(
-        "--permutations",
-        type=int,
-        default=0,
-        metavar="K",
-        help="ask each window above 1 K more times with the items shuffled and report how "
-        "often a decision changes with the order (default 0: not measured)",
-    )
-    ev.add_argument(
-        "--llm",
-        default=None,
-        help="simulator, local (a real small model via llama.cpp) or an endpoint URL "
-        "(default: the configured endpoint, else the simulator)",
     )
     c = add("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")
@@ -368,4 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rd.add_argument("--dry-run", action="store_true", help="show what would be sent; send nothing")
     rd.add_argument("--json", action="store_true", help="one JSON line per dead letter")
+    for point in entry_points(group=PLUG_INS):
+        point.load()(add)
+    for name in DEVELOPMENT:
+        if name not in sub.choices:
+            absent = add(name, help="(not installed: the development distribution's)")
+            absent.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            absent.set_defaults(handler=None, absent=True)
     return p

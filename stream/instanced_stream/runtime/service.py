@@ -23,7 +23,7 @@ import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages
 from instanced_stream.core.spec import AgentSpec
-from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.faultpoints import NO_PROBE, Probe, injector
 from instanced_stream.kafka.publish import forwarded, home_partition
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
@@ -305,11 +305,8 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     resolve_api_key(settings, spec)  # configuration mistakes first, before any network
     claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
     probe: Probe = NO_PROBE
-    if settings.crash_at:  # tests only: the fault campaign's injector, wired in from here
-        from instanced_stream.testing.faults import FaultProbe, arm
-
-        arm(settings.crash_at)
-        probe = FaultProbe()
+    if settings.crash_at:  # tests only: the fault campaign's injector, found from outside
+        probe = injector(settings.crash_at)
 
     async def prepare() -> tuple[AgentSpec, tuple[Messages, dict[int, int]]]:
         probed = await check_llm(settings, spec)

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 from instanced_stream.ops.approvals import pending_proposals
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.flows import Rig, lazy, tickets_spec
 

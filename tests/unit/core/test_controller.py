@@ -19,8 +19,8 @@ from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.quality.escalation import Escalation
 from instanced_stream.runtime.quality.shadow import Shadow
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.sim.account import Faults, SimConfig
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.account import Faults, SimConfig
+from instanced_stream_bench.testing.sim.server import Simulator
 
 from tests.fakes import FakeLLM, make_batch
 

@@ -11,8 +11,8 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.llm.strict import violations
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.sim.account import Faults, SimConfig
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.account import Faults, SimConfig
+from instanced_stream_bench.testing.sim.server import Simulator
 from jsonschema import Draft202012Validator
 
 from tests.fakes import FakeLLM, make_batch

@@ -15,7 +15,7 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import CROSS_INSTANCE, LATENT_IN_LAZY_PLAN, Validator
 from instanced_stream.runtime.pipeline.outcomes.scopes import imported
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
-from instanced_stream.testing.sim.obedience import injected_calls
+from instanced_stream_bench.testing.sim.obedience import injected_calls
 
 FORMS = ["compact", "protocol"]
 

@@ -16,7 +16,7 @@ from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
 from instanced_stream.core.state import MemoryStore
 from instanced_stream.core.validate import Opinion
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.flows import TICKETS, Rig
 

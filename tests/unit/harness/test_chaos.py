@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from instanced_stream.harness.chaos import Chaos, Process, uncommitted_at
-from instanced_stream.testing.broker import free_port
+from instanced_stream_bench.harness.chaos import Chaos, Process, uncommitted_at
+from instanced_stream_bench.testing.broker import free_port
 
 
 class _Proc:

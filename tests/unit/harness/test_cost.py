@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from instanced_stream.core.spec import ModelEndpoint
-from instanced_stream.harness.report import Endpoint, Result, markdown
 from instanced_stream.observe.metrics import Metrics
+from instanced_stream_bench.harness.report import Endpoint, Result, markdown
 
 _PRICES = ModelEndpoint(
     price_input_per_million=0.15,

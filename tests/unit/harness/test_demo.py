@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from instanced_stream.core.spec import load_spec
-from instanced_stream.harness import demo
-from instanced_stream.harness.demo import NotAccounted, report_when_accounted, wait_accounted
 from instanced_stream.ops.audit import AuditReport
 from instanced_stream.settings import DEFAULT_SPEC, Settings
+from instanced_stream_bench.harness import demo
+from instanced_stream_bench.harness.demo import NotAccounted, report_when_accounted, wait_accounted
 
 
 def _report(missing: int) -> AuditReport:

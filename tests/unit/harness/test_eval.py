@@ -10,7 +10,9 @@ import orjson
 import pytest
 from instanced_stream.core.messages import Call
 from instanced_stream.core.spec import load_spec
-from instanced_stream.harness.eval import (
+from instanced_stream.llm.client import Completion
+from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
+from instanced_stream_bench.harness.eval import (
     EvalItem,
     _right,
     decision_of,
@@ -18,10 +20,8 @@ from instanced_stream.harness.eval import (
     load_items,
     markdown,
 )
-from instanced_stream.llm.client import Completion
-from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES
-from instanced_stream.testing.sim.account import SimConfig
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.account import SimConfig
+from instanced_stream_bench.testing.sim.server import Simulator
 
 from tests.fakes import FakeLLM
 
@@ -66,7 +66,7 @@ def test_load_items_strips_underscore_fields_and_names_a_bad_line(tmp_path: Path
 
 
 def test_disagreements_show_items_decided_differently_than_at_window_1() -> None:
-    from instanced_stream.harness.eval import EvalItem, SizeReport, disagreements
+    from instanced_stream_bench.harness.eval import EvalItem, SizeReport, disagreements
 
     spec = load_spec(DEFAULT_SPEC)
     items = [EvalItem("a", {"comment": "fine"}, None), EvalItem("b", {"comment": "rude"}, None)]

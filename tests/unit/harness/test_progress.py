@@ -4,7 +4,7 @@ cut at the stop: whatever a stop's drain finishes must not make a stuck run look
 
 from __future__ import annotations
 
-from instanced_stream.harness.progress import (
+from instanced_stream_bench.harness.progress import (
     Member,
     decided_late,
     join_times,

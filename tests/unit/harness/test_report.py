@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from instanced_stream.errors import StreamError
-from instanced_stream.harness import report
-from instanced_stream.harness.report import (
+from instanced_stream_bench.harness import report
+from instanced_stream_bench.harness.report import (
     Endpoint,
     Result,
     delivery_lines,
@@ -16,9 +16,9 @@ from instanced_stream.harness.report import (
     median_run,
     plots,
 )
-from instanced_stream.harness.soak import Sample, SoakResult
-from instanced_stream.harness.soak import markdown as soak_markdown
-from instanced_stream.harness.soak import plot as soak_plot
+from instanced_stream_bench.harness.soak import Sample, SoakResult
+from instanced_stream_bench.harness.soak import markdown as soak_markdown
+from instanced_stream_bench.harness.soak import plot as soak_plot
 
 
 def _results() -> list[Result]:
@@ -97,7 +97,7 @@ def test_soak_growth_compares_the_last_third_with_the_first_after_warm_up(tmp_pa
 
 
 def test_a_drain_that_lands_in_one_wave_is_timed_from_the_produce() -> None:
-    from instanced_stream.harness.load import Tally
+    from instanced_stream_bench.harness.load import Tally
 
     tally = Tally("127.0.0.1:1", [])
     tally.restart()

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 from instanced_stream.core.state import InstanceState
-from instanced_stream.harness.changelog_states import done_state
-from instanced_stream.harness.rebalances import parse_log
-from instanced_stream.harness.timeline import resume, stalls
+from instanced_stream_bench.harness.changelog_states import done_state
+from instanced_stream_bench.harness.rebalances import parse_log
+from instanced_stream_bench.harness.timeline import resume, stalls
 
 
 def test_a_stall_runs_from_the_oldest_waiting_input_to_the_next_outcome() -> None:

@@ -17,7 +17,7 @@ from instanced_stream.core.spec import BatchTier, ModelEndpoint, load_spec
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.server import MODEL_NAME, SimConfig, Simulator
+from instanced_stream_bench.testing.sim.server import MODEL_NAME, SimConfig, Simulator
 
 from tests.fakes import make_batch
 

@@ -17,7 +17,7 @@ from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import LLM
 from instanced_stream.retry import RetryPolicy
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.provider import Refusal
+from instanced_stream_bench.testing.sim.provider import Refusal
 
 from tests.endpoint import MemoryEndpoint
 from tests.fakes import make_batch

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from instanced_stream.settings import Settings
-from instanced_stream.testing import faults
-from instanced_stream.testing.faults import InjectedFault, arm, crash_point, parse
+from instanced_stream_bench.testing import faults
+from instanced_stream_bench.testing.faults import InjectedFault, arm, crash_point, parse
 from pydantic import ValidationError
 
 
@@ -78,7 +78,7 @@ def test_raise_onwards_fires_every_time_from_n() -> None:
 
 def test_kill_mode_sigkills_the_process() -> None:
     code = (
-        "from instanced_stream.testing.faults import arm, crash_point\n"
+        "from instanced_stream_bench.testing.faults import arm, crash_point\n"
         "arm('mid_commit:2')\n"
         "crash_point('mid_commit')\n"
         "print('survived the first pass', flush=True)\n"

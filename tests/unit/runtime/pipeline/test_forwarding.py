@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 from instanced_stream.core.spec import load_spec
 from instanced_stream.kafka.publish import home_partition
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.flows import TICKETS, Rig
 

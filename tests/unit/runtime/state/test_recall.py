@@ -25,7 +25,7 @@ from instanced_stream.runtime.units.lanes import Lanes
 from instanced_stream.runtime.units.membership import Fetched
 from instanced_stream.runtime.units.opening import Failures
 from instanced_stream.runtime.units.unit import Unit
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.fakes import FakeProducer
 from tests.flows import TICKETS, Rig

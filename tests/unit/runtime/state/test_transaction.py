@@ -16,7 +16,7 @@ from instanced_stream.errors import BadRecord
 from instanced_stream.runtime.state.changes import last_change
 from instanced_stream.runtime.state.store import OutsideChange, Stores, UnitStore
 from instanced_stream.runtime.state.transaction import Transaction
-from instanced_stream.testing.samples import tickets
+from instanced_stream_bench.testing.samples import tickets
 
 from tests.flows import TICKETS, Rig
 

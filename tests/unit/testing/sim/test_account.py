@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.server import SimConfig, Simulator
+from instanced_stream_bench.testing.sim.server import SimConfig, Simulator
 
 from tests.fakes import make_batch
 

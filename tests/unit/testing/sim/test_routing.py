@@ -13,10 +13,10 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec, ContextMessage, load_spec
-from instanced_stream.harness.seeds import seed_items
 from instanced_stream.settings import EXAMPLES
-from instanced_stream.testing.sim.request import SimRequest, read_request
-from instanced_stream.testing.sim.routing import choose_tool, route_instruction
+from instanced_stream_bench.harness.seeds import seed_items
+from instanced_stream_bench.testing.sim.request import SimRequest, read_request
+from instanced_stream_bench.testing.sim.routing import choose_tool, route_instruction
 
 SRC = SourcePosition(topic="in", partition=0, offset=0)
 MANAGER = EXAMPLES / "seeds" / "manager.yaml"

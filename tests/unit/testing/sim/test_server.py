@@ -6,11 +6,11 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
-from instanced_stream.testing.sim.account import SimConfig
-from instanced_stream.testing.sim.judge import plan_order
-from instanced_stream.testing.sim.planner import ORDERS
-from instanced_stream.testing.sim.request import read_request
-from instanced_stream.testing.sim.server import Simulator
+from instanced_stream_bench.testing.sim.account import SimConfig
+from instanced_stream_bench.testing.sim.judge import plan_order
+from instanced_stream_bench.testing.sim.planner import ORDERS
+from instanced_stream_bench.testing.sim.request import read_request
+from instanced_stream_bench.testing.sim.server import Simulator
 from jsonschema import Draft202012Validator
 
 from tests.fakes import make_batch
