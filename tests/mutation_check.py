@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True, slots=True)
 class Mutation:
     rule: str
-    module: str  # under stream/instanced_stream/
+    module: str  # under stream/instanced_stream/, or the bench's (packages/bench/src/...)
     old: str  # the code, found exactly once
     new: str  # what it becomes
     tests: tuple[str, ...]  # under tests/unit/
@@ -349,8 +349,15 @@ MUTATIONS = [
 ]
 
 
+# Where a mutation's module is found: the product's package, then the bench's.
+PACKAGES = ("stream/instanced_stream", "packages/bench/src/instanced_stream_bench")
+
+
 def _run(tree: Path, m: Mutation) -> str:
-    path = tree / "stream" / "instanced_stream" / m.module
+    path = next(
+        (tree / root / m.module for root in PACKAGES if (tree / root / m.module).exists()),
+        tree / PACKAGES[0] / m.module,
+    )
     src = path.read_text()
     if src.count(m.old) != 1:
         return f"NOT APPLIED (found {src.count(m.old)} times)"
@@ -370,7 +377,12 @@ def _run(tree: Path, m: Mutation) -> str:
                 *(f"tests/unit/{t}" for t in m.tests),
             ],
             cwd=tree,
-            env={**os.environ, "PYTHONPATH": str(tree / "stream")},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    str(tree / root.rsplit("/", 1)[0]) for root in PACKAGES
+                ),
+            },
             capture_output=True,
             text=True,
             timeout=600,
@@ -385,7 +397,7 @@ def main(rules: list[str]) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="stream-mutants-") as tmp:
         tree = Path(tmp)
-        for part in ("stream", "tests", "examples", "schemas", "docs"):
+        for part in ("stream", "packages/bench/src", "tests", "examples", "schemas", "docs"):
             shutil.copytree(ROOT / part, tree / part)
         for name in ("pyproject.toml", "asyncapi.yaml"):
             shutil.copy(ROOT / name, tree / name)

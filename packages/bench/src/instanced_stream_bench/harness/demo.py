@@ -62,7 +62,9 @@ class ProcessorProcess:
     """`stream process` as a real OS process (so tests can kill -9 it)."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.env = {**os.environ, **env}
+        # A free page port unless one is named: the default (6066) may be any other
+        # processor's on this host, and a test must never need a fixed port free.
+        self.env = {"STREAM_WEB_PORT": "0", **os.environ, **env}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 

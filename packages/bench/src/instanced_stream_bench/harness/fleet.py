@@ -86,7 +86,8 @@ class Worker:
     """The example's activity worker, `stream activities`, as its own process."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.env = {**os.environ, **env}
+        # a free probe port unless one is named (the default 6067 may be taken on this host)
+        self.env = {"STREAM_WORKER_WEB_PORT": "0", **os.environ, **env}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
