@@ -250,6 +250,9 @@ ItemCode = Literal[
     "internal_error",
     # a `type: state` record on the input topic, and the spec does not accept state input
     "state_input_refused",
+    # a tool, advisor, plan or global input sent to the input topic, where the spec does
+    # not forward context messages (accept_context_input): its reason names the topic
+    "context_on_input",
 ]
 DeadLetterCode = Literal[
     ItemCode,

@@ -125,7 +125,6 @@ class Advisor(_Strict):
     is_instanced: bool = Field(False, alias="isInstanced")
     weight: float = Field(1.0, ge=0, description="Its votes' weight (shown to the model)")
     gates: bool = Field(False, description="Request-wide: its opinion gates each instance")
-
     @field_validator("id")
     @classmethod
     def _is_identifier(cls, value: str) -> str:
@@ -333,6 +332,15 @@ class AgentSpec(_Strict):
         "its instance's state; false (default): state comes only from the processor's own "
         "turns and awaited results, and such a record is dead-lettered state_input_refused "
         "(anyone who can produce to the input topic could otherwise rewrite any workflow)",
+    )
+    accept_context_input: bool = Field(
+        False,
+        description="true: a tool, advisor, plan or global input (no _instance, no key) "
+        "record on the input topic is forwarded, in the reading unit's transaction, to the "
+        "context topic, and takes effect from there; false (default): it is dead-lettered "
+        "context_on_input, naming the context topic (the input topic is written by many "
+        "producers, the context topic can have ACLs of its own, and a plan or an advisor "
+        "steers every instance)",
     )
     silence: Literal["reask", "no_action"] = Field(
         "reask",

@@ -1,5 +1,7 @@
 """Conservation check: every input item must end as a published call, an explicit
-NoAction, or an item-level dead letter. Reports missing, duplicated and unexpected records.
+NoAction, or an item-level dead letter (a context message sent to the input topic: its
+forwarded copy on the context topic, or a dead letter). Reports missing, duplicated and
+unexpected records.
 
 Shipped as `stream audit` so users can run the same check against their own topics.
 """
@@ -67,6 +69,11 @@ class AuditReport(BaseModel):
     reviewed: int = Field(description="Calls the advice gate sent to the review topic")
     proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
     no_action: int
+    context_forwarded: int = Field(
+        0,
+        description="Context messages read on the input topic and forwarded to the context "
+        "topic (accept_context_input): that is their outcome",
+    )
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
     item_dead_letters: int = Field(description="Items that ended in a dead letter")
     outcomes_per_input_max: int = Field(
@@ -218,6 +225,16 @@ async def audit(
                 item_letters += 1
             lettered.add(where)
             mark(rec.get("source"))
+    # A context message read on the input topic ends as its copy on the context topic,
+    # marked with where it was first (kafka/publish.py `forwarded_context`).
+    forwards = 0
+    async for raw in read_topic(bootstrap, topics.context, outcomes_ms):
+        first_at = forwarded_from(raw.headers)
+        if first_at is None or first_at[0] != input_topic:
+            continue  # written there by ops, not forwarded
+        forwards += 1
+        decided.setdefault((*first_at, 1), Counter())[None, "context"] += 1
+        mark({"topic": first_at[0], "partition": first_at[1], "offset": first_at[2]})
     finals, superseded = final_attempts(inputs, later)
     missing = sorted(p for p in finals if p not in accounted)
     item_letters += len({w for w in lettered if w not in superseded and None not in w})
@@ -233,6 +250,7 @@ async def audit(
         reviewed=reviewed,
         proposals=proposals,
         no_action=no_action,
+        context_forwarded=forwards,
         dead_letters=dict(letters),
         item_dead_letters=item_letters,
         instances_in_calls=instances,
