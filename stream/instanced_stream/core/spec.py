@@ -125,6 +125,22 @@ class Advisor(_Strict):
     is_instanced: bool = Field(False, alias="isInstanced")
     weight: float = Field(1.0, ge=0, description="Its votes' weight (shown to the model)")
     gates: bool = Field(False, description="Request-wide: its opinion gates each instance")
+    instance: str | None = Field(
+        None,
+        alias="_instance",
+        description="The seeds' instanced advisor definition: it speaks about this instance "
+        "(the producer's id) only, and needs isInstanced: true",
+    )
+
+    @model_validator(mode="after")
+    def _instance_needs_instanced(self) -> Advisor:
+        if self.instance is not None and not self.is_instanced:
+            raise ValueError(
+                f"advisor {self.id!r} carries _instance {self.instance!r}: an advisor for one "
+                "instance gives one opinion per instance, so it needs isInstanced: true"
+            )
+        return self
+
     @field_validator("id")
     @classmethod
     def _is_identifier(cls, value: str) -> str:
