@@ -420,6 +420,15 @@ MUTATIONS = [
         ("core/test_solve.py::test_an_advisor_for_one_instance_must_be_instanced",),
     ),
     Mutation(
+        "stateless_state_update",
+        "runtime/pipeline/outcomes/records.py",
+        "        if len(out.records) == first and outputs:",
+        "        if False:",
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_planless_answer_of_only_state_writes_is_the_instance_s_state_update",
+        ),
+    ),
+    Mutation(
         "lint_paths",
         "ops/spec_lint.py",
         "    lint.refused.extend(_paths_without_dagger(spec))\n",

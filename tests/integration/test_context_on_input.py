@@ -122,12 +122,13 @@ async def test_a_global_input_sent_to_the_input_topic_decides_later_items(
     assert report.context_forwarded == 1
     ((key, message),) = await _forwarded(dep)
     assert message == INSTRUCTION and key is not None and key.startswith(b"input@")
-    outcomes = {n["instance"]: n for n in await dep.records(dep.settings.topics.no_action)}
-    assert set(outcomes) == {"employee_A", "employee_B"}
-    (update,) = outcomes["employee_B"]["latent"]
+    (untouched,) = await dep.records(dep.settings.topics.no_action)
+    assert untouched["instance"] == "employee_A" and untouched["latent"] == []
+    (record,) = await dep.records(dep.settings.topics.state_updates)
+    assert record["instance"] == "employee_B"
+    (update,) = record["updates"]
     # the instruction's own words: it was decided under the forwarded global input
     assert "Finalize the quarterly report" in (update["newTask"], update["newStatus"])
-    assert outcomes["employee_A"]["latent"] == []
 
 
 async def test_a_plan_sent_to_the_input_topic_steers_later_items(

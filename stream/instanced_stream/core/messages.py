@@ -25,6 +25,7 @@ __all__ = [
     "ProposalRecord",
     "ResultRecord",
     "SourcePosition",
+    "StateUpdateRecord",
     "TraceEntry",
 ]
 
@@ -230,6 +231,22 @@ class NoActionRecord(_Record):
         description="The latent calls the model answered for it, with their outputs: in a "
         "spec without a plan (one-shot, stateless) a latent call's `_outputPath` output is "
         "part of the instance's outcome, here",
+    )
+
+
+class StateUpdateRecord(_Record):
+    """Without a plan (one-shot, stateless: nothing is kept), the model's update of an
+    instance's state, when its answer holds only latent calls writing `†state`: the
+    instance's outcome, keyed by its id. The processor keeps none of it; a consumer that
+    keeps the state applies it."""
+
+    instance: str
+    source: SourcePosition
+    batch: BatchRef
+    turn: int = Field(1, description="The instance's turn that decided it")
+    updates: list[dict[str, Any]] = Field(
+        description="The latent calls the model answered, each with its `_outputPath` (a "
+        "`†state` path) and its output (the call's arguments), in the answer's order"
     )
 
 

@@ -1,6 +1,7 @@
 """Conservation check: every input item must end as a published call, an explicit
-NoAction, or an item-level dead letter (a context message sent to the input topic: its
-forwarded copy on the context topic, or a dead letter). Reports missing, duplicated and
+NoAction, a state update (a spec without a plan), or an item-level dead letter (a context
+message sent to the input topic: its forwarded copy on the context topic, or a dead
+letter). Reports missing, duplicated and
 unexpected records.
 
 Shipped as `stream audit` so users can run the same check against their own topics.
@@ -69,6 +70,9 @@ class AuditReport(BaseModel):
     reviewed: int = Field(description="Calls the advice gate sent to the review topic")
     proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
     no_action: int
+    state_updates: int = Field(
+        0, description="Instances whose outcome is a state update (no plan, latent †state)"
+    )
     context_forwarded: int = Field(
         0,
         description="Context messages read on the input topic and forwarded to the context "
@@ -145,6 +149,7 @@ async def audit(
     letters: Counter[str] = Counter()
     seen_ids: set[str] = set()
     duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
+    state_updates = 0
     instances: list[str] = []
     lettered: set[tuple[object, object, object]] = set()
     # Per input and turn, its outcome records by the decision that wrote them (the batch
@@ -200,6 +205,10 @@ async def audit(
         outcome(rec, (rec.get("batch") or {}).get("id"), "no_action", rec.get("instance"))
         no_action += 1
         mark(rec.get("source"))
+    async for rec in outcomes(topics.state_updates):
+        outcome(rec, (rec.get("batch") or {}).get("id"), "state_update", rec.get("instance"))
+        state_updates += 1
+        mark(rec.get("source"))
     async for rec in outcomes(topics.proposals):
         proposals += 1  # a lazy plan's outcome: the proposal waits for a person
         outcome(rec, (rec.get("batch") or {}).get("id"), "proposal", rec.get("proposal_id"))
@@ -250,6 +259,7 @@ async def audit(
         reviewed=reviewed,
         proposals=proposals,
         no_action=no_action,
+        state_updates=state_updates,
         context_forwarded=forwards,
         dead_letters=dict(letters),
         item_dead_letters=item_letters,
