@@ -6,8 +6,8 @@ The first stage of one item's walk, in runtime/pipeline/:
 
 - `Admission.record` reads the record (`read_item`, windows/intake.py), refuses one too
   large for a request, forwards a context message to the context topic where the spec
-  allows (`accept_context_input`), forwards a stateful input to its home partition, recalls and
-  admits its instance (`Flows.admit`, workflows.py); it returns the `Staged` item, a
+  allows (`accept_context_input`) and a stateful input to its home partition, recalls
+  and admits its instance (`Flows.admit`, workflows.py); it returns the `Staged` item, a
   plain value, or None when the slot is settled already. `Admission.turn` does the same
   for a workflow's next turn (`QueuedTurns`, queued_turns.py);
 - the stager (stager.py) hands the item to the tier (`Tier.offer`, tier.py) with the
