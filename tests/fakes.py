@@ -112,6 +112,7 @@ class Sent:
     key: bytes | None
     value: bytes | None  # None: a tombstone
     partition: int | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class FakeProducer:
@@ -152,7 +153,7 @@ class FakeProducer:
         if limit is not None and len(value or b"") + len(key or b"") + self.OVERHEAD > limit:
             fut.set_exception(MessageSizeTooLargeError())
             return fut
-        sent = Sent(topic, key, value, kw.get("partition"))
+        sent = Sent(topic, key, value, kw.get("partition"), tuple(kw.get("headers") or ()))
         (self.records if self._open is None else self._open).append(sent)
         fut.set_result(Written(len(self.at)))  # an offset per send, as a log of them all
         self.at.append(sent)

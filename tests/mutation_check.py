@@ -25,10 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True, slots=True)
 class Mutation:
     rule: str
-    module: str  # under stream/instanced_stream/, or the bench's (packages/bench/src/...)
+    module: str  # under stream/instanced_stream/
     old: str  # the code, found exactly once
     new: str  # what it becomes
     tests: tuple[str, ...]  # under tests/unit/
+    root: str = "stream/instanced_stream"  # where `module` is (the bench: its own package)
+
+
+BENCH = "packages/bench/src/instanced_stream_bench"
 
 
 MUTATIONS = [
@@ -40,6 +44,7 @@ MUTATIONS = [
         (
             "harness/test_seeds.py::test_the_seed_s_hundred_comments_are_a_hundred_instances_of_one_request",
         ),
+        BENCH,
     ),
     Mutation(
         "on_modes",
@@ -92,8 +97,8 @@ MUTATIONS = [
     Mutation(
         "weight_shown",
         "core/prompt.py",
-        'exclude={"type", "gates"}',
-        'exclude={"type", "gates", "weight"}',
+        'exclude={"type", "gates", "instance"}',
+        'exclude={"type", "gates", "instance", "weight"}',
         ("core/test_advice_gate.py::test_the_model_sees_each_advisor_s_weight",),
     ),
     Mutation(
@@ -346,18 +351,116 @@ MUTATIONS = [
         "            pass",
         ("harness/test_seeds.py::test_two_advisors_with_one_id_are_refused_at_load",),
     ),
+    Mutation(
+        "context_kind_recognised",
+        "runtime/pipeline/windows/intake.py",
+        "    if declared is not None:\n        raise _context_on_input(declared, payload, source, context_topic)\n",
+        "",
+        (
+            "runtime/pipeline/windows/test_intake.py::test_a_context_kind_on_the_input_topic_is_no_item",
+        ),
+    ),
+    Mutation(
+        "keyed_input_stays_an_item",
+        "core/context_kind.py",
+        '    if kind == "input" and (payload.get("_instance") is not None or key is not None):\n        return None\n',
+        "",
+        (
+            "runtime/pipeline/windows/test_intake.py::test_a_record_without_a_context_kind_stays_an_item",
+        ),
+    ),
+    Mutation(
+        "context_forwarded",
+        "runtime/pipeline/admission.py",
+        "            if exc.code == CONTEXT_ON_INPUT and self._forwards(exc):",
+        "            if False:",
+        (
+            "runtime/pipeline/test_forwarding.py::test_a_context_message_on_the_input_topic_is_forwarded_to_the_context_topic",
+        ),
+    ),
+    Mutation(
+        "context_off_by_default",
+        "runtime/pipeline/admission.py",
+        '        return self.live.spec.accept_context_input and bool(refused.data.get("forwardable"))',
+        '        return bool(refused.data.get("forwardable"))',
+        (
+            "runtime/pipeline/test_forwarding.py::test_a_context_message_is_a_dead_letter_unless_the_spec_forwards_them",
+        ),
+    ),
+    Mutation(
+        "context_plan",
+        "core/overrides.py",
+        "            trial_plan = message\n",
+        "            pass\n",
+        ("runtime/pipeline/test_overrides.py::test_a_context_plan_replaces_the_specs_plan",),
+    ),
+    Mutation(
+        "forward_audited",
+        "ops/audit.py",
+        '        mark({"topic": first_at[0], "partition": first_at[1], "offset": first_at[2]})',
+        "        pass",
+        (
+            "ops/test_audit.py::test_a_context_message_forwarded_from_the_input_topic_is_its_outcome",
+        ),
+    ),
+    Mutation(
+        "advisor_for_one_instance",
+        "core/prompt.py",
+        "            if a.on is not None and speak[a.on] and a.instance in (None, instance)",
+        "            if a.on is not None and speak[a.on]",
+        (
+            "core/test_solve.py::test_an_advisor_defined_for_one_instance_speaks_about_that_instance_only",
+        ),
+    ),
+    Mutation(
+        "advisor_instance_needs_instanced",
+        "core/spec.py",
+        "        if self.instance is not None and not self.is_instanced:",
+        "        if False:",
+        ("core/test_solve.py::test_an_advisor_for_one_instance_must_be_instanced",),
+    ),
+    Mutation(
+        "stateless_state_update",
+        "runtime/pipeline/outcomes/records.py",
+        "        if len(out.records) == first and outputs:",
+        "        if False:",
+        (
+            "runtime/pipeline/outcomes/test_records.py::test_a_planless_answer_of_only_state_writes_is_the_instance_s_state_update",
+        ),
+    ),
+    Mutation(
+        "lint_paths",
+        "ops/spec_lint.py",
+        "    lint.refused.extend(_paths_without_dagger(spec))\n",
+        "",
+        ("ops/test_spec_lint.py::test_a_tool_path_without_the_dagger_is_refused_in_one_line",),
+    ),
+    Mutation(
+        "lint_schema",
+        "ops/spec_lint.py",
+        '        if "schema_" not in advisor.model_fields_set:',
+        "        if False:",
+        ("ops/test_spec_lint.py::test_an_advisor_without_a_schema_is_warned_of",),
+    ),
+    Mutation(
+        "lint_scopes",
+        "ops/spec_lint.py",
+        "            if known is not None and top not in known:",
+        "            if False:",
+        ("ops/test_spec_lint.py::test_an_advisor_scope_on_a_field_nothing_writes_is_warned_of",),
+    ),
+    Mutation(
+        "lint_plan_names",
+        "ops/spec_lint.py",
+        "    lint.warnings.extend(_plan_names(spec))\n",
+        "",
+        ("ops/test_spec_lint.py::test_a_plan_naming_an_undeclared_tool_is_warned_of",),
+    ),
 ]
 
 
-# Where a mutation's module is found: the product's package, then the bench's.
-PACKAGES = ("stream/instanced_stream", "packages/bench/src/instanced_stream_bench")
-
-
 def _run(tree: Path, m: Mutation) -> str:
-    path = next(
-        (tree / root / m.module for root in PACKAGES if (tree / root / m.module).exists()),
-        tree / PACKAGES[0] / m.module,
-    )
+    path = tree / m.root / m.module
     src = path.read_text()
     if src.count(m.old) != 1:
         return f"NOT APPLIED (found {src.count(m.old)} times)"
@@ -377,12 +480,8 @@ def _run(tree: Path, m: Mutation) -> str:
                 *(f"tests/unit/{t}" for t in m.tests),
             ],
             cwd=tree,
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    str(tree / root.rsplit("/", 1)[0]) for root in PACKAGES
-                ),
-            },
+            # The copies first: the installed (editable) packages are the real tree's.
+            env={**os.environ, "PYTHONPATH": f"{tree / 'stream'}:{tree / BENCH.rsplit('/', 1)[0]}"},
             capture_output=True,
             text=True,
             timeout=600,
@@ -397,7 +496,7 @@ def main(rules: list[str]) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="stream-mutants-") as tmp:
         tree = Path(tmp)
-        for part in ("stream", "packages/bench/src", "tests", "examples", "schemas", "docs"):
+        for part in ("stream", "packages", "tests", "examples", "schemas", "docs"):
             shutil.copytree(ROOT / part, tree / part)
         for name in ("pyproject.toml", "asyncapi.yaml"):
             shutil.copy(ROOT / name, tree / name)

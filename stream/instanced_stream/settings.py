@@ -66,6 +66,7 @@ class Topics:
         self.input = prefix + input_topic
         self.dead_letter = prefix + "stream.deadletter"
         self.no_action = prefix + "stream.noaction"
+        self.state_updates = prefix + "stream.stateupdates"
         self.context = prefix + "stream.context"
         self.advice = prefix + "stream.advice"
         self.results = prefix + "stream.results"
@@ -79,7 +80,12 @@ class Topics:
 
     def outcome_topics(self, tools: list[str]) -> list[str]:
         """Topics on which an input item can end: what the auditor reads."""
-        return [self.activity(t) for t in tools] + [self.review, self.no_action, self.dead_letter]
+        return [self.activity(t) for t in tools] + [
+            self.review,
+            self.no_action,
+            self.state_updates,
+            self.dead_letter,
+        ]
 
 
 class Settings(BaseSettings):

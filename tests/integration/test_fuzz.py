@@ -81,6 +81,9 @@ def _depth(value: Any) -> int:
     return depth
 
 
+_CONTEXT = ("tool", "advisor", "plan", "input")
+
+
 def expect(key: bytes | None, value: bytes | None, max_bytes: int) -> Expect:
     """The contract of the input edge, written out independently of stream.intake."""
     if value is None:
@@ -95,6 +98,10 @@ def expect(key: bytes | None, value: bytes | None, max_bytes: int) -> Expect:
         return Expect(code="not_object")
     if _depth(payload) > MAX_DEPTH:
         return Expect(code="too_large")
+    # A record declaring a context kind is no item (the default spec forwards none).
+    kinds = [k for k in (payload.get("type"), payload.get("kind")) if k in _CONTEXT]
+    if kinds and (kinds[0] != "input" or (payload.get("_instance") is None and key is None)):
+        return Expect(code="context_on_input")
     instance = payload.get("_instance")
     if instance is None and key is not None:
         instance = key.decode("utf-8", "replace")

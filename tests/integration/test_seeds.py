@@ -255,15 +255,20 @@ async def test_manager_seed_verbatim_routes_by_shown_id_and_leaves_a_untouched(
     # Calls name batch tokens (numbers in the compact form); ids are only to read.
     assert set(shown.values()) <= {"①", "②", 1, 2}
     # Whatever the model answered: each employee has one outcome, and a latent
-    # updateTask's output is on it (no plan: one-shot, nothing kept in state).
-    outcomes = {n["instance"]: n for n in await dep.records(dep.settings.topics.no_action)}
+    # updateTask's output is on it (no plan: one-shot, nothing kept in state): an answer
+    # of only the update is a state update record, a NoAction (or silence) a no-action.
+    no_action = await dep.records(dep.settings.topics.no_action)
+    updated = await dep.records(dep.settings.topics.state_updates)
+    outcomes = {n["instance"]: n.get("latent", []) for n in no_action}
+    outcomes |= {u["instance"]: u["updates"] for u in updated}
+    assert len(no_action) + len(updated) == 2
     assert set(outcomes) == {"employee_A", "employee_B"}
-    for rec in outcomes.values():
-        for call in rec["latent"]:
+    for latent in outcomes.values():
+        for call in latent:
             assert call["_tool"] == "updateTask" and {"newTask", "newStatus"} <= set(call)
             # The seed spells the output path "output": read as one, never an argument.
             assert call["_outputPath"] == "†state" and "output" not in call
-        assert rec["reason"]
+    assert all(n["reason"] for n in no_action)
     assert await workflow_states(dep) == {}
 
 
@@ -308,6 +313,9 @@ def test_demo_runs_the_seeds_examples(bootstrap: str) -> None:
         "employee_B": [{"newTask": "Finalize the quarterly report", "newStatus": "High Priority"}]
     }
     assert manager["untouched"] == 1 and manager["dead_letters"] == 0
+    # B's update is published as a state update; A's silence is its explicit no-action.
+    assert manager["state_updated"] == ["employee_B"]
+    assert set(manager["no_action_reasons"]) == {"employee_A"}
     advisors = result["examples"]["advisors"]
     assert {o["advisor"] for o in advisors["opinions"]} == {"аналитикРисков"}
     # The seed's scores travel unscaled (the simulator answers as the seed does).

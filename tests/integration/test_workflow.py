@@ -189,15 +189,16 @@ async def test_manager_example_global_instruction_reaches_only_employee_b(
     report = await dep.settle(2)
     assert report.unaccounted == 0
     no_action = await dep.records(dep.settings.topics.no_action)
-    assert {n["instance"] for n in no_action} == {"employee_A", "employee_B"}
-    outcome = {n["instance"]: n for n in no_action}
-    assert outcome["employee_B"]["reason"] == "only latent calls"
-    # updateTask is latent and the spec has no plan: its output is on the outcome record,
-    # nothing is kept in state (the seeds: no plan, one-shot and stateless).
-    (update,) = outcome["employee_B"]["latent"]
+    assert {n["instance"] for n in no_action} == {"employee_A"}
+    assert not no_action[0]["latent"]
+    # updateTask is latent and the spec has no plan: B's answer is its state update, a
+    # record of its own; nothing is kept in state (the seeds: no plan, one-shot).
+    (record,) = await dep.records(dep.settings.topics.state_updates)
+    assert record["instance"] == "employee_B"
+    (update,) = record["updates"]
     assert update["newTask"] == "Finalize the quarterly report"
     assert update["newStatus"] == "High Priority"
-    assert not outcome["employee_A"]["latent"]
+    assert report.state_updates == 1
     assert await workflow_states(dep) == {}
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "ProposalRecord",
     "ResultRecord",
     "SourcePosition",
+    "StateUpdateRecord",
     "TraceEntry",
 ]
 
@@ -233,6 +234,22 @@ class NoActionRecord(_Record):
     )
 
 
+class StateUpdateRecord(_Record):
+    """Without a plan (one-shot, stateless: nothing is kept), the model's update of an
+    instance's state, when its answer holds only latent calls writing `†state`: the
+    instance's outcome, keyed by its id. The processor keeps none of it; a consumer that
+    keeps the state applies it."""
+
+    instance: str
+    source: SourcePosition
+    batch: BatchRef
+    turn: int = Field(1, description="The instance's turn that decided it")
+    updates: list[dict[str, Any]] = Field(
+        description="The latent calls the model answered, each with its `_outputPath` (a "
+        "`†state` path) and its output (the call's arguments), in the answer's order"
+    )
+
+
 # the item itself ends here
 ItemCode = Literal[
     "not_json",
@@ -250,6 +267,9 @@ ItemCode = Literal[
     "internal_error",
     # a `type: state` record on the input topic, and the spec does not accept state input
     "state_input_refused",
+    # a tool, advisor, plan or global input sent to the input topic, where the spec does
+    # not forward context messages (accept_context_input): its reason names the topic
+    "context_on_input",
 ]
 DeadLetterCode = Literal[
     ItemCode,

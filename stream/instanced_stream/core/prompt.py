@@ -172,7 +172,12 @@ class PromptBuilder:
             sections.append(instructions.plan_text(spec.plan))
         if spec.advisors:
             advisors_json = orjson.dumps(
-                [a.model_dump(by_alias=True, exclude={"type", "gates"}) for a in spec.advisors]
+                # An advisor's instance is a producer's id: the model sees it only as
+                # the advisor being active in that instance's requests (ask_for).
+                [
+                    a.model_dump(by_alias=True, exclude={"type", "gates", "instance"})
+                    for a in spec.advisors
+                ]
             ).decode()
             finish = [instructions.FINISH] if any(a.on == "finish" for a in spec.advisors) else []
             sections += ["\n".join([instructions.ADVISORY, *finish]), advisors_json]
@@ -190,14 +195,20 @@ class PromptBuilder:
             return call_meta.planned(tool, meta) if ask.planning else meta
         return call_meta.SCOPES if _activity(self.spec, tool) else {}
 
-    def ask_for(self, turn: int, replanning: bool = False) -> Ask:
+    def ask_for(self, turn: int, replanning: bool = False, instance: str | None = None) -> Ask:
         """Who speaks on an instance's turn (the seeds' `on`): `start` on the first turn,
         `request` on every turn, `finish` where the loop decides whether to stop: every
         turn, the first included (a workflow can end on any turn, its first too, and the
-        one turn of a request without a plan); on-demand advisors only when consulted."""
+        one turn of a request without a plan); on-demand advisors only when consulted.
+        An advisor defined for one instance (`_instance`) speaks on that `instance`'s turns
+        only: the solver asks about it apart from instances that do not hear it."""
         plan = self.spec.plan
         speak = {"request": True, "start": turn == 1, "finish": True}
-        active = tuple(a.id for a in self.spec.advisors if a.on is not None and speak[a.on])
+        active = tuple(
+            a.id
+            for a in self.spec.advisors
+            if a.on is not None and speak[a.on] and a.instance in (None, instance)
+        )
         lazy_first = plan is not None and plan.mode == "lazy" and (turn == 1 or replanning)
         return Ask(active, bool(self.spec.on_demand), lazy_first)
 

@@ -98,12 +98,13 @@ class Solver:
         self.max_consults = max_consults
 
     async def solve(self, instances: list[Instance]) -> Outcome:
-        """Instances on different turns hear different advisors (the seeds' `on`), so a
-        batch that mixes them is asked once per set of speaking advisors."""
+        """Instances on different turns hear different advisors (the seeds' `on`), and an
+        advisor defined for one instance speaks about that one only, so a batch that
+        mixes them is asked once per set of speaking advisors."""
         outcome = Outcome()
         groups: dict[Ask, list[Instance]] = {}
         for inst in instances:
-            ask = self.prompt.ask_for(inst.turn, bool(inst.rejected))
+            ask = self.prompt.ask_for(inst.turn, bool(inst.rejected), inst.id)
             groups.setdefault(ask, []).append(inst)
         for chosen, group in groups.items():
             ask = Ask(chosen.active, chosen.consult and self.max_consults > 0, chosen.planning)

@@ -125,6 +125,21 @@ class Advisor(_Strict):
     is_instanced: bool = Field(False, alias="isInstanced")
     weight: float = Field(1.0, ge=0, description="Its votes' weight (shown to the model)")
     gates: bool = Field(False, description="Request-wide: its opinion gates each instance")
+    instance: str | None = Field(
+        None,
+        alias="_instance",
+        description="The seeds' instanced advisor definition: it speaks about this instance "
+        "(the producer's id) only, and needs isInstanced: true",
+    )
+
+    @model_validator(mode="after")
+    def _instance_needs_instanced(self) -> Advisor:
+        if self.instance is not None and not self.is_instanced:
+            raise ValueError(
+                f"advisor {self.id!r} carries _instance {self.instance!r}: an advisor for one "
+                "instance gives one opinion per instance, so it needs isInstanced: true"
+            )
+        return self
 
     @field_validator("id")
     @classmethod
@@ -333,6 +348,15 @@ class AgentSpec(_Strict):
         "its instance's state; false (default): state comes only from the processor's own "
         "turns and awaited results, and such a record is dead-lettered state_input_refused "
         "(anyone who can produce to the input topic could otherwise rewrite any workflow)",
+    )
+    accept_context_input: bool = Field(
+        False,
+        description="true: a tool, advisor, plan or global input (no _instance, no key) "
+        "record on the input topic is forwarded, in the reading unit's transaction, to the "
+        "context topic, and takes effect from there; false (default): it is dead-lettered "
+        "context_on_input, naming the context topic (the input topic is written by many "
+        "producers, the context topic can have ACLs of its own, and a plan or an advisor "
+        "steers every instance)",
     )
     silence: Literal["reask", "no_action"] = Field(
         "reask",

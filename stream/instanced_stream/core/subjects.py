@@ -22,6 +22,7 @@ from instanced_stream.core.messages import (
     DoneRecord,
     NoActionRecord,
     ProposalRecord,
+    StateUpdateRecord,
 )
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.settings import Topics
@@ -71,6 +72,7 @@ def output_schemas(spec: AgentSpec, topics: Topics) -> dict[str, str]:
     }
     out[topics.review] = _schema(ActivityRecord)
     out[topics.no_action] = _schema(NoActionRecord)
+    out[topics.state_updates] = _schema(StateUpdateRecord)
     out[topics.dead_letter] = _schema(DeadLetter)
     out[topics.advice] = _schema(AdviceRecord)
     out[topics.done] = _schema(DoneRecord)

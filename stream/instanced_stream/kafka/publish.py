@@ -34,6 +34,7 @@ __all__ = [
     "PublishError",
     "Publisher",
     "forwarded",
+    "forwarded_context",
     "forwarded_from",
     "home_partition",
 ]
@@ -79,6 +80,18 @@ def forwarded(
     kept = [(k, v) for k, v in headers if k != FORWARDED_FROM]
     mark = (FORWARDED_FROM, f"{topic}/{at}/{offset}".encode())
     return OutRecord(topic, instance.encode(), value, partition=partition, headers=(*kept, mark))
+
+
+def forwarded_context(
+    origin: tuple[str, int, int], topic: str, key: str, value: bytes, headers: Headers
+) -> OutRecord:
+    """A context message read on the input topic, sent on to the context `topic` (one
+    partition) under `key`, marked with where it was first: the audit counts it as that
+    input's outcome."""
+    at, partition, offset = origin
+    kept = [(k, v) for k, v in headers if k != FORWARDED_FROM]
+    mark = (FORWARDED_FROM, f"{at}/{partition}/{offset}".encode())
+    return OutRecord(topic, key.encode(), value, partition=0, headers=(*kept, mark))
 
 
 def forwarded_from(headers: Iterable[tuple[str, bytes]] | None) -> tuple[str, int, int] | None:

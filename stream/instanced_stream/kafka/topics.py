@@ -63,7 +63,7 @@ def activity_topics(settings: Settings, spec: AgentSpec) -> list[str]:
 
 def product_topics(settings: Settings, spec: AgentSpec) -> list[str]:
     t = settings.topics
-    names = [t.input, t.dead_letter, t.no_action]
+    names = [t.input, t.dead_letter, t.no_action, t.state_updates]
     if spec.advisors:
         names += [t.advice, t.review]
     # Results, done and approvals are always there: awaited calls need no plan.

@@ -23,6 +23,7 @@ from instanced_stream.core.messages import (
     NoActionRecord,
     ProposalRecord,
     ResultRecord,
+    StateUpdateRecord,
 )
 from instanced_stream.core.spec import ContextMessage
 
@@ -49,6 +50,12 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str, str]] = {
     ),
     "results": ("stream.results", ResultRecord, "workers", "Results of awaited calls"),
     "noaction": ("stream.noaction", NoActionRecord, "processor", "Explicit no-action outcomes"),
+    "stateupdates": (
+        "stream.stateupdates",
+        StateUpdateRecord,
+        "processor",
+        "State updates of a spec without a plan (latent calls writing †state)",
+    ),
     "deadletter": ("stream.deadletter", DeadLetter, "processor", "Refused records, with why"),
     "advice": ("stream.advice", AdviceRecord, "processor", "Advisors' votes per instance"),
     "review": ("stream.review", ActivityRecord, "processor", "Calls held by the advice gate"),

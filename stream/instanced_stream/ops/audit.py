@@ -1,5 +1,8 @@
 """Conservation check: every input item must end as a published call, an explicit
-NoAction, or an item-level dead letter. Reports missing, duplicated and unexpected records.
+NoAction, a state update (a spec without a plan), or an item-level dead letter (a context
+message sent to the input topic: its forwarded copy on the context topic, or a dead
+letter). Reports missing, duplicated and
+unexpected records.
 
 Shipped as `stream audit` so users can run the same check against their own topics.
 """
@@ -67,6 +70,14 @@ class AuditReport(BaseModel):
     reviewed: int = Field(description="Calls the advice gate sent to the review topic")
     proposals: int = Field(0, description="Lazy-plan proposals waiting for approval")
     no_action: int
+    state_updates: int = Field(
+        0, description="Instances whose outcome is a state update (no plan, latent †state)"
+    )
+    context_forwarded: int = Field(
+        0,
+        description="Context messages read on the input topic and forwarded to the context "
+        "topic (accept_context_input): that is their outcome",
+    )
     dead_letters: dict[str, int] = Field(description="Dead letters by code (item and call)")
     item_dead_letters: int = Field(description="Items that ended in a dead letter")
     outcomes_per_input_max: int = Field(
@@ -138,6 +149,7 @@ async def audit(
     letters: Counter[str] = Counter()
     seen_ids: set[str] = set()
     duplicates = fire_and_forget = no_action = item_letters = reviewed = proposals = 0
+    state_updates = 0
     instances: list[str] = []
     lettered: set[tuple[object, object, object]] = set()
     # Per input and turn, its outcome records by the decision that wrote them (the batch
@@ -193,6 +205,10 @@ async def audit(
         outcome(rec, (rec.get("batch") or {}).get("id"), "no_action", rec.get("instance"))
         no_action += 1
         mark(rec.get("source"))
+    async for rec in outcomes(topics.state_updates):
+        outcome(rec, (rec.get("batch") or {}).get("id"), "state_update", rec.get("instance"))
+        state_updates += 1
+        mark(rec.get("source"))
     async for rec in outcomes(topics.proposals):
         proposals += 1  # a lazy plan's outcome: the proposal waits for a person
         outcome(rec, (rec.get("batch") or {}).get("id"), "proposal", rec.get("proposal_id"))
@@ -218,6 +234,16 @@ async def audit(
                 item_letters += 1
             lettered.add(where)
             mark(rec.get("source"))
+    # A context message read on the input topic ends as its copy on the context topic,
+    # marked with where it was first (kafka/publish.py `forwarded_context`).
+    forwards = 0
+    async for raw in read_topic(bootstrap, topics.context, outcomes_ms):
+        first_at = forwarded_from(raw.headers)
+        if first_at is None or first_at[0] != input_topic:
+            continue  # written there by ops, not forwarded
+        forwards += 1
+        decided.setdefault((*first_at, 1), Counter())[None, "context"] += 1
+        mark({"topic": first_at[0], "partition": first_at[1], "offset": first_at[2]})
     finals, superseded = final_attempts(inputs, later)
     missing = sorted(p for p in finals if p not in accounted)
     item_letters += len({w for w in lettered if w not in superseded and None not in w})
@@ -233,6 +259,8 @@ async def audit(
         reviewed=reviewed,
         proposals=proposals,
         no_action=no_action,
+        state_updates=state_updates,
+        context_forwarded=forwards,
         dead_letters=dict(letters),
         item_dead_letters=item_letters,
         instances_in_calls=instances,

@@ -16,7 +16,14 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["check", "check_endpoint", "check_kafka", "lint_settings", "preflight"]
+__all__ = [
+    "check",
+    "check_endpoint",
+    "check_kafka",
+    "lint_settings",
+    "preflight",
+    "spec_lines",
+]
 
 
 def lint_settings(settings: Settings) -> list[str]:
@@ -130,6 +137,16 @@ async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
     ]
 
 
+def spec_lines(spec: AgentSpec) -> list[str]:
+    """The spec's lint (ops/spec_lint.py): its warnings as lines; a refusal raises."""
+    from instanced_stream.ops.spec_lint import lint_spec
+
+    lint = lint_spec(spec)
+    if lint.refused:
+        raise StreamError("; ".join(lint.refused))
+    return [f"warning: {w}" for w in lint.warnings]
+
+
 def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
     from instanced_stream.llm.factory import endpoint as endpoint_of
@@ -139,6 +156,7 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
         f"spec {settings.spec}: valid ({spec.name}: {len(spec.tools)} tools, "
         f"{len(spec.advisors)} advisors, {'a plan' if spec.plan else 'no plan'})"
     ]
+    lines += spec_lines(spec)
     preflight(settings, spec)
     lines.append("settings: consistent, as `stream process` needs them")
     if endpoint:

@@ -27,6 +27,7 @@ from instanced_stream.core.messages import (
     NoActionRecord,
     ProposalRecord,
     ResultRecord,
+    StateUpdateRecord,
 )
 from instanced_stream.core.spec import Advisor, AgentSpec, ContextMessage, Plan, Tool
 
@@ -41,6 +42,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "call": Call,
     "activity-record": ActivityRecord,
     "no-action-record": NoActionRecord,
+    "state-update-record": StateUpdateRecord,
     "advice-record": AdviceRecord,
     "result-record": ResultRecord,
     "done-record": DoneRecord,

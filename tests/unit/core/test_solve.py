@@ -2,12 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.settings import DEFAULT_SPEC
+from pydantic import ValidationError
 
 from tests.fakes import FakeLLM, make_batch
 
@@ -135,3 +137,40 @@ async def test_a_re_ask_tells_the_model_why_its_last_answer_was_refused() -> Non
     # The dead letter names the last refusal, not only "no valid call".
     assert [u.instance.id for u in out.unanswered] == ["id-1"]
     assert out.unanswered[0].reason.startswith("bad_arguments: ")
+
+
+def _bound_spec(**advisor: Any) -> Any:
+    """The example spec with the Advisor seed's instanced definition: `_instance` names
+    the one instance it speaks about."""
+    spec = load_spec(DEFAULT_SPEC)
+    bound = {
+        "id": "mentorOfOne",
+        "role": "Speaks for one author only",
+        "on": "request",
+        "isInstanced": True,
+        "_instance": "id-1",
+        **advisor,
+    }
+    data = spec.model_dump(by_alias=True)
+    return type(spec).model_validate({**data, "advisors": [*data["advisors"], bound]})
+
+
+async def test_an_advisor_defined_for_one_instance_speaks_about_that_instance_only() -> None:
+    spec = _bound_spec()
+    fake = FakeLLM()
+    solver = Solver(fake, PromptBuilder(spec), Validator(spec), 3)
+    out = await solver.solve(_batch(["fine", "also fine", "fine too"]))
+    assert _answered(out) == {"id-0", "id-1", "id-2"}
+    heard = {a.instance.id: {o.advisor for o in a.opinions} for a in out.answers}
+    assert "mentorOfOne" in heard["id-1"]
+    assert "mentorOfOne" not in heard["id-0"] | heard["id-2"]
+    # asked apart: the request that holds it names it active, the other does not
+    by_active = {("mentorOfOne" in ask.active): len(ask.items) for ask in fake.asks}
+    assert by_active == {True: 1, False: 2}
+    # the producer's id stays out of the prompt: the model sees tokens only
+    assert "id-1" not in PromptBuilder(spec).system
+
+
+def test_an_advisor_for_one_instance_must_be_instanced() -> None:
+    with pytest.raises(ValidationError, match="needs isInstanced: true"):
+        _bound_spec(isInstanced=False)

@@ -45,6 +45,7 @@ def test_channels_are_the_product_topics() -> None:
         topics.input,
         topics.dead_letter,
         topics.no_action,
+        topics.state_updates,
         topics.context,
         topics.advice,
         topics.results,

@@ -129,3 +129,29 @@ async def test_a_dead_letter_of_another_run_is_another_outcome(
     }
     report = await _audit(monkeypatch, 1, {TOOL: [_call(0, "w1-1")], TOPICS.dead_letter: [letter]})
     assert report.outcomes_per_input_max == 2 and report.duplicate_outcomes == 1
+
+
+async def test_a_context_message_forwarded_from_the_input_topic_is_its_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forwarded = _Rec(0, 0, b'{"type": "plan"}', key=b"plan")
+    forwarded.headers = (("stream-forwarded-from", f"{TOPICS.input}/0/1".encode()),)
+    by_ops = _Rec(0, 1, b'{"type": "advisor"}', key=b"a")  # written there directly
+    topics: dict[str, list[_Rec]] = {
+        TOPICS.input: [_Rec(0, i, b"{}") for i in range(2)],
+        TOOL: [_Rec(0, 0, orjson.dumps(_call(0, "w1-1")))],
+        TOPICS.context: [forwarded, by_ops],
+    }
+
+    async def read_topic(bootstrap: str, topic: str, *args: Any) -> AsyncIterator[_Rec]:
+        for rec in topics.get(topic, []):
+            yield rec
+
+    monkeypatch.setattr(audit_module, "read_topic", read_topic)
+    report = await audit("unused:9092", TOPICS, [TOOL])
+    assert report.unaccounted == 0 and report.context_forwarded == 1
+    assert report.unexpected == 0 and report.outcomes_per_input_max == 1
+    # the same input forwarded twice is a duplicate outcome
+    topics[TOPICS.context] = [forwarded, forwarded]
+    report = await audit("unused:9092", TOPICS, [TOOL])
+    assert report.duplicate_outcomes == 1

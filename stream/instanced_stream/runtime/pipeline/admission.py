@@ -5,8 +5,9 @@ turn likewise, one at a time.
 The first stage of one item's walk, in runtime/pipeline/:
 
 - `Admission.record` reads the record (`read_item`, windows/intake.py), refuses one too
-  large for a request, forwards a stateful input to its home partition, recalls and
-  admits its instance (`Flows.admit`, workflows.py); it returns the `Staged` item, a
+  large for a request, forwards a context message to the context topic where the spec
+  allows (`accept_context_input`) and a stateful input to its home partition, recalls
+  and admits its instance (`Flows.admit`, workflows.py); it returns the `Staged` item, a
   plain value, or None when the slot is settled already. `Admission.turn` does the same
   for a workflow's next turn (`QueuedTurns`, queued_turns.py);
 - the stager (stager.py) hands the item to the tier (`Tier.offer`, tier.py) with the
@@ -29,13 +30,13 @@ from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka.publish import forwarded, home_partition
+from instanced_stream.kafka.publish import forwarded, forwarded_context, home_partition
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder, bad_record
 from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
 from instanced_stream.runtime.pipeline.staged import Staged, bound_of, tokens_of
 from instanced_stream.runtime.pipeline.staging import Staging
-from instanced_stream.runtime.pipeline.windows.intake import read_item
+from instanced_stream.runtime.pipeline.windows.intake import CONTEXT_ON_INPUT, read_item
 from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 from instanced_stream.runtime.pipeline.workflows import Flows, recalled
 from instanced_stream.runtime.units.unit import Slot, Unit
@@ -119,6 +120,19 @@ class Admission:
                     "(window.max_input_tokens less the instructions, tools and advisors)",
                 )
         except BadRecord as exc:
+            if exc.code == CONTEXT_ON_INPUT and self._forwards(exc):
+                # Written in this unit's transaction with the offset: once, or not at all.
+                self.metrics.count({"context_forwarded": 1})
+                origin = (source.topic, source.partition, source.offset)
+                copy = forwarded_context(
+                    origin,
+                    self.settings.topics.context,
+                    str(exc.data["context_key"]),
+                    bytes(exc.data["json"]),
+                    slot.headers,
+                )
+                unit.finish(slot, [copy])
+                return None
             _log_letter(exc, source)
             letter = self.builder.letter(bad_record(exc, source, value))
             self.staging.count(letter)
@@ -143,6 +157,11 @@ class Admission:
                 return None
             item.instance = admitted
         return item
+
+    def _forwards(self, refused: BadRecord) -> bool:
+        """Whether a context message read on the input topic goes on to the context topic:
+        the spec allows it (accept_context_input) and it is one the context topic takes."""
+        return self.live.spec.accept_context_input and bool(refused.data.get("forwardable"))
 
     def turn(self, unit: Unit, inst: Instance) -> Staged | None:
         """A workflow's next turn as an item for a window, or None while a turn of its

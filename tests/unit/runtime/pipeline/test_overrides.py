@@ -10,6 +10,8 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.settings import DEFAULT_SPEC
 
+from tests.flows import TICKETS
+
 
 def _msg(data: object) -> bytes:
     return orjson.dumps(data)
@@ -113,3 +115,38 @@ def test_a_context_advisor_written_as_the_seed_writes_it_registers() -> None:
     merged, refused = apply_overrides(load_spec(DEFAULT_SPEC), {"аналитикРисков": _msg(seed)})
     assert refused == []
     assert merged.advisor("аналитикРисков") is not None
+
+
+def test_a_context_plan_replaces_the_specs_plan() -> None:
+    spec = load_spec(TICKETS)
+    assert spec.plan is not None and spec.plan.mode == "eager"
+    merged, refused = apply_overrides(spec, {"plan": _msg({"type": "plan", "mode": "lazy"})})
+    assert refused == [] and merged.plan is not None and merged.plan.mode == "lazy"
+    # the seeds' other spelling of the kind
+    merged, refused = apply_overrides(spec, {"plan": _msg({"kind": "plan", "maxTurns": 2})})
+    assert refused == [] and merged.plan is not None and merged.plan.max_turns == 2
+
+
+def test_a_context_plan_for_a_stateless_spec_is_refused_with_the_reason() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    assert spec.plan is None
+    merged, refused = apply_overrides(spec, {"plan": _msg({"type": "plan"})})
+    assert merged.plan is None
+    ((key, why),) = refused
+    assert key == "plan" and "has none" in why and "restart" in why
+
+
+def test_a_context_tool_replaces_a_declared_one_or_adds_a_latent_one() -> None:
+    spec = load_spec(DEFAULT_SPEC)
+    first = spec.tools[0].model_dump(by_alias=True)
+    changed = {**first, "description": "moderate, kindly"}
+    thought = {"type": "tool", "name": "ponder", "kind": "latent", "description": "think"}
+    stranger = {"kind": "tool", "name": "sendMail", "description": "mail someone"}
+    merged, refused = apply_overrides(
+        spec,
+        {first["name"]: _msg(changed), "ponder": _msg(thought), "sendMail": _msg(stranger)},
+    )
+    assert merged.tool(first["name"]).description == "moderate, kindly"  # type: ignore[union-attr]
+    assert merged.tool("ponder") is not None and merged.tool("sendMail") is None
+    ((key, why),) = refused
+    assert key == "sendMail" and "add it to the spec" in why

@@ -130,6 +130,7 @@ async def run_example(
         "llm_requests": requests,
         "calls": report.calls_by_tool,
         "no_action": report.no_action,
+        "state_updates": report.state_updates,
         "dead_letters": len(letters),
         "dead_letter_codes": report.dead_letters,
         "unaccounted": report.unaccounted,
@@ -146,25 +147,32 @@ async def run_example(
     if example == "lazy":
         out["plans"] = await _plans(bootstrap, settings, spec, approved, letters)
     if example == "manager":
-        out.update(_manager(items, no_action, calls))
+        updates = await read_json(bootstrap, topics.state_updates)
+        out.update(_manager(items, no_action, updates, calls))
     return out
 
 
 def _manager(
-    items: list[dict[str, Any]], no_action: list[dict[str, Any]], calls: list[dict[str, Any]]
+    items: list[dict[str, Any]],
+    no_action: list[dict[str, Any]],
+    state_updates: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Each employee's update, read from the outcome records (no plan: the latent
-    updateTask's output rides on the no-action record), and how many got none: neither an
-    update nor a call. The seed's answer updates employee_B and leaves employee_A alone."""
+    """Each employee's update, read from the outcome records (no plan: an answer of only
+    the latent updateTask is the employee's state update record; beside a NoAction its
+    output rides on that record), and how many got none: neither an update nor a call.
+    The seed's answer updates employee_B and leaves employee_A alone."""
     updates: dict[str, list[dict[str, Any]]] = {str(i["_instance"]): [] for i in items}
-    for rec in no_action:
-        for call in rec.get("latent", []):
+    written = [(r, r.get("updates", [])) for r in state_updates]
+    for rec, latent in [*((n, n.get("latent", [])) for n in no_action), *written]:
+        for call in latent:
             fields = {k: v for k, v in call.items() if not k.startswith("_")}
             if fields:
                 updates.setdefault(rec["instance"], []).append(fields)
     acted = {r["instance"] for r in calls}
     return {
         "no_action_reasons": {n["instance"]: n["reason"] for n in no_action},
+        "state_updated": sorted({r["instance"] for r in state_updates}),
         "updated": {i: u for i, u in updates.items() if u},
         "untouched": sum(not u and i not in acted for i, u in updates.items()),
     }

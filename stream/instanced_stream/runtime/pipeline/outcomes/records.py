@@ -30,6 +30,7 @@ from instanced_stream.core.messages import (
     NoActionRecord,
     OpinionRecord,
     SourcePosition,
+    StateUpdateRecord,
     TraceEntry,
 )
 from instanced_stream.core.solve import Answer, Outcome
@@ -244,9 +245,17 @@ class RecordBuilder:
         if effects.done is not None:
             out.records.append(self._out(self.topics.done, key, effects.done, origin))
             out.events["done"] += 1
-        if len(out.records) == first:
-            # Only latent calls: no action, said on the record with the outputs they name;
-            # a thought (no `_outputPath`) is ephemeral: never published, not even here.
+        if len(out.records) == first and outputs:
+            # Only latent calls writing †state, and no plan to keep it: the answer is the
+            # instance's state update, published as one (the seeds' manager example).
+            update = StateUpdateRecord(
+                instance=inst.id, source=inst.source, batch=batch, turn=inst.turn, updates=outputs
+            )
+            out.records.append(self._out(self.topics.state_updates, key, update, origin))
+            out.events["state_updates"] += 1
+        elif len(out.records) == first:
+            # Only thoughts (or a plan's latent steps): no action, said so; a thought (no
+            # `_outputPath`) is ephemeral: never published, not even here.
             rec = NoActionRecord(
                 instance=inst.id, reason="only latent calls", source=inst.source, batch=batch
             ).model_copy(update={"latent": outputs, "turn": inst.turn})

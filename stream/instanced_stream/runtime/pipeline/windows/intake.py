@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from instanced_stream.core.context_kind import context_key, declared_kind
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.wire import schema_id
@@ -13,7 +14,12 @@ from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.registry import Registry, registry_of
 from instanced_stream.settings import Settings
 
-__all__ = ["MAX_DEPTH", "as_json", "parse_item", "read_item", "source_of"]
+__all__ = ["CONTEXT_ON_INPUT", "MAX_DEPTH", "as_json", "parse_item", "read_item", "source_of"]
+
+# The dead letter of a context message sent to the input topic; its BadRecord's data say
+# where it belongs (`context_key`), whether it may be forwarded there (`forwardable`) and
+# the message as JSON (`json`: a record in the registry's wire format, decoded).
+CONTEXT_ON_INPUT = "context_on_input"
 
 _MAX_ID = 512
 _KEY_KEEP = 256  # characters of a record key that outputs show
@@ -65,7 +71,14 @@ async def read_item(
     """One input record as an instance (parse_item), decoded first when it is in the wire
     format; with the JSON text it was read from (what the window counts tokens of)."""
     text = await as_json(registry_of(settings), value, source.topic)
-    instance = parse_item(text, key, source, settings.max_record_bytes, state_input=state_input)
+    instance = parse_item(
+        text,
+        key,
+        source,
+        settings.max_record_bytes,
+        state_input=state_input,
+        context_topic=settings.topics.context,
+    )
     assert text is not None  # parse_item refuses a missing value
     return instance, text
 
@@ -77,10 +90,14 @@ def parse_item(
     max_bytes: int,
     *,
     state_input: bool = False,
+    context_topic: str = "the context topic",
 ) -> Instance:
     """Every record is one instance: id from `_instance`, else the record key.
     `state_input`: the spec accepts `type: state` records (`accept_state_input`); else
-    one is refused, since it would rewrite its instance's workflow state."""
+    one is refused, since it would rewrite its instance's workflow state. A record that
+    declares a context kind (core/context_kind.py) is no instance: it is refused with
+    `CONTEXT_ON_INPUT`, naming `context_topic`, and the caller forwards it there where the
+    spec allows."""
     if value is None:
         raise BadRecord("not_json", "record has no value (tombstone)")
     if len(value) > max_bytes:
@@ -95,6 +112,9 @@ def parse_item(
         raise BadRecord(
             "too_large", f"record nests objects and arrays more than {MAX_DEPTH} levels deep"
         )
+    declared = declared_kind(payload, key)
+    if declared is not None:
+        raise _context_on_input(declared, payload, source, context_topic)
     instance = payload.pop("_instance", None)
     if instance is None and key is not None:
         instance = key.decode("utf-8", "replace")
@@ -121,6 +141,31 @@ def parse_item(
     if kind not in ("input", "state"):
         payload["type"] = "input"
     return Instance(id=instance, payload=payload, source=source, size=len(value))
+
+
+def _context_on_input(
+    kind: str, payload: dict[str, Any], source: SourcePosition, topic: str
+) -> BadRecord:
+    origin = f"{source.topic}/{source.partition}/{source.offset}"
+    key = context_key(kind, payload, origin)
+    if kind in ("plan", "tool") and payload.get("_instance") is not None:
+        # The seeds: a plan is global, never instanced, and so is a tool's definition.
+        return BadRecord(
+            CONTEXT_ON_INPUT,
+            f"a type: {kind} record carries _instance, but a {kind} is global: send it "
+            f"without _instance to the context topic {topic} (key {key!r})",
+            context_key=key,
+            forwardable=False,
+        )
+    return BadRecord(
+        CONTEXT_ON_INPUT,
+        f"a type: {kind} record is a context message, not an item: send it to the context "
+        f"topic {topic} (key {key!r}), or set accept_context_input: true in the spec to "
+        "have the processor forward it there",
+        context_key=key,
+        forwardable=True,
+        json=orjson.dumps(payload),  # as the context topic reads it
+    )
 
 
 def source_of(

@@ -15,6 +15,7 @@ from instanced_stream.core.messages import (
     Call,
     ResultRecord,
     SourcePosition,
+    StateUpdateRecord,
 )
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.solve import Answer, Outcome
@@ -86,8 +87,9 @@ def test_a_thought_is_never_published() -> None:
     """Item 5: only latent calls, one a thought: the instance took no action; the record
     says so and carries the output, never the thought's text."""
     out = _records(_planless(), _call("think", **THOUGHT), _call("note", **NOTE))
-    (no_action,) = out[TOPICS.no_action]
-    assert [c["_tool"] for c in no_action["latent"]] == ["note"]
+    (update,) = out[TOPICS.state_updates]  # the note is a state update; the thought no part
+    assert [c["_tool"] for c in update["updates"]] == ["note"]
+    assert TOPICS.no_action not in out
     alone = _records(_planless(), _call("think", **THOUGHT))
     (no_action,) = alone[TOPICS.no_action]
     assert no_action["latent"] == [] and no_action["reason"] == "only latent calls"
@@ -185,6 +187,19 @@ def test_any_number_of_thoughts_per_instance_and_a_refused_one_keeps_no_text() -
     assert orjson.loads(letter.value or b"")["call"] == {"_tool": "think", "_instance": "②"}
     assert b"SECRET-THOUGHT" not in b"".join(r.value or b"" for r in planned.records)
     assert "SECRET" not in orjson.dumps(planned.decisions).decode()  # the live page
+
+
+def test_a_planless_answer_of_only_state_writes_is_the_instance_s_state_update() -> None:
+    """#54: the Instancing seed's manager answer (a latent call writing †state, no plan)
+    was recorded as "no action"; it is the instance's state update, a record of its own."""
+    out = _records(_planless(), _call("note", **NOTE))
+    assert TOPICS.no_action not in out
+    (update,) = out[TOPICS.state_updates]
+    assert update["instance"] == "a" and update["turn"] == 1
+    (note,) = update["updates"]
+    assert note["_tool"] == "note" and note["task"] == "call back"
+    assert note["_outputPath"].startswith("†state")
+    StateUpdateRecord.model_validate(update)  # the schema in schemas/ holds it
 
 
 def test_a_planless_latent_output_beside_a_no_action_is_on_its_record() -> None:

@@ -172,3 +172,54 @@ def test_an_answer_cut_off_keeps_its_complete_calls_and_drops_the_last() -> None
     mid_reason = whole[: whole.index('"reason":"b"') + 10]
     assert set(v.check(mid_reason, ["①", "②", "③"]).calls) == {"①"}
     assert v.check("not json at all", ["①"]).malformed is not None
+
+
+@pytest.mark.parametrize(
+    ("record", "key", "kind", "context_key"),
+    [
+        ({"type": "plan", "mode": "lazy"}, b"k", "plan", "plan"),
+        ({"type": "advisor", "id": "brandGuardian", "role": "r"}, None, "advisor", "brandGuardian"),
+        ({"kind": "advisor", "id": "a1", "role": "r"}, b"k", "advisor", "a1"),
+        ({"type": "tool", "name": "think", "kind": "latent"}, None, "tool", "think"),
+        ({"type": "input", "instruction": "all hands"}, None, "input", "input@items/1/5"),
+        ({"type": "input", "name": "season", "note": "busy"}, None, "input", "season"),
+    ],
+)
+def test_a_context_kind_on_the_input_topic_is_no_item(
+    record: dict[str, object], key: bytes | None, kind: str, context_key: str
+) -> None:
+    with pytest.raises(BadRecord) as err:
+        parse_item(orjson.dumps(record), key, SRC, 4096, context_topic="t.context")
+    assert err.value.code == "context_on_input"
+    assert f"type: {kind}" in err.value.message and "t.context" in err.value.message
+    assert "accept_context_input" in err.value.message
+    assert err.value.data["context_key"] == context_key and err.value.data["forwardable"]
+    assert orjson.loads(err.value.data["json"]) == record
+
+
+def test_an_instanced_plan_on_the_input_topic_cannot_be_forwarded() -> None:
+    value = orjson.dumps({"type": "plan", "_instance": "a", "mode": "lazy"})
+    with pytest.raises(BadRecord, match="a plan is global") as err:
+        parse_item(value, None, SRC, 4096)
+    assert err.value.code == "context_on_input" and not err.value.data["forwardable"]
+
+
+@pytest.mark.parametrize(
+    ("record", "key"),
+    [
+        ({"type": "input", "_instance": "a", "c": 1}, None),  # an instance's input
+        ({"type": "input", "c": 1}, b"a"),  # keyed: the key's instance
+        ({"type": "comment", "c": 1}, b"a"),  # a data field named type
+        ({"kind": "bug", "_instance": "a"}, None),  # a data field named kind
+    ],
+)
+def test_a_record_without_a_context_kind_stays_an_item(
+    record: dict[str, object], key: bytes | None
+) -> None:
+    assert parse_item(orjson.dumps(record), key, SRC, 4096).id == "a"
+
+
+def test_a_keyless_record_that_declares_no_kind_is_still_no_instance() -> None:
+    with pytest.raises(BadRecord) as err:
+        parse_item(b'{"comment": "x"}', None, SRC, 4096)
+    assert err.value.code == "no_instance"
