@@ -65,7 +65,7 @@ def preflight(settings: Settings, spec: AgentSpec) -> None:
         raise StreamError("; ".join(problems))
     endpoint(settings, spec)  # no endpoint at all
     resolve_api_key(settings, spec)  # a hosted endpoint without a key
-    client_options(settings)  # Kafka certificate and password files
+    client_options(settings)  # Kafka certificate, key, password and token files; unused ones
     # a window too small for the instructions, tools and advisors alone
     WindowSize(LiveSpec(spec), Tokenizer(spec.model.name), Limiter(1))
 
@@ -132,6 +132,7 @@ async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
 
 def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
+    from instanced_stream.kafka.security import ignored_settings
     from instanced_stream.llm.factory import endpoint as endpoint_of
 
     spec = load_spec(settings.spec)
@@ -141,6 +142,7 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
     ]
     preflight(settings, spec)
     lines.append("settings: consistent, as `stream process` needs them")
+    lines += [f"warning: {w}" for w in ignored_settings(settings)]
     if endpoint:
         lines += asyncio.run(check_endpoint(settings, spec))
     else:

@@ -82,6 +82,32 @@ def test_check_refuses_what_process_refuses(
     assert "STREAM_KAFKA_SSL_CAFILE: no such file" in said
 
 
+def test_check_and_process_refuse_auth_mistakes_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each used to pass `stream check` (or end it in a traceback) and then look like an
+    unreachable broker."""
+    import trustme
+
+    monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("STREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("STREAM_KAFKA_SASL_MECHANISM", "OAUTHBEARER")
+    monkeypatch.setenv("STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE", str(tmp_path / "absent"))
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert said.startswith("stream: error: STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE: cannot read")
+    for name in ("STREAM_KAFKA_SASL_MECHANISM", "STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE"):
+        monkeypatch.delenv(name)
+    cert = tmp_path / "cert.pem"
+    trustme.CA().issue_cert("client.example").cert_chain_pems[0].write_to_path(str(cert))
+    monkeypatch.setenv("STREAM_KAFKA_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("STREAM_KAFKA_SSL_CERTFILE", str(cert))
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert said.startswith(f"stream: error: STREAM_KAFKA_SSL_CERTFILE={cert}: no private key")
+
+
 def test_bad_settings_name_their_variable_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
