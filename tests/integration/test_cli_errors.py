@@ -75,3 +75,23 @@ def test_a_hosted_endpoint_from_the_environment_needs_a_key() -> None:
         STREAM_LLM_BASE_URL="https://llm.example.invalid/v1",
     )
     assert done.returncode == 2 and "no API key: set OPENAI_API_KEY" in done.stderr
+
+
+def test_commands_that_read_the_topics_refuse_a_prefix_that_matches_nothing(
+    bootstrap: str,
+) -> None:
+    """`--topic-prefix typo-` once audited nothing and said missing=0, exit 0."""
+    import secrets
+
+    prefix = f"typo-{secrets.token_hex(3)}-"
+    env = {"STREAM_BOOTSTRAP_SERVERS": bootstrap, "STREAM_TOPIC_PREFIX": prefix}
+    for command in (["audit"], ["tail", "deadletter"], ["redrive", "--dry-run"], ["topics"]):
+        done = _stream(*command, **env)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        said = done.stderr.strip().splitlines()[-1]
+        assert said.startswith("stream: error: no such topic"), (command, said)
+        assert f"topic prefix '{prefix}'" in said and f"{prefix}" in said.split(": ", 2)[2]
+        assert "Traceback" not in done.stderr
+        assert "missing=0" not in done.stdout
+    audit = _stream("audit", **env).stderr
+    assert f"{prefix}items" in audit and f"{prefix}stream.deadletter" in audit

@@ -83,10 +83,15 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.kafka.topics import activity_topics
     from instanced_stream.observe.agreement import quality_line
     from instanced_stream.ops.audit import audit, parse_since
+    from instanced_stream.ops.console import require_topics
     from instanced_stream.ops.workflow_audit import audit_workflows
 
     spec, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
+    t = settings.topics
+    looked_for = [t.input, *activity_topics(settings, spec), t.review, t.no_action, t.dead_letter]
+    # a prefix that matches nothing would read as "nothing missing" and pass
+    asyncio.run(require_topics(bootstrap, t.prefix, looked_for))
     report = asyncio.run(
         audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
     )
@@ -114,9 +119,12 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.audit import parse_since
+    from instanced_stream.ops.console import require_topics
     from instanced_stream.ops.redrive import WORTH, redrive
 
     _, bootstrap = configured(settings)
+    t = settings.topics
+    asyncio.run(require_topics(bootstrap, t.prefix, [t.input, t.dead_letter]))
     since = parse_since(args.since) if args.since else None
     codes = tuple(args.code or WORTH)
     planned, others = asyncio.run(
@@ -199,11 +207,12 @@ def _produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _tail(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.ops.console import resolve_topic
+    from instanced_stream.ops.console import require_topics, resolve_topic
     from instanced_stream.ops.tail import tail
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic)
+    asyncio.run(require_topics(bootstrap, settings.topic_prefix, [topic]))
     with contextlib.suppress(KeyboardInterrupt):
         shown = asyncio.run(tail(bootstrap, topic, args.follow, args.last, args.json))
         if not shown and not args.follow:
@@ -212,11 +221,16 @@ def _tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.ops.console import budget_line, render_topics, topics
+    from instanced_stream.ops.console import absent_topics, budget_line, render_topics, topics
 
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
     print(render_topics(rows))
+    missing = [r.name for r in rows if r.partitions == 0]
+    # No input topic: no processor ran with this prefix (a typo, another cluster). Other
+    # topics may be missing by design (no plan, no changelog); the table says which.
+    if settings.topics.input in missing:
+        raise StreamError(absent_topics(settings.topic_prefix, [r.name for r in rows], missing))
     if spec.budget.usd_per_s is not None:  # this host's processor's share of the ceiling
         page = f"http://127.0.0.1:{settings.web_port}"
         print(budget_line(asyncio.run(_page_quality(page, "budget")), page))
