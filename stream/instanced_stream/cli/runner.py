@@ -76,6 +76,9 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if quiet and not args.log_level:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    from instanced_stream.observe.logs import quiet_library_chatter
+
+    quiet_library_chatter()
 
 
 def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:

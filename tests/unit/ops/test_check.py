@@ -311,3 +311,46 @@ def test_a_worker_without_spec_needs_its_own_group(
     monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # never contacted
     assert cli.main(["activities", str(example), "--no-spec"]) == 2
     assert "--no-spec needs --group" in capsys.readouterr().err
+
+
+def test_a_spec_that_does_not_parse_is_one_line_with_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("name: x\n  tools: [\n")
+    assert _refusal(capsys, "--spec", str(bad), "check") == (
+        f"stream: error: agent spec {bad}:2:8: not valid YAML: mapping values are not allowed here"
+    )
+    unclosed = tmp_path / "open.yaml"
+    unclosed.write_text('name: x\ninstructions: "unclosed\n')
+    said = _refusal(capsys, "--spec", str(unclosed), "check")
+    assert said.startswith(f"stream: error: agent spec {unclosed}:3:1: not valid YAML: ")
+    assert said.endswith("(while scanning a quoted scalar at line 2)")
+    broken = tmp_path / "agent.json"
+    broken.write_text('{"name": "x",\n "tools": }')
+    assert _refusal(capsys, "--spec", str(broken), "check").startswith(
+        f"stream: error: agent spec {broken}:2:11: not valid JSON: "
+    )
+
+
+def test_every_command_help_opens_with_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"process", "check", "audit", "demo", "broker"} <= set(commands.choices)
+    for name, sub in commands.choices.items():
+        assert sub.description, f"`stream {name} --help` does not say what it does"
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        shown = capsys.readouterr().out
+        after_usage = shown.split("\n\n", 1)[1]
+        assert after_usage.startswith(sub.description[:40]), (name, after_usage[:80])
+
+
+def test_verbose_and_log_level_work_after_the_command() -> None:
+    parser = build_parser()
+    after = parser.parse_args(["audit", "-v", "--log-level", "debug"])
+    assert after.verbose is True and after.log_level == "DEBUG"
+    assert parser.parse_args(["-v", "audit"]).verbose is True
+    assert parser.parse_args(["audit"]).verbose is False
