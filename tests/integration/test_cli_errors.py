@@ -95,3 +95,39 @@ def test_commands_that_read_the_topics_refuse_a_prefix_that_matches_nothing(
         assert "missing=0" not in done.stdout
     audit = _stream("audit", **env).stderr
     assert f"{prefix}items" in audit and f"{prefix}stream.deadletter" in audit
+
+
+def test_a_processor_stopped_while_it_starts_exits_0_and_says_so() -> None:
+    """SIGTERM while the processor probes its endpoint (a pod deleted as it starts) ended
+    it with 143 and not a line in its log."""
+    import signal
+    import socket
+
+    with socket.socket() as endpoint:  # accepts connections, never answers
+        endpoint.bind(("127.0.0.1", 0))
+        endpoint.listen(8)
+        endpoint.settimeout(40)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
+            "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
+            "STREAM_WEB_PORT": "0",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "instanced_stream", "process"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            probe, _ = endpoint.accept()  # waited for: the start-up's probe request
+            probe.close()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopped by a signal before it started" in out
+    assert "Traceback" not in out and "Unclosed" not in out

@@ -130,6 +130,18 @@ async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
     ]
 
 
+def _web_port(settings: Settings) -> list[str]:
+    """A warning, not a refusal: the check may run beside a processor it is about to
+    replace, but a processor started here now would stop at its first line."""
+    from instanced_stream.observe.web import claim_port
+
+    try:
+        claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
+    except StreamError as exc:
+        return [f"warning: {exc.message} (`stream process` on this host would refuse to start)"]
+    return []
+
+
 def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
     from instanced_stream.kafka.security import ignored_settings
@@ -143,6 +155,7 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
     preflight(settings, spec)
     lines.append("settings: consistent, as `stream process` needs them")
     lines += [f"warning: {w}" for w in ignored_settings(settings)]
+    lines += _web_port(settings)
     if endpoint:
         lines += asyncio.run(check_endpoint(settings, spec))
     else:

@@ -354,3 +354,19 @@ def test_verbose_and_log_level_work_after_the_command() -> None:
     assert after.verbose is True and after.log_level == "DEBUG"
     assert parser.parse_args(["-v", "audit"]).verbose is True
     assert parser.parse_args(["audit"]).verbose is False
+
+
+def test_check_reports_a_busy_web_port(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("STREAM_WEB_HOST", "127.0.0.1")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setenv("STREAM_WEB_PORT", str(port))
+        assert cli.main(["check", "--spec", str(SPEC)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: port {port} on 127.0.0.1 is busy" in out
+    assert "set STREAM_WEB_PORT to a free port" in out
