@@ -24,7 +24,7 @@ SETTING_FLAGS = ("bootstrap_servers", "topic_prefix", "spec")
 PLUG_INS = "instanced_stream.commands"
 # The development distribution's commands: without it each still parses (any arguments)
 # and its handler says where it comes from, instead of argparse's "invalid choice".
-DEVELOPMENT = ("demo", "bench", "eval", "broker", "llm-sim", "llm-local")
+DEVELOPMENT = ("demo", "bench", "eval", "broker", "registry", "llm-sim", "llm-local")
 
 
 class _OneLineParser(argparse.ArgumentParser):
