@@ -231,6 +231,18 @@ def test_stream_registry_runs_one_in_the_foreground_until_sigterm() -> None:
         assert proc.stdout.readline().strip() == f"export STREAM_SCHEMA_REGISTRY_URL={url}"
         with urllib.request.urlopen(url + "/subjects", timeout=10) as answer:
             assert json.loads(answer.read()) == []  # in memory: every start is empty
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_")}
+        env |= {"STREAM_SCHEMA_REGISTRY_URL": url, "STREAM_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+        checked = subprocess.run(
+            [sys.executable, "-m", "instanced_stream", "check", "--registry"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert f"registry {url}: answers, 0 subjects, compatibility " in checked.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

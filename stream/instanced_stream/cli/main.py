@@ -251,7 +251,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 def _check(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.check import check
 
-    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka):
+    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka, registry=args.registry):
         print(line)
     return 0
 

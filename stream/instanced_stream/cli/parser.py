@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also connect to STREAM_BOOTSTRAP_SERVERS with the STREAM_KAFKA_* settings",
     )
+    ck.add_argument(
+        "--registry",
+        action="store_true",
+        help="also ask STREAM_SCHEMA_REGISTRY_URL: does it answer, what compatibility it enforces",
+    )
     c = add("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")
     c.add_argument(

@@ -16,7 +16,14 @@ from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.errors import StreamError
 from instanced_stream.settings import Settings
 
-__all__ = ["check", "check_endpoint", "check_kafka", "lint_settings", "preflight"]
+__all__ = [
+    "check",
+    "check_endpoint",
+    "check_kafka",
+    "check_registry",
+    "lint_settings",
+    "preflight",
+]
 
 
 def lint_settings(settings: Settings) -> list[str]:
@@ -130,6 +137,38 @@ async def check_kafka(settings: Settings, spec: AgentSpec) -> list[str]:
     ]
 
 
+def check_registry(settings: Settings) -> list[str]:
+    """Asks STREAM_SCHEMA_REGISTRY_URL (with its credentials and CA) for its subjects and
+    its global compatibility: the registry answers and what it will enforce is known
+    before a processor registers its output schemas against it."""
+    from instanced_stream.kafka.registry import RegistryError, client_conf, transport_error
+
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+    except ImportError as exc:
+        raise RegistryError(
+            "--registry needs the registry extra: pip install 'instanced-stream[registry]'"
+        ) from exc
+    client = SchemaRegistryClient(client_conf(settings))
+    url = settings.schema_registry_url
+    try:
+        subjects = client.get_subjects()
+        level = client.get_compatibility()
+    except SchemaRegistryError as exc:
+        raise RegistryError(f"the schema registry at {url} refused: {exc}") from exc
+    except Exception as exc:
+        if not transport_error(exc):
+            raise
+        raise RegistryError(f"the schema registry at {url} does not answer: {exc}") from exc
+    finally:
+        client.close()
+    outputs = "framed, registered at start" if settings.schema_registry_outputs else "JSON"
+    return [
+        f"registry {url}: answers, {len(subjects)} subjects, compatibility {level}; "
+        f"outputs: {outputs} (STREAM_SCHEMA_REGISTRY_OUTPUTS)"
+    ]
+
+
 def _web_port(settings: Settings) -> list[str]:
     """A warning, not a refusal: the check may run beside a processor it is about to
     replace, but a processor started here now would stop at its first line."""
@@ -142,7 +181,9 @@ def _web_port(settings: Settings) -> list[str]:
     return []
 
 
-def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
+def check(
+    settings: Settings, endpoint: bool = False, kafka: bool = False, registry: bool = False
+) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
     from instanced_stream.kafka.security import ignored_settings
     from instanced_stream.llm.factory import endpoint as endpoint_of
@@ -164,4 +205,8 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
         lines += asyncio.run(check_kafka(settings, spec))
     else:
         lines.append("kafka: not contacted (add --kafka)")
+    if registry:
+        lines += check_registry(settings)
+    elif settings.schema_registry_url:
+        lines.append(f"registry {settings.schema_registry_url}: not contacted (add --registry)")
     return lines
