@@ -181,8 +181,6 @@ class Activities:
             max_poll_interval_ms=int(settings.worker_fetch_timeout_s * 1000),
         )
         publisher = Publisher(bootstrap, client_id="stream-activities")
-        await consumer.start()
-        await publisher.start()
         web = None
         if serve:
             # Ready once it consumes; a busy port is an error (see claim_port).
@@ -197,6 +195,10 @@ class Activities:
                 )
 
         try:
+            # Started inside the try: a stop (Ctrl-C, a cancelled task) while they start
+            # still closes both, instead of leaving an "Unclosed" client behind.
+            await consumer.start()
+            await publisher.start()
             if web is not None:
                 await web.start()
             while not stop.is_set():
