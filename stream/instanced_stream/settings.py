@@ -205,6 +205,13 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(
         8, ge=1, description="Activity handlers an activities worker runs at once"
     )
+    worker_fetch_timeout_s: float = Field(
+        300.0,
+        ge=1,
+        description="An activities worker whose fetched calls take longer than this to handle "
+        "leaves its group (max.poll.interval.ms): its partitions go to another member, its "
+        "commit is refused and those calls are delivered again; raise it for slow handlers",
+    )
     replication_factor: int | None = Field(
         None, ge=1, description="Replicas of every topic the product creates; unset: broker default"
     )

@@ -113,3 +113,5 @@ def test_demo_stops_its_children(sig: signal.Signals, llm: str, tmp_path: Path) 
     ):
         time.sleep(0.5)
     assert left == {}, f"left running after {sig.name}: {left}"
+    if sig != signal.SIGKILL:  # a stop that runs the clean-up closes every client
+        assert "Unclosed" not in log.read_text(), log.read_text()[-3000:]

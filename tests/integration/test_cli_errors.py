@@ -75,3 +75,59 @@ def test_a_hosted_endpoint_from_the_environment_needs_a_key() -> None:
         STREAM_LLM_BASE_URL="https://llm.example.invalid/v1",
     )
     assert done.returncode == 2 and "no API key: set OPENAI_API_KEY" in done.stderr
+
+
+def test_commands_that_read_the_topics_refuse_a_prefix_that_matches_nothing(
+    bootstrap: str,
+) -> None:
+    """`--topic-prefix typo-` once audited nothing and said missing=0, exit 0."""
+    import secrets
+
+    prefix = f"typo-{secrets.token_hex(3)}-"
+    env = {"STREAM_BOOTSTRAP_SERVERS": bootstrap, "STREAM_TOPIC_PREFIX": prefix}
+    for command in (["audit"], ["tail", "deadletter"], ["redrive", "--dry-run"], ["topics"]):
+        done = _stream(*command, **env)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        said = done.stderr.strip().splitlines()[-1]
+        assert said.startswith("stream: error: no such topic"), (command, said)
+        assert f"topic prefix '{prefix}'" in said and f"{prefix}" in said.split(": ", 2)[2]
+        assert "Traceback" not in done.stderr
+        assert "missing=0" not in done.stdout
+    audit = _stream("audit", **env).stderr
+    assert f"{prefix}items" in audit and f"{prefix}stream.deadletter" in audit
+
+
+def test_a_processor_stopped_while_it_starts_exits_0_and_says_so() -> None:
+    """SIGTERM while the processor probes its endpoint (a pod deleted as it starts) ended
+    it with 143 and not a line in its log."""
+    import signal
+    import socket
+
+    with socket.socket() as endpoint:  # accepts connections, never answers
+        endpoint.bind(("127.0.0.1", 0))
+        endpoint.listen(8)
+        endpoint.settimeout(40)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
+            "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
+            "STREAM_WEB_PORT": "0",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "instanced_stream", "process"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            probe, _ = endpoint.accept()  # waited for: the start-up's probe request
+            probe.close()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopped by a signal before it started" in out
+    assert "Traceback" not in out and "Unclosed" not in out

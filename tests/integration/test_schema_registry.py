@@ -144,6 +144,12 @@ async def test_avro_json_schema_and_plain_json_items_are_decided_and_audited(
     ]
     letter_subject = await client.get_latest_version(subject_of(dep.settings.topics.dead_letter))
     assert {schema_id(v) for v in raw_letters} == {letter_subject.schema_id}
+    # Each letter's record key is the producer's key (it was null, the key only inside)
+    keys = {r.key async for r in read_topic(dep.bootstrap, dep.settings.topics.dead_letter)}
+    assert keys == {b"bad-id", b"bad-avro"}
+    # The processor said what it registered (a new subject each, here) at start
+    log = dep.proc.log_path.read_text(errors="replace")
+    assert f"schema registry: subject {subject_of(activity)} registered, schema id" in log
 
 
 def _spec_with(change: Callable[[dict[str, Any]], None], folder: Path) -> Path:
@@ -198,3 +204,49 @@ async def test_a_spec_that_breaks_an_activity_schema_is_refused_unless_forced(
     forced = await dep.cli("schemas", "--register", "--force", STREAM_SPEC=str(broken), **env)
     assert forced.returncode == 0, forced.stderr
     assert len(await client.get_versions(subject)) == before + 2
+
+
+def test_stream_registry_runs_one_in_the_foreground_until_sigterm() -> None:
+    """`stream registry` as `stream broker`: the URL printed, schemas in memory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "instanced_stream", "registry", "--port", str(port)],
+        env={k: v for k, v in os.environ.items() if not k.startswith("STREAM_")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()  # waited for: the line saying where it listens
+        url = f"http://127.0.0.1:{port}/apis/ccompat/v7"
+        assert f"ready at {url}" in ready, ready
+        assert proc.stdout.readline().strip() == f"export STREAM_SCHEMA_REGISTRY_URL={url}"
+        with urllib.request.urlopen(url + "/subjects", timeout=10) as answer:
+            assert json.loads(answer.read()) == []  # in memory: every start is empty
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_")}
+        env |= {"STREAM_SCHEMA_REGISTRY_URL": url, "STREAM_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+        checked = subprocess.run(
+            [sys.executable, "-m", "instanced_stream", "check", "--registry"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert f"registry {url}: answers, 0 subjects, compatibility " in checked.stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(urllib.error.URLError, match="refused"):  # its JVM went with it
+        urllib.request.urlopen(url + "/subjects", timeout=5)

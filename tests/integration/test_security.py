@@ -172,7 +172,10 @@ def _stream_topics(
 async def test_a_client_without_the_ca_or_the_password_fails_clearly(
     secure_broker: LocalKafka, certs: dict[str, Path]
 ) -> None:
-    ok = await asyncio.to_thread(_stream_topics, secure_broker.ssl_bootstrap, _tls_env(certs))
+    # topics of their own, created over TLS: a listing of absent ones is an error now
+    probe = ("topics", "--create")
+    mine = {**_tls_env(certs), "STREAM_TOPIC_PREFIX": "tls-probe-"}
+    ok = await asyncio.to_thread(_stream_topics, secure_broker.ssl_bootstrap, mine, *probe)
     assert ok.returncode == 0, ok.stderr[-1500:]
     untrusting = {**_tls_env(certs)}
     untrusting.pop("STREAM_KAFKA_SSL_CAFILE")

@@ -29,6 +29,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    IllegalStateError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 from pydantic import ValidationError
 
 from instanced_stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
@@ -62,6 +69,19 @@ Handler = Callable[[Call, Tool, list[dict[str, Any]]], Awaitable[Any]]
 
 _TRIES = 3
 
+# A commit refused because the group moved on without this member (it was evicted, or
+# its coordinator was unreachable past the session timeout), or made while a rebalance
+# had taken its partitions (IllegalStateError: none assigned): the member rejoins at its
+# next fetch, and what it handled is delivered again. Retriable errors (a coordinator
+# that moved or is loading) aiokafka retries inside the commit itself.
+_GROUP_MOVED = (
+    CommitFailedError,
+    UnknownMemberIdError,
+    IllegalGenerationError,
+    RebalanceInProgressError,
+    IllegalStateError,
+)
+
 
 class Sink(Protocol):
     """Where the worker's records go (a `Publisher`; a fake in tests)."""
@@ -94,6 +114,7 @@ class Activities:
         self.duplicates = 0
         self.failed = 0
         self.answered = 0
+        self.refused_commits = 0
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.metrics = WorkerMetrics()
 
@@ -157,10 +178,9 @@ class Activities:
             *topics,
             auto_offset_reset="earliest",
             group_id=group or f"{settings.topic_prefix}activities.{spec.name}",
+            max_poll_interval_ms=int(settings.worker_fetch_timeout_s * 1000),
         )
         publisher = Publisher(bootstrap, client_id="stream-activities")
-        await consumer.start()
-        await publisher.start()
         web = None
         if serve:
             # Ready once it consumes; a busy port is an error (see claim_port).
@@ -175,6 +195,10 @@ class Activities:
                 )
 
         try:
+            # Started inside the try: a stop (Ctrl-C, a cancelled task) while they start
+            # still closes both, instead of leaving an "Unclosed" client behind.
+            await consumer.start()
+            await publisher.start()
             if web is not None:
                 await web.start()
             while not stop.is_set():
@@ -187,12 +211,27 @@ class Activities:
                     *(one(rec, topics[tp.topic]) for tp, recs in batch.items() for rec in recs)
                 )
                 if batch:
-                    await consumer.commit()
+                    await self._commit(consumer, sum(map(len, batch.values())))
         finally:
             await consumer.stop()
             await publisher.stop()
             if web is not None:
                 await web.stop()
+
+    async def _commit(self, consumer: Any, handled: int) -> None:
+        """Commits a handled fetch; a group that moved under the worker is ridden out."""
+        try:
+            await consumer.commit()
+        except _GROUP_MOVED as exc:
+            self.refused_commits += 1
+            cause = exc.__cause__ or exc
+            log.warning(
+                "activities worker: the group moved on before the commit of %d calls (%s); "
+                "rejoining: they are delivered again, to this worker (dropped as handled, "
+                "by call_id) or to another member (handled again)",
+                handled,
+                type(cause).__name__,
+            )
 
     async def serve_one(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import orjson
 from instanced_stream.cli.activities import activities
 from instanced_stream.cli.parser import build_parser
 from instanced_stream.cli.runner import Command, configured, run
+from instanced_stream.cli.termination import Terminated
 from instanced_stream.errors import StreamError
 
 if TYPE_CHECKING:
@@ -27,9 +29,18 @@ def _process(_: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.check import preflight
     from instanced_stream.runtime.service import run_processor
 
-    spec, bootstrap = configured(settings)
-    preflight(settings, spec)  # what `stream check` refuses, refused here the same way
-    return run_processor(settings, spec, bootstrap)
+    try:
+        spec, bootstrap = configured(settings)
+        preflight(settings, spec)  # what `stream check` refuses, refused here the same way
+        return run_processor(settings, spec, bootstrap)
+    except Terminated:
+        # Before the service installs its own handlers (probe, topics, context): a pod
+        # deleted while it starts. Nothing was consumed or committed, so it is a clean
+        # stop, not the silent 143 it was.
+        logging.getLogger("instanced_stream.processor").info(
+            "stopped by a signal before it started: nothing consumed, nothing committed"
+        )
+        return 0
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:
@@ -83,10 +94,15 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.kafka.topics import activity_topics
     from instanced_stream.observe.agreement import quality_line
     from instanced_stream.ops.audit import audit, parse_since
+    from instanced_stream.ops.console import require_topics
     from instanced_stream.ops.workflow_audit import audit_workflows
 
     spec, bootstrap = configured(settings)
     since = parse_since(args.since) if args.since else None
+    t = settings.topics
+    looked_for = [t.input, *activity_topics(settings, spec), t.review, t.no_action, t.dead_letter]
+    # a prefix that matches nothing would read as "nothing missing" and pass
+    asyncio.run(require_topics(bootstrap, t.prefix, looked_for))
     report = asyncio.run(
         audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
     )
@@ -114,9 +130,12 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 def _redrive(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.audit import parse_since
+    from instanced_stream.ops.console import require_topics
     from instanced_stream.ops.redrive import WORTH, redrive
 
     _, bootstrap = configured(settings)
+    t = settings.topics
+    asyncio.run(require_topics(bootstrap, t.prefix, [t.input, t.dead_letter]))
     since = parse_since(args.since) if args.since else None
     codes = tuple(args.code or WORTH)
     planned, others = asyncio.run(
@@ -199,11 +218,12 @@ def _produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _tail(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.ops.console import resolve_topic
+    from instanced_stream.ops.console import require_topics, resolve_topic
     from instanced_stream.ops.tail import tail
 
     _, bootstrap = configured(settings)
     topic = resolve_topic(settings, args.topic)
+    asyncio.run(require_topics(bootstrap, settings.topic_prefix, [topic]))
     with contextlib.suppress(KeyboardInterrupt):
         shown = asyncio.run(tail(bootstrap, topic, args.follow, args.last, args.json))
         if not shown and not args.follow:
@@ -212,11 +232,16 @@ def _tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.ops.console import budget_line, render_topics, topics
+    from instanced_stream.ops.console import absent_topics, budget_line, render_topics, topics
 
     spec, bootstrap = configured(settings)
     rows = asyncio.run(topics(bootstrap, settings, spec, args.create, args.partitions))
     print(render_topics(rows))
+    missing = [r.name for r in rows if r.partitions == 0]
+    # No input topic: no processor ran with this prefix (a typo, another cluster). Other
+    # topics may be missing by design (no plan, no changelog); the table says which.
+    if settings.topics.input in missing:
+        raise StreamError(absent_topics(settings.topic_prefix, [r.name for r in rows], missing))
     if spec.budget.usd_per_s is not None:  # this host's processor's share of the ceiling
         page = f"http://127.0.0.1:{settings.web_port}"
         print(budget_line(asyncio.run(_page_quality(page, "budget")), page))
@@ -226,7 +251,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 def _check(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.ops.check import check
 
-    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka):
+    for line in check(settings, endpoint=args.endpoint, kafka=args.kafka, registry=args.registry):
         print(line)
     return 0
 

@@ -24,7 +24,7 @@ SETTING_FLAGS = ("bootstrap_servers", "topic_prefix", "spec")
 PLUG_INS = "instanced_stream.commands"
 # The development distribution's commands: without it each still parses (any arguments)
 # and its handler says where it comes from, instead of argparse's "invalid choice".
-DEVELOPMENT = ("demo", "bench", "eval", "broker", "llm-sim", "llm-local")
+DEVELOPMENT = ("demo", "bench", "eval", "broker", "registry", "llm-sim", "llm-local")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -78,12 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="this command's log level (default: STREAM_LOG_LEVEL; quiet commands WARNING)",
     )
 
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show library logs too",
+    )
+
     def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        # `stream X --help` opens with what X does: its one-line help, unless it has more
+        said = kw.get("help")
+        if said and "description" not in kw:
+            kw["description"] = f"{said[0].upper()}{said[1:]}."
         return sub.add_parser(name, parents=[common], **kw)
 
     p.set_defaults(handler=None)  # the product's commands: cli/main.py maps them by name
 
-    add("process", help="run a processor (consumer group member)")
+    add(
+        "process",
+        help="run a processor: read the input topic, decide its items in batched LLM "
+        "requests, publish the calls to the activity topics (one consumer group member)",
+    )
     a = add("activities", help="run an activity worker for a handler module")
     a.add_argument("module", help="a module name or .py file defining an Activities registry")
     a.add_argument(
@@ -113,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--kafka",
         action="store_true",
         help="also connect to STREAM_BOOTSTRAP_SERVERS with the STREAM_KAFKA_* settings",
+    )
+    ck.add_argument(
+        "--registry",
+        action="store_true",
+        help="also ask STREAM_SCHEMA_REGISTRY_URL: does it answer, what compatibility it enforces",
     )
     c = add("schemas", help="write the JSON Schemas of every message contract")
     c.add_argument("--out", default="schemas", help="folder (default: schemas)")

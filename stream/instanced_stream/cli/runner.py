@@ -45,8 +45,10 @@ def configured(settings: Settings) -> tuple[AgentSpec, str]:
 def secure(settings: Settings) -> None:
     """Files the Kafka security settings under the configured broker address."""
     from instanced_stream.kafka.clients import register_producer
-    from instanced_stream.kafka.security import client_options, register
+    from instanced_stream.kafka.security import client_options, ignored_settings, register
 
+    for warning in ignored_settings(settings):
+        logging.getLogger("stream.settings").warning("%s", warning)
     if settings.bootstrap_servers:
         register(settings.bootstrap_servers, client_options(settings))
         register_producer(settings.bootstrap_servers, settings.kafka_compression)
@@ -74,6 +76,9 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if quiet and not args.log_level:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    from instanced_stream.observe.logs import quiet_library_chatter
+
+    quiet_library_chatter()
 
 
 def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:

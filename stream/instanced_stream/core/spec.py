@@ -455,8 +455,22 @@ def spec_document(path: Path) -> Any:
     try:
         data = orjson.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SpecError(f"agent spec {path} is not valid YAML/JSON: {exc}") from exc
+        raise SpecError(_parse_problem(path, exc), path=str(path)) from exc
     return _yaml_on_key(data) if isinstance(data, dict) else data
+
+
+def _parse_problem(path: Path, exc: Exception) -> str:
+    """A parser's error in one line, `file:line:column`, as editors jump to it: the
+    parsers' own text is several lines with a caret under the quoted source."""
+    if isinstance(exc, orjson.JSONDecodeError):
+        return f"agent spec {path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"agent spec {path}: not valid YAML: {' '.join(str(exc).split())}"
+    problem = getattr(exc, "problem", None) or "cannot parse"
+    context, started = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    where = f" ({context} at line {started.line + 1})" if context and started else ""
+    return f"agent spec {path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{where}"
 
 
 def load_spec(path: Path) -> AgentSpec:

@@ -38,6 +38,18 @@ class Incompatible(RegistryError):
         self.subjects = subjects
 
 
+def _registered(client: Any, subject: str, schema: Any) -> int | None:
+    """The id of `schema` under `subject` when it is registered there already."""
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    try:
+        return int(client.lookup_schema(subject, schema).schema_id)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:  # no such subject, or not this schema
+            return None
+        raise
+
+
 def _client(settings: Settings) -> Any:
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -72,7 +84,11 @@ def output_frames(
             if subject in broken:
                 log.warning("registering %s although it is not backward compatible", subject)
                 client.set_compatibility(subject, "NONE")  # else the rule refuses it
-            frames[topic] = prefix(int(client.register_schema(subject, schema)))
+            found = None if subject in broken else _registered(client, subject, schema)
+            sid = found if found is not None else int(client.register_schema(subject, schema))
+            how = "found" if found is not None else "registered"
+            log.info("schema registry: subject %s %s, schema id %d", subject, how, sid)
+            frames[topic] = prefix(sid)
             client.set_compatibility(subject, "BACKWARD")
         return frames
     except SchemaRegistryError as exc:

@@ -13,7 +13,14 @@ from typing import Any
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
-__all__ = ["JsonFormatter", "json_handler"]
+__all__ = ["JsonFormatter", "json_handler", "quiet_library_chatter"]
+
+# aiokafka's INFO lines that repeat per producer and consumer at every start (one per
+# transactional id: dozens on a processor), saying nothing an operator acts on.
+_CHATTER = {
+    "aiokafka.producer.sender": ("Discovered coordinator",),
+    "aiokafka.consumer.group_coordinator": ("Discovered coordinator",),
+}
 
 
 def _trace_ids() -> dict[str, str]:
@@ -47,3 +54,25 @@ def json_handler() -> logging.Handler:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     return handler
+
+
+class _Demoted(logging.Filter):
+    """Rewrites a chatter line to DEBUG; shown only where DEBUG is."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not str(record.msg).startswith(self.starts):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def quiet_library_chatter() -> None:
+    """Library start-up lines at DEBUG: installed once per process, by the CLI."""
+    for name, starts in _CHATTER.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Demoted) for f in logger.filters):
+            logger.addFilter(_Demoted(starts))

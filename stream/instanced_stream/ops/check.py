@@ -20,6 +20,7 @@ __all__ = [
     "check",
     "check_endpoint",
     "check_kafka",
+    "check_registry",
     "lint_settings",
     "preflight",
     "spec_lines",
@@ -72,7 +73,7 @@ def preflight(settings: Settings, spec: AgentSpec) -> None:
         raise StreamError("; ".join(problems))
     endpoint(settings, spec)  # no endpoint at all
     resolve_api_key(settings, spec)  # a hosted endpoint without a key
-    client_options(settings)  # Kafka certificate and password files
+    client_options(settings)  # Kafka certificate, key, password and token files; unused ones
     # a window too small for the instructions, tools and advisors alone
     WindowSize(LiveSpec(spec), Tokenizer(spec.model.name), Limiter(1))
 
@@ -147,8 +148,55 @@ def spec_lines(spec: AgentSpec) -> list[str]:
     return [f"warning: {w}" for w in lint.warnings]
 
 
-def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> list[str]:
+def check_registry(settings: Settings) -> list[str]:
+    """Asks STREAM_SCHEMA_REGISTRY_URL (with its credentials and CA) for its subjects and
+    its global compatibility: the registry answers and what it will enforce is known
+    before a processor registers its output schemas against it."""
+    from instanced_stream.kafka.registry import RegistryError, client_conf, transport_error
+
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+    except ImportError as exc:
+        raise RegistryError(
+            "--registry needs the registry extra: pip install 'instanced-stream[registry]'"
+        ) from exc
+    client = SchemaRegistryClient(client_conf(settings))
+    url = settings.schema_registry_url
+    try:
+        subjects = client.get_subjects()
+        level = client.get_compatibility()
+    except SchemaRegistryError as exc:
+        raise RegistryError(f"the schema registry at {url} refused: {exc}") from exc
+    except Exception as exc:
+        if not transport_error(exc):
+            raise
+        raise RegistryError(f"the schema registry at {url} does not answer: {exc}") from exc
+    finally:
+        client.close()
+    outputs = "framed, registered at start" if settings.schema_registry_outputs else "JSON"
+    return [
+        f"registry {url}: answers, {len(subjects)} subjects, compatibility {level}; "
+        f"outputs: {outputs} (STREAM_SCHEMA_REGISTRY_OUTPUTS)"
+    ]
+
+
+def _web_port(settings: Settings) -> list[str]:
+    """A warning, not a refusal: the check may run beside a processor it is about to
+    replace, but a processor started here now would stop at its first line."""
+    from instanced_stream.observe.web import claim_port
+
+    try:
+        claim_port(settings.web_host, settings.web_port, "STREAM_WEB_PORT")
+    except StreamError as exc:
+        return [f"warning: {exc.message} (`stream process` on this host would refuse to start)"]
+    return []
+
+
+def check(
+    settings: Settings, endpoint: bool = False, kafka: bool = False, registry: bool = False
+) -> list[str]:
     """Lines saying what was checked; raises StreamError at the first problem."""
+    from instanced_stream.kafka.security import ignored_settings
     from instanced_stream.llm.factory import endpoint as endpoint_of
 
     spec = load_spec(settings.spec)
@@ -159,6 +207,8 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
     lines += spec_lines(spec)
     preflight(settings, spec)
     lines.append("settings: consistent, as `stream process` needs them")
+    lines += [f"warning: {w}" for w in ignored_settings(settings)]
+    lines += _web_port(settings)
     if endpoint:
         lines += asyncio.run(check_endpoint(settings, spec))
     else:
@@ -167,4 +217,8 @@ def check(settings: Settings, endpoint: bool = False, kafka: bool = False) -> li
         lines += asyncio.run(check_kafka(settings, spec))
     else:
         lines.append("kafka: not contacted (add --kafka)")
+    if registry:
+        lines += check_registry(settings)
+    elif settings.schema_registry_url:
+        lines.append(f"registry {settings.schema_registry_url}: not contacted (add --registry)")
     return lines

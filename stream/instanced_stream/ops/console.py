@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,12 +38,14 @@ __all__ = [
     "Line",
     "ProduceReport",
     "TopicRow",
+    "absent_topics",
     "budget_line",
     "connected",
     "format_record",
     "parse_lines",
     "produce",
     "render_topics",
+    "require_topics",
     "resolve_topic",
     "topic_layout",
     "topics",
@@ -142,6 +144,27 @@ async def topic_layout(bootstrap: str) -> dict[str, list[int]]:
                 "STREAM_BOOTSTRAP_SERVERS and, for TLS or SASL, the STREAM_KAFKA_* settings)"
             ) from exc
     return {d["topic"]: sorted(p["partition"] for p in d["partitions"]) for d in described}
+
+
+def absent_topics(prefix: str, looked_for: Sequence[str], missing: Sequence[str]) -> str:
+    """Why a command that reads the product's topics has nothing to read: a prefix that
+    matches nothing would otherwise read as "nothing missing"."""
+    shown = ", ".join(missing)
+    where = f"topic prefix {prefix!r} (STREAM_TOPIC_PREFIX)" if prefix else "no topic prefix"
+    more = f" of the {len(looked_for)} looked for" if len(looked_for) > len(missing) else ""
+    return (
+        f"no such topic{'s' if len(missing) > 1 else ''}{more} with {where}: {shown}; check "
+        "the prefix and STREAM_BOOTSTRAP_SERVERS (`stream topics` lists what the product "
+        "expects)"
+    )
+
+
+async def require_topics(bootstrap: str, prefix: str, looked_for: Sequence[str]) -> None:
+    """StreamError (exit 2) when any of `looked_for` is not on the cluster."""
+    layout = await topic_layout(bootstrap)
+    missing = [t for t in dict.fromkeys(looked_for) if t not in layout]
+    if missing:
+        raise StreamError(absent_topics(prefix, list(dict.fromkeys(looked_for)), missing))
 
 
 def _open(path: Path) -> IO[bytes]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -293,6 +294,34 @@ async def every(
             log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
 
 
+async def _unless_stopped(work: Awaitable[Any]) -> Any:
+    """`work`, or None when SIGTERM or SIGINT came first: the start-up is cancelled like
+    any task, its clients closed by their own `finally`, instead of an interrupt raised
+    wherever the signal landed (inside a connection attempt, it left a task group's
+    traceback and unclosed clients)."""
+    loop, stopped = asyncio.get_running_loop(), asyncio.Event()
+    task = asyncio.ensure_future(work)
+
+    def stop() -> None:
+        stopped.set()
+        task.cancel()
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, stop)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if stopped.is_set():
+            return None
+        raise
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, before[sig])  # asyncio leaves the default: the CLI's back
+
+
 def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     """`stream process`: checks the endpoint, creates the topics, reads the context
     topic, then runs the units until SIGTERM or SIGINT."""
@@ -316,7 +345,11 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         # The probed shape becomes the spec's, as if model.request had said it.
         return probed.pinned(spec), await load_overrides(bootstrap, settings.topics.context)
 
-    pinned, overrides = asyncio.run(prepare())
+    prepared = asyncio.run(_unless_stopped(prepare()))
+    if prepared is None:
+        log.info("stopped by a signal before it started: nothing consumed, nothing committed")
+        return 0
+    pinned, overrides = prepared
     # asyncio.run closed its loop; mode's worker runs on the current one.
     asyncio.set_event_loop(asyncio.new_event_loop())
     service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)

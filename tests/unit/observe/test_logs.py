@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 
 import orjson
+import pytest
 from instanced_stream.observe.logs import JsonFormatter
 
 
@@ -32,3 +33,20 @@ def test_json_log_lines_have_a_utc_time_and_the_error() -> None:
     assert line["ts"].endswith("+00:00") and line["ts"][:4].isdigit()
     assert "ValueError: boom" in line["error"]
     assert set(line) == {"ts", "level", "logger", "message", "offset", "error"}
+
+
+def test_coordinator_discoveries_are_debug_lines(caplog: pytest.LogCaptureFixture) -> None:
+    from instanced_stream.observe.logs import quiet_library_chatter
+
+    quiet_library_chatter()
+    sender = logging.getLogger("aiokafka.producer.sender")
+    with caplog.at_level(logging.INFO):
+        sender.info("Discovered coordinator %s for transactional id %s", 1, "stream-p0")
+        sender.info("Something else %s", "kept")
+    assert [r.getMessage() for r in caplog.records] == ["Something else kept"]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        sender.info("Discovered coordinator %s for transactional id %s", 1, "stream-p0")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "Discovered coordinator 1 for transactional id stream-p0")
+    ]

@@ -82,6 +82,32 @@ def test_check_refuses_what_process_refuses(
     assert "STREAM_KAFKA_SSL_CAFILE: no such file" in said
 
 
+def test_check_and_process_refuse_auth_mistakes_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each used to pass `stream check` (or end it in a traceback) and then look like an
+    unreachable broker."""
+    import trustme
+
+    monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("STREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("STREAM_KAFKA_SASL_MECHANISM", "OAUTHBEARER")
+    monkeypatch.setenv("STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE", str(tmp_path / "absent"))
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert said.startswith("stream: error: STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE: cannot read")
+    for name in ("STREAM_KAFKA_SASL_MECHANISM", "STREAM_KAFKA_SASL_OAUTH_TOKEN_FILE"):
+        monkeypatch.delenv(name)
+    cert = tmp_path / "cert.pem"
+    trustme.CA().issue_cert("client.example").cert_chain_pems[0].write_to_path(str(cert))
+    monkeypatch.setenv("STREAM_KAFKA_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("STREAM_KAFKA_SSL_CERTFILE", str(cert))
+    said = _refusal(capsys, "check")
+    assert said == _refusal(capsys, "process")
+    assert said.startswith(f"stream: error: STREAM_KAFKA_SSL_CERTFILE={cert}: no private key")
+
+
 def test_bad_settings_name_their_variable_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -285,3 +311,62 @@ def test_a_worker_without_spec_needs_its_own_group(
     monkeypatch.setenv("STREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # never contacted
     assert cli.main(["activities", str(example), "--no-spec"]) == 2
     assert "--no-spec needs --group" in capsys.readouterr().err
+
+
+def test_a_spec_that_does_not_parse_is_one_line_with_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("name: x\n  tools: [\n")
+    assert _refusal(capsys, "--spec", str(bad), "check") == (
+        f"stream: error: agent spec {bad}:2:8: not valid YAML: mapping values are not allowed here"
+    )
+    unclosed = tmp_path / "open.yaml"
+    unclosed.write_text('name: x\ninstructions: "unclosed\n')
+    said = _refusal(capsys, "--spec", str(unclosed), "check")
+    assert said.startswith(f"stream: error: agent spec {unclosed}:3:1: not valid YAML: ")
+    assert said.endswith("(while scanning a quoted scalar at line 2)")
+    broken = tmp_path / "agent.json"
+    broken.write_text('{"name": "x",\n "tools": }')
+    assert _refusal(capsys, "--spec", str(broken), "check").startswith(
+        f"stream: error: agent spec {broken}:2:11: not valid JSON: "
+    )
+
+
+def test_every_command_help_opens_with_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"process", "check", "audit", "demo", "broker"} <= set(commands.choices)
+    for name, sub in commands.choices.items():
+        assert sub.description, f"`stream {name} --help` does not say what it does"
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        shown = capsys.readouterr().out
+        after_usage = shown.split("\n\n", 1)[1]
+        assert after_usage.startswith(sub.description[:40]), (name, after_usage[:80])
+
+
+def test_verbose_and_log_level_work_after_the_command() -> None:
+    parser = build_parser()
+    after = parser.parse_args(["audit", "-v", "--log-level", "debug"])
+    assert after.verbose is True and after.log_level == "DEBUG"
+    assert parser.parse_args(["-v", "audit"]).verbose is True
+    assert parser.parse_args(["audit"]).verbose is False
+
+
+def test_check_reports_a_busy_web_port(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STREAM_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("STREAM_WEB_HOST", "127.0.0.1")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setenv("STREAM_WEB_PORT", str(port))
+        assert cli.main(["check", "--spec", str(SPEC)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: port {port} on 127.0.0.1 is busy" in out
+    assert "set STREAM_WEB_PORT to a free port" in out

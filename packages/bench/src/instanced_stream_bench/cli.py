@@ -1,7 +1,8 @@
 """The development commands of `stream`: the demo, the benches and the evaluation, the local
-broker and the two model servers (the simulator and a real small model). The product's parser
-finds `register` through its entry point group (`instanced_stream.cli.parser.PLUG_INS`,
-declared in packages/bench/pyproject.toml), so a deployment's wheel holds none of this."""
+broker and schema registry, and the two model servers (the simulator and a real small
+model). The product's parser finds `register` through its entry point group
+(`instanced_stream.cli.parser.PLUG_INS`, declared in packages/bench/pyproject.toml), so a
+deployment's wheel holds none of this."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     b = add("broker", help="run a local Apache Kafka broker in the foreground")
     b.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     b.add_argument("--data-dir", default=None, help="keep data here (default: temporary)")
+    rg = add(
+        "registry",
+        help="run a local Confluent-compatible schema registry in the foreground, "
+        "schemas in memory",
+    )
+    rg.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     s = add("llm-sim", help="run the OpenAI-compatible LLM simulator")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
@@ -197,6 +204,7 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     d.set_defaults(handler=_demo)
     b.set_defaults(handler=_broker)
+    rg.set_defaults(handler=_registry)
     s.set_defaults(handler=_llm_sim)
     lo.set_defaults(handler=_llm_local)
     bn.set_defaults(handler=_bench)
@@ -207,6 +215,12 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream_bench.testing.broker import run_foreground
 
     return run_foreground(args.port, Path(args.data_dir) if args.data_dir else None)
+
+
+def _registry(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream_bench.testing.schema_registry import run_foreground
+
+    return run_foreground(args.port)
 
 
 def _llm_sim(args: argparse.Namespace, settings: Settings) -> int:

@@ -120,8 +120,9 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, 
         linger_ms=5,
         max_request_size=8 * 1024 * 1024,
     )
-    await producer.start()
     try:
+        # started inside: a Ctrl-C during the start still stops it (else "Unclosed")
+        await producer.start()
         futures = [await producer.send(topic, value, key=key) for key, value in records]
         await asyncio.gather(*futures)
     finally:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +27,14 @@ from pathlib import Path
 
 from instanced_stream_bench.testing.jars import BrokerError, require
 
-__all__ = ["API", "PROJECT", "LocalRegistry", "ensure_registry_app", "registry_url"]
+__all__ = [
+    "API",
+    "PROJECT",
+    "LocalRegistry",
+    "ensure_registry_app",
+    "registry_url",
+    "run_foreground",
+]
 
 log = logging.getLogger("stream.registry")
 
@@ -146,6 +154,10 @@ class LocalRegistry:
                 pass
             time.sleep(0.3)
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
     def stop(self, timeout: float = 20) -> None:
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -179,3 +191,27 @@ def registry_url(configured: str | None = None) -> Iterator[str]:
         return
     with LocalRegistry() as registry:
         yield registry.url
+
+
+def run_foreground(port: int | None) -> int:
+    """Run a registry until SIGINT or SIGTERM; the body of `stream registry`, as
+    `stream broker` runs a broker (testing/broker.py)."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    registry = LocalRegistry(port=port)
+    try:
+        url = registry.start()
+        print(
+            f"Schema registry (Apicurio {_version()}, Confluent API, schemas in memory) ready "
+            f"at {url}. Ctrl-C to stop.\nexport STREAM_SCHEMA_REGISTRY_URL={url}",
+            flush=True,
+        )
+        while not stop.wait(1):
+            if not registry.running:
+                print("the schema registry exited unexpectedly", flush=True)
+                return 1
+    finally:
+        registry.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -141,7 +141,12 @@ class RecordBuilder:
     # ------------------------------------------------------------------ dead letters
 
     def letter(self, letter: DeadLetter) -> Planned:
-        key = letter.instance.encode() if letter.instance else None
+        # A record refused before it had an instance (a frame no schema decodes, not
+        # JSON) keeps its producer's key: `stream tail deadletter` and a keyed consumer
+        # find it by what the producer called it.
+        producer_key = letter.source.key if letter.source is not None else None
+        named = letter.instance or producer_key
+        key = named.encode() if named else None
         origin = position(letter.source) if letter.source else None
         record = self._out(self.topics.dead_letter, key, letter, origin)
         return Planned([record], Counter({f"dead_letter.{letter.code}": 1}))

@@ -240,3 +240,18 @@ def test_a_finish_stop_without_a_plan_runs_none_of_the_answer_s_calls() -> None:
         "b", Outcome(answers=[Answer(inst, calls, "①", 1, 1, [go])]), None
     )
     assert TOPICS.activity("notify") in [r.topic for r in planned.records]
+
+
+def test_a_record_refused_before_it_had_an_instance_keeps_its_producers_key() -> None:
+    from instanced_stream.errors import BadRecord
+    from instanced_stream.runtime.pipeline.outcomes.letters import bad_record
+
+    builder = RecordBuilder(LiveSpec(tickets_spec()), TOPICS, "m")
+    keyed = SourcePosition(topic="items", partition=0, offset=4, key="order-17")
+    framed = b"\x00\x00\x00\x00\x07truncated"
+    refused = BadRecord("unknown_schema", "schema id 7 is not in the registry")
+    (record,) = builder.letter(bad_record(refused, keyed, framed)).records
+    assert record.topic == TOPICS.dead_letter and record.key == b"order-17"
+    assert orjson.loads(record.value)["source"]["key"] == "order-17"
+    (unkeyed,) = builder.letter(bad_record(refused, SRC, framed)).records
+    assert unkeyed.key is None
