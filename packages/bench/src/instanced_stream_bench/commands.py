@@ -22,6 +22,7 @@ __all__ = ["bench", "evaluate", "soak"]
 def bench(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream_bench.harness.bench import bench_spec, results_json, run_bench
     from instanced_stream_bench.harness.report import judge_of, markdown, plots
+    from instanced_stream_bench.harness.spec_variants import with_advisors
     from instanced_stream_bench.testing.broker import kafka_bootstrap
 
     endpoint = Endpoint(
@@ -53,6 +54,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
     judge = judge_of(args.endpoint or args.llm, settings.llm_model)
     # The bench's own default spec unless one was chosen (flag, STREAM_SPEC or .env).
     spec = bench_spec(settings.spec) if "spec" in settings.model_fields_set else None
+    advised = with_advisors(settings.spec)  # the same spec with its advisors, beside it
     out = Path(args.out)
     with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
         results = asyncio.run(
@@ -71,6 +73,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 variants=tuple(v for v in args.variants.split(",") if v),
                 tier=args.tier,
                 duplicates=args.duplicates,
+                advised=advised,
             )
         )
     results = [replace(r, judge=judge) for r in results]
@@ -165,6 +168,9 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "completion_tokens_per_item": r.per_item(r.completion_tokens),
                 "cached_tokens_per_item": r.per_item(r.cached_tokens),
                 "cost_per_item_usd": r.per_item(r.cost_usd),
+                "cost_per_item_usd_by_rule": {
+                    name: r.per_item(usd) for name, usd in r.cost_by_rule.items()
+                },
                 "agreement": r.agreement,
                 "accuracy": r.accuracy,
                 "unanswered": r.unanswered,

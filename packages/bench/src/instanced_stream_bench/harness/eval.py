@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from instanced_stream.core.cache_rule import PRESETS
 from instanced_stream.core.decision import Decision, decision_of
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.core.validate import Validator
 from instanced_stream.observe.progress import Progress
 
@@ -61,6 +63,8 @@ class SizeReport:
     cached_tokens: int = 0
     unanswered: int = 0
     cost_usd: float = 0.0
+    # The same tokens billed under each cache preset (core/cache_rule.py), USD in all.
+    cost_by_rule: dict[str, float] = field(default_factory=dict)
     agreement: float | None = None
     accuracy: float | None = None
     reasks: int = 0  # requests beyond each window's first (skipped or refused instances)
@@ -114,7 +118,8 @@ async def _run_size(
     concurrency: int,
     progress: Progress | None = None,
 ) -> SizeReport:
-    solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
+    builder = PromptBuilder(spec)
+    solver = Solver(llm, builder, Validator(spec), max_attempts=3)
     report = SizeReport(window, len(items))
     gate = asyncio.Semaphore(concurrency)
     instances = [
@@ -148,6 +153,18 @@ async def _run_size(
     report.cost_usd = spec.model.cost_usd(
         report.prompt_tokens, report.completion_tokens, report.cached_tokens
     )
+    # Every request shares the system message: each rule's cache serves what it would of
+    # it (the first request writes it, the rest read it), whatever the endpoint reported.
+    prefix = estimate_tokens(builder.system) + 3  # its framing, as the prompt counts it
+    for name, preset in PRESETS.items():
+        use = preset.rule.over(prefix, report.requests)
+        report.cost_by_rule[name] = spec.model.cost_usd(
+            report.prompt_tokens,
+            report.completion_tokens,
+            use.read,
+            written=use.written,
+            rule=preset.rule,
+        )
     labelled = [it for it in items if it.label]
     if labelled:
         right = sum(
@@ -221,7 +238,38 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
             f"| {r.unanswered} | {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
             + (f" {pct(r.order_changed)} |" if ordered else "")
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rule_lines(reports)) + "\n"
+
+
+def _rule_lines(reports: list[SizeReport]) -> list[str]:
+    """USD per item under every cache preset, and its share of window 1's."""
+    rules = list(dict.fromkeys(k for r in reports for k in r.cost_by_rule))
+    if not rules or not reports:
+        return []
+    base = reports[0]
+    lines = [
+        "",
+        "USD per item under each provider's cache rule (the same tokens; presets in "
+        "core/cache_rule.py, read 2026-12-01), and against window 1:",
+        "",
+        "| window | " + " | ".join(rules) + " |",
+        "|---:|" + "---:|" * len(rules),
+    ]
+    for r in reports:
+        cells = []
+        for rule in rules:
+            usd, ref = (
+                r.per_item(r.cost_by_rule.get(rule, 0.0)),
+                base.per_item(base.cost_by_rule.get(rule, 0.0)),
+            )
+            share = (
+                f"1/{ref / usd:.1f}"
+                if usd and ref and usd < ref
+                else (f"{usd / ref:.1f}x" if usd and ref else "–")
+            )
+            cells.append(f"{usd:.2e} ({share})")
+        lines.append(f"| {r.window} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def disagreements(reports: list[SizeReport], items: list[EvalItem], most: int = 3) -> str:

@@ -10,7 +10,16 @@ from typing import Any
 
 from instanced_stream.errors import StreamError
 
-__all__ = ["Endpoint", "Result", "delivery_lines", "judge_of", "markdown", "median_run", "plots"]
+__all__ = [
+    "Endpoint",
+    "Result",
+    "delivery_lines",
+    "judge_of",
+    "markdown",
+    "median_run",
+    "plots",
+    "rule_lines",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,8 @@ class Result:
     completion_per_item: float | None = None
     cached_share: float | None = None  # of prompt tokens, as the endpoint reported
     cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
+    # The same tokens billed under each cache preset (core/cache_rule.py), USD per item.
+    cost_by_rule: dict[str, float] = field(default_factory=dict)
     mean_batch: float | None = None
     ceiling_per_s: float | None = None
     p50_ms: float | None = None
@@ -148,6 +159,46 @@ def delivery_lines(by_name: dict[str, Result]) -> list[str]:
     return ["", "Delivery modes:", *lines] if lines else []
 
 
+def _baseline_of(r: Result, results: list[Result]) -> Result | None:
+    """The per-item baseline a row is compared with: of its own spec variant (a row
+    named "..., advisors" against "baseline (window 1), advisors")."""
+    variant = next((v for v in _VARIANTS if r.name.endswith(v)), "")
+    name = "baseline (window 1)" + variant
+    return next((b for b in results if b.name == name), None)
+
+
+# Spec variants a bench runs besides the example as it is (harness/bench.py).
+_VARIANTS = (", advisors", ", prefix over 1,024")
+
+
+def rule_lines(results: list[Result]) -> list[str]:
+    """USD per item and the share of the baseline's, under every cache preset: one run's
+    tokens, billed by each provider's rule."""
+    rules = list(dict.fromkeys(k for r in results for k in r.cost_by_rule))
+    if not rules:
+        return []
+    lines = [
+        "",
+        "USD per item under each provider's cache rule (the same tokens; presets in "
+        "core/cache_rule.py, read 2026-12-01), and against the baseline of the same spec:",
+        "",
+        "| run | " + " | ".join(rules) + " |",
+        "|---|" + "---:|" * len(rules),
+    ]
+    for r in results:
+        if not r.cost_by_rule:
+            continue
+        base = _baseline_of(r, results)
+        cells = []
+        for rule in rules:
+            usd = r.cost_by_rule.get(rule)
+            ref = base.cost_by_rule.get(rule) if base else None
+            share = _fraction(usd, ref) if base is not r else "1.0x"
+            cells.append(f"{_usd(usd)} ({share})")
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(
     results: list[Result], endpoint: Endpoint, command: str, real: str | None = None
 ) -> str:
@@ -203,6 +254,7 @@ def markdown(
                     f"item {_fraction(r.cost_per_item_usd, base.cost_per_item_usd)}, "
                     f"throughput {_ratio(r.items_per_s, base.items_per_s)}"
                 )
+    lines += rule_lines(results)
     lines += delivery_lines(by_name)
     scaling = [r for r in results if r.name.startswith("scaling")]
     if scaling:
