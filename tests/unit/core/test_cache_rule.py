@@ -101,5 +101,5 @@ def test_every_preset_names_the_date_it_was_read() -> None:
         assert preset.name == name
         assert len(preset.read_on) == 10 and preset.read_on.startswith("20")
         assert preset.about
-    with pytest.raises(ValueError, match="openai-0.1x"):
+    with pytest.raises(ValueError, match="openai-0\\.1x"):
         preset_rule("gemini")

@@ -31,7 +31,8 @@ def _body(spec: dict[str, Any], texts: list[str]) -> dict[str, Any]:
 async def _cached(sim: Simulator, body: dict[str, Any]) -> int:
     response = await sim.respond(body, {}, {})
     assert response.status == 200
-    usage = orjson.loads(response.body)["usage"]  # type: ignore[attr-defined]
+    assert isinstance(response.body, bytes)
+    usage = orjson.loads(response.body)["usage"]
     return int(usage["prompt_tokens_details"]["cached_tokens"])
 
 
