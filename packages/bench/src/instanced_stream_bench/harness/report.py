@@ -231,6 +231,7 @@ def markdown(
             f"{_f(r.rss_start_mb, 0)}→{_f(r.rss_end_mb, 0)}" if r.rss_start_mb is not None else "–"
         )
         name = r.name + (" (time cap)" if r.capped else "")
+        own = _baseline_of(r, results)  # a variant's cost against its own baseline's
         lines.append(
             f"| {name} | {r.items:,} | {_f(r.items_per_s)} "
             f"| {_ratio(r.items_per_s, base.items_per_s if base else None)} "
@@ -239,20 +240,21 @@ def markdown(
             f"| {_f(r.requests_per_item, 4)} | {_f(r.refused_per_item, 4)} "
             f"| {_f(r.prompt_per_item)} | {_pct(r.cached_share, 1.0)} "
             f"| {_f(r.completion_per_item)} | {_usd(r.cost_per_item_usd)} "
-            f"| {_fraction(r.cost_per_item_usd, base.cost_per_item_usd if base else None)} "
+            f"| {_fraction(r.cost_per_item_usd, own.cost_per_item_usd if own else None)} "
             f"| {_f(r.mean_batch)} "
             f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} | {_f(r.cpu_ms_per_item, 3)} |"
         )
     if base is not None:
         lines += ["", "Against the per-item baseline:"]
         for r in results:
+            own = _baseline_of(r, results) or base
             if r.window and r.window > 1 and r.requests_per_item and r.prompt_per_item:
                 lines.append(
                     f"- {r.name}: requests per item 1/"
-                    f"{(base.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
-                    f"per item 1/{(base.prompt_per_item or 0) / r.prompt_per_item:.1f}, USD per "
-                    f"item {_fraction(r.cost_per_item_usd, base.cost_per_item_usd)}, "
-                    f"throughput {_ratio(r.items_per_s, base.items_per_s)}"
+                    f"{(own.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
+                    f"per item 1/{(own.prompt_per_item or 0) / r.prompt_per_item:.1f}, USD per "
+                    f"item {_fraction(r.cost_per_item_usd, own.cost_per_item_usd)}, "
+                    f"throughput {_ratio(r.items_per_s, own.items_per_s)}"
                 )
     lines += rule_lines(results)
     lines += delivery_lines(by_name)
