@@ -102,3 +102,25 @@ def test_eval_bills_its_requests_under_every_rule_from_their_shared_prefix() -> 
     one.cost_by_rule, fifty.cost_by_rule = {"openai-0.1x": 1e-3}, {"openai-0.1x": 2.5e-4}
     text = eval_markdown([one, fifty], "eval.jsonl", "m")
     assert "| 50 | 2.50e-06 (1/4.0) |" in text
+
+
+def test_eval_shows_what_each_advisor_writes_per_item_and_costs() -> None:
+    from instanced_stream_bench.harness.eval import SizeReport
+    from instanced_stream_bench.harness.eval import markdown as eval_markdown
+
+    one, fifty = SizeReport(1, 100), SizeReport(50, 100)
+    one.answer_parts = {"safetyOfficer": 4000.0, "communityManager": 3000.0}
+    fifty.answer_parts = {"safetyOfficer": 4000.0, "communityManager": 100.0}
+    text = eval_markdown([one, fifty], "eval.jsonl", "m", price=0.60)
+    assert "| window | safetyOfficer | communityManager |" in text
+    assert "| 50 | 40.0 (2.40e-05) | 1.0 (6.00e-07) |" in text
+
+
+def test_bench_shows_what_each_advisor_writes_per_item() -> None:
+    advised = Result("window 50, advisors", 50, 1, 4, 100, 1.0, 100.0)
+    advised.answer_parts = {"safetyOfficer": 40.9, "communityManager": 1.1, "calls": 18.0}
+    plain = Result("window 50", 50, 1, 4, 100, 1.0, 100.0)
+    plain.answer_parts = {"calls": 18.0}
+    text = markdown([plain, advised], Endpoint(), "stream bench")
+    assert "- window 50, advisors: safetyOfficer 40.9, communityManager 1.1, calls 18.0" in text
+    assert "- window 50: calls" not in text  # no advisors, nothing to split

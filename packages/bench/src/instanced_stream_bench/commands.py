@@ -129,6 +129,8 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     with llm_target(choice, model=settings.llm_model or spec.model.name) as target:
         key = resolve_api_key(settings, spec) if target.kind == "endpoint" else "none"
 
+        sim = target.sim  # the simulator's counters: who wrote the answer's tokens
+
         async def run() -> list[Any]:
             llm = LLM(
                 base_url=target.url,
@@ -153,6 +155,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                     args.concurrency,
                     args.permutations,
                     show_progress=True,
+                    counts=None if sim is None else (lambda: sim.stats),
                 )
             finally:
                 await llm.close()
@@ -168,6 +171,9 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "completion_tokens_per_item": r.per_item(r.completion_tokens),
                 "cached_tokens_per_item": r.per_item(r.cached_tokens),
                 "cost_per_item_usd": r.per_item(r.cost_usd),
+                "answer_tokens_per_item_by_part": {
+                    part: r.per_item(tokens) for part, tokens in r.answer_parts.items()
+                },
                 "cost_per_item_usd_by_rule": {
                     name: r.per_item(usd) for name, usd in r.cost_by_rule.items()
                 },
@@ -183,6 +189,6 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
         ]
         print(orjson.dumps(rows).decode())
     else:
-        print(markdown(reports, args.file, target.model))
+        print(markdown(reports, args.file, target.model, spec.model.price_output_per_million))
         print(disagreements(reports, items))
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ class SizeReport:
     cost_usd: float = 0.0
     # The same tokens billed under each cache preset (core/cache_rule.py), USD in all.
     cost_by_rule: dict[str, float] = field(default_factory=dict)
+    # Answer tokens by who wrote them (each advisor, the calls), where the endpoint
+    # counts them (the simulator's `answer_tokens:*`): what each advisor costs.
+    answer_parts: dict[str, float] = field(default_factory=dict)
     agreement: float | None = None
     accuracy: float | None = None
     reasks: int = 0  # requests beyond each window's first (skipped or refused instances)
@@ -184,20 +188,29 @@ async def evaluate(
     concurrency: int = 4,
     permutations: int = 0,
     show_progress: bool = False,
+    counts: Callable[[], Mapping[str, float]] | None = None,
 ) -> list[SizeReport]:
     """One report per window size; window 1 always runs first, as the reference.
     `permutations`: each window above 1 is asked that many more times with the items
     shuffled (fixed seeds), and reports how often an item's decision changed with the
     order (BatchPrompt's order effect). With `show_progress`, each size's items answered
-    so far go to stderr (a real model takes minutes per size)."""
+    so far go to stderr (a real model takes minutes per size). `counts`: the endpoint's
+    counters (the simulator's stats), read around each size for its answer's parts."""
     sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
     reports = []
     for window in sizes:
+        before = dict(counts()) if counts else {}
         if not show_progress:
             reports.append(await _run_size(spec, llm, items, window, concurrency))
-            continue
-        with Progress(f"eval window {window}", total=len(items)) as progress:
-            reports.append(await _run_size(spec, llm, items, window, concurrency, progress))
+        else:
+            with Progress(f"eval window {window}", total=len(items)) as progress:
+                reports.append(await _run_size(spec, llm, items, window, concurrency, progress))
+        after = dict(counts()) if counts else {}
+        reports[-1].answer_parts = {
+            key.removeprefix("answer_tokens:"): value - before.get(key, 0.0)
+            for key, value in after.items()
+            if key.startswith("answer_tokens:") and value > before.get(key, 0.0)
+        }
     reference = reports[0].decisions
     for report in reports:
         shared = [i for i in reference if i in report.decisions]
@@ -214,7 +227,9 @@ async def evaluate(
     return reports
 
 
-def markdown(reports: list[SizeReport], source: str, model: str) -> str:
+def markdown(reports: list[SizeReport], source: str, model: str, price: float = 0.0) -> str:
+    """`price`: USD per million output tokens, for what each part of the answer costs."""
+
     def pct(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -238,7 +253,29 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
             f"| {r.unanswered} | {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
             + (f" {pct(r.order_changed)} |" if ordered else "")
         )
-    return "\n".join(lines + _rule_lines(reports)) + "\n"
+    return "\n".join(lines + _rule_lines(reports) + _part_lines(reports, price)) + "\n"
+
+
+def _part_lines(reports: list[SizeReport], price: float) -> list[str]:
+    """Answer tokens per item by who wrote them, and what they cost at the output price."""
+    parts = list(dict.fromkeys(k for r in reports for k in r.answer_parts))
+    if not parts:
+        return []
+    lines = [
+        "",
+        "Answer tokens per item by who wrote them (the endpoint's count), and USD per item "
+        "at the output price:",
+        "",
+        "| window | " + " | ".join(parts) + " |",
+        "|---:|" + "---:|" * len(parts),
+    ]
+    for r in reports:
+        cells = []
+        for part in parts:
+            tokens = r.per_item(r.answer_parts.get(part, 0.0))
+            cells.append(f"{tokens:.1f} ({tokens * price / 1e6:.2e})")
+        lines.append(f"| {r.window} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _rule_lines(reports: list[SizeReport]) -> list[str]:

@@ -69,6 +69,10 @@ def llm_figures(
                 rule=preset.rule,
             )
         result.cost_by_rule[name] = bill / n
+    # Who wrote the answer's tokens (the simulator's count): what each advisor costs.
+    for key in after:
+        if key.startswith("answer_tokens:") and delta(key) > 0:
+            result.answer_parts[key.removeprefix("answer_tokens:")] = delta(key) / n
     if prompt:
         result.cached_share = cached / prompt
     if not answered:

@@ -69,6 +69,8 @@ class Result:
     cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
     # The same tokens billed under each cache preset (core/cache_rule.py), USD per item.
     cost_by_rule: dict[str, float] = field(default_factory=dict)
+    # Answer tokens per item by who wrote them: each advisor, and the calls.
+    answer_parts: dict[str, float] = field(default_factory=dict)
     mean_batch: float | None = None
     ceiling_per_s: float | None = None
     p50_ms: float | None = None
@@ -257,6 +259,15 @@ def markdown(
                     f"throughput {_ratio(r.items_per_s, own.items_per_s)}"
                 )
     lines += rule_lines(results)
+    written = [
+        f"- {r.name}: "
+        + ", ".join(f"{part} {tokens:.1f}" for part, tokens in r.answer_parts.items())
+        for r in results
+        if len(r.answer_parts) > 1  # advisors spoke: what each wrote
+    ]
+    if written:
+        lines += ["", "Answer tokens per item by who wrote them (each advisor, the calls):"]
+        lines += written
     lines += delivery_lines(by_name)
     scaling = [r for r in results if r.name.startswith("scaling")]
     if scaling:

@@ -58,6 +58,7 @@ __all__ = [
     "SimConfig",
     "SimRequest",
     "Simulator",
+    "answer_parts",
     "running_simulator",
     "serve",
     "serve_forever",
@@ -268,6 +269,8 @@ class Simulator(Drifting):
         self.stats[f"{tier}prompt_tokens"] += prompt_tokens
         self.stats[f"{tier}completion_tokens"] += completion_tokens + thinking
         self.stats["reasoning_tokens"] += thinking
+        if not probe and finish == "stop" and fault != "malformed":
+            self.stats.update(answer_parts(content))
         self.stats[f"{tier}cached_tokens"] += cached
         return web.json_response(
             {
@@ -326,6 +329,26 @@ class Simulator(Drifting):
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
         return app
+
+
+def answer_parts(content: str) -> Counter[str]:
+    """The answer's tokens by who wrote them: `answer_tokens:<advisor id>` for each
+    advisor's opinions, `answer_tokens:calls` for the rest (the calls and the frame), so
+    a bench or an eval shows what each advisor costs. A free-form answer that does not
+    parse counts as calls."""
+    parts: Counter[str] = Counter()
+    total = estimate_tokens(content)
+    try:
+        opinions = orjson.loads(content).get("advisors") or []
+    except (orjson.JSONDecodeError, AttributeError):
+        opinions = []
+    for opinion in opinions if isinstance(opinions, list) else []:
+        if isinstance(opinion, dict):
+            parts[f"answer_tokens:{opinion.get('id')}"] += estimate_tokens(
+                orjson.dumps(opinion).decode()
+            )
+    parts["answer_tokens:calls"] = max(0, total - sum(parts.values()))
+    return parts
 
 
 async def _models(_: web.Request) -> web.Response:
