@@ -345,6 +345,8 @@ async def run_bench(
     at window 1 and the largest window beside the example with its shared prefix over
     the 1,024-token cache minimum (harness/spec_variants.py)."""
     endpoint = endpoint or Endpoint()
+    # The prefix variant writes the example's own rules out: for the example only.
+    example = spec is None
     spec = spec if spec is not None else bench_spec()
     session = bench_session(
         bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model, machine_items
@@ -371,7 +373,8 @@ async def run_bench(
             partitions=partitions,
             delivery="at_least_once",
         )
-        await _variants(bench, spec, advised, max(windows), in_flight, partitions)
+        grown = over_minimum(spec) if example else None
+        await _variants(bench, grown, advised, max(windows), in_flight, partitions)
         if bench.sim is not None:
             await _at_the_limit(bench, machine_rounds)
         for variant in variants:
@@ -410,18 +413,20 @@ async def run_bench(
 
 async def _variants(
     bench: Bench,
-    spec: dict[str, Any],
+    grown: dict[str, Any] | None,
     advised: dict[str, Any] | None,
     window: int,
     in_flight: int,
     partitions: int,
 ) -> None:
-    """The baseline and the largest window of each spec variant: the example with its
-    advisors, and with its shared prefix just over the cache minimum. Unpaced: their
-    point is the bill, not latency."""
-    variants = [(", prefix over 1,024", over_minimum(spec))]
+    """The baseline and the largest window of each spec variant: the spec with its
+    advisors, and (`grown`) the example with its shared prefix just over the cache
+    minimum. Unpaced: their point is the bill, not latency."""
+    variants = []
     if advised is not None and advised.get("advisors"):
-        variants.insert(0, (", advisors", advised))
+        variants.append((", advisors", advised))
+    if grown is not None:
+        variants.append((", prefix over 1,024", grown))
     for label, variant in variants:
         run = partial(
             bench.product, in_flight=in_flight, partitions=partitions, paced=False, spec=variant
