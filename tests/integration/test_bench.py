@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from instanced_stream.core.cache_rule import PRESETS
 from instanced_stream_bench.harness.bench import run_bench
 from instanced_stream_bench.harness.report import Endpoint
 
@@ -49,6 +50,23 @@ async def test_windows_cut_requests_and_tokens_per_item_against_the_baseline(
     # Dollars, cached prompt tokens at their price: the answer's diet makes the window cheap.
     assert base.cost_per_item_usd and win.cost_per_item_usd
     assert win.cost_per_item_usd < base.cost_per_item_usd / 3
+    # The same tokens billed under every provider's rule. The example's shared prefix is
+    # under every 1,024-token minimum: the baseline pays it whole whatever the rule, as
+    # without a cache, where the old any-repeat rule credited it with one.
+    rules = base.cost_by_rule
+    assert set(rules) == set(PRESETS)
+    assert rules["openai-0.1x"] == pytest.approx(rules["no-cache"])
+    assert rules["anthropic"] == pytest.approx(rules["no-cache"])
+    assert rules["any-repeat-0.5x"] < 0.8 * rules["no-cache"]
+    # Over the minimum, the cache pays the baseline most at 0.1x, a window little.
+    grown, grown_win = (
+        by["baseline (window 1), prefix over 1,024"],
+        by["window 20, prefix over 1,024"],
+    )
+    paid = grown.cost_by_rule
+    assert paid["openai-0.1x"] < paid["openai-0.25x"] < paid["openai-0.5x"] < paid["no-cache"]
+    assert grown_win.cost_by_rule["openai-0.1x"] < paid["openai-0.1x"] / 2
+    assert grown.cached_share and grown.cached_share > 0.8  # the simulator's own report
     off = by["window 20, reasoning off"]
     assert off.items == 400 and off.completion_per_item and win.completion_per_item
     assert off.completion_per_item < win.completion_per_item / 2

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from instanced_stream.core.budget import Budget
+from instanced_stream.core.cache_rule import CacheRule, PresetName, preset_rule
 from instanced_stream.core.dedupe import Dedupe
 from instanced_stream.core.endpoint import BatchTier, RequestShapeSpec, SecondModel
 from instanced_stream.core.interpolate import interpolate
@@ -40,6 +41,7 @@ __all__ = [
     "Advisor",
     "AgentSpec",
     "BatchTier",
+    "CacheRule",
     "ContextMessage",
     "ModelEndpoint",
     "Plan",
@@ -272,25 +274,61 @@ class ModelEndpoint(_Strict):
         None,
         ge=0,
         description="USD per million prompt tokens the provider served from its prefix "
-        "cache (OpenAI: half the input price); unset: the input price",
+        "cache; unset: cache.read_factor of the input price, else the input price",
+    )
+    cache: CacheRule | PresetName = Field(
+        default_factory=CacheRule,
+        description="The provider's cache rule: a preset's name (openai-0.1x, openai-0.25x, "
+        "openai-0.5x, anthropic, no-cache, any-repeat-0.5x; see core/cache_rule.py) or "
+        "a rule of its own (read_factor, min_tokens, step_tokens, breakpoints, write_factor)",
     )
 
     price_batch_factor: float = Field(
         0.5, gt=0, le=1, description="Batch API price / online price (OpenAI, Anthropic: 0.5)"
     )
 
+    @model_validator(mode="after")
+    def _one_cached_price(self) -> ModelEndpoint:
+        if self.price_cached_input_per_million is not None and self.cache_rule.read_factor:
+            raise ValueError(
+                "model.price_cached_input_per_million and model.cache's read_factor both "
+                "price cached tokens: set one"
+            )
+        return self
+
+    @property
+    def cache_rule(self) -> CacheRule:
+        return preset_rule(self.cache) if isinstance(self.cache, str) else self.cache
+
     def cost_usd(
-        self, prompt: int, completion: int, cached: int = 0, *, batch: bool = False
+        self,
+        prompt: int,
+        completion: int,
+        cached: int = 0,
+        *,
+        written: int = 0,
+        batch: bool = False,
+        rule: CacheRule | None = None,
     ) -> float:
-        """What tokens cost at these prices, cached prompt tokens at the cached price: a
-        per-item baseline gets most of its prompt from the cache, a batch little of it.
-        `batch`: tokens of Batch API lines, at `price_batch_factor` of each price."""
-        cached, cached_price = min(cached, prompt), self.price_cached_input_per_million
-        if cached_price is None:
-            cached_price = self.price_input_per_million
+        """What tokens cost at these prices: cached prompt tokens at the cached price,
+        tokens written to a breakpoint cache at its premium. `rule`: bill by that rule
+        (a preset) instead of the spec's own, the same tokens priced another way.
+        `batch`: tokens of Batch API lines, at `price_batch_factor` of each price.
+        The one place a bill is computed: metrics, bench, eval and shadow all call it."""
+        rule = rule or self.cache_rule
+        cached = min(cached, prompt)
+        written = min(written, prompt - cached)
+        price = self.price_input_per_million
+        if rule.read_factor is not None:
+            cached_price = price * rule.read_factor
+        elif self.price_cached_input_per_million is not None:
+            cached_price = self.price_cached_input_per_million
+        else:
+            cached_price = price
         online = (
-            (prompt - cached) * self.price_input_per_million
+            (prompt - cached - written) * price
             + cached * cached_price
+            + written * price * rule.write_factor
             + completion * self.price_output_per_million
         ) / 1_000_000
         return online * self.price_batch_factor if batch else online

@@ -165,3 +165,48 @@ def test_what_changes_per_batch_goes_after_the_same_system_prefix() -> None:
     again = council.messages([_inst(3, "world")], council.ask_for(2), heard=heard)
     assert '"weight":2.0' in asked[0]["content"] and '"heard"' in again[-1]["content"]
     assert asked[0] == again[0]
+
+
+def _window(partition: int, first: int, texts: list[str]) -> list[Instance]:
+    return [
+        Instance(
+            id=f"user-comment-{partition}-{first + k}",
+            payload={"comment": text},
+            source=SourcePosition(topic="items", partition=partition, offset=first + k),
+            size=len(text),
+        )
+        for k, text in enumerate(texts)
+    ]
+
+
+def test_windows_of_two_processors_share_their_prefix_byte_for_byte() -> None:
+    """What windows share comes first and is the same bytes whichever processor built the
+    request (each loads the spec file and builds its own edition) and whichever items,
+    partitions and window size it holds: a provider's prefix cache hits across them."""
+    from instanced_stream.core.live_spec import Edition
+
+    one, two = (Edition.of(1, load_spec(DEFAULT_SPEC)) for _ in range(2))
+    a = _window(0, 0, ["Thanks!", "You idiot.", "BUY NOW www.spam.test"])
+    b = _window(3, 9120, [f"Comment number {k}, quite fine." for k in range(7)])
+    first, second = one.prompt.messages(a), two.prompt.messages(b)
+    assert first[0]["role"] == second[0]["role"] == "system"
+    shared = first[0]["content"]
+    assert orjson.dumps(first[0]) == orjson.dumps(second[0])
+    # All that windows share is in it, the instructions first ...
+    spec = one.spec
+    assert shared.startswith(spec.instructions.strip())
+    for tool in spec.tools:
+        assert f'"name":"{tool.name}"' in shared
+    for advisor in spec.advisors:
+        assert f'"id":"{advisor.id}"' in shared
+    assert "Community rules v3" in shared  # the global input
+    assert '"call":[' in shared  # the compact answer's layout of each tool's calls
+    # ... and nothing of a window: its items, their ids and positions come after it.
+    for inst in [*a, *b]:
+        assert inst.payload["comment"] not in shared and inst.id not in shared
+    assert all(m["role"] == "user" for m in first[1:] + second[1:])
+    # The answer's schema: the same bytes for windows of one size, from either processor.
+    for n in (3, 7, 50):
+        assert orjson.dumps(one.prompt.response_format(n)) == orjson.dumps(
+            two.prompt.response_format(n)
+        )

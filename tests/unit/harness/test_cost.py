@@ -71,3 +71,56 @@ def test_reasoning_tokens_are_priced_as_output_and_counted_apart() -> None:
         x for x in text.splitlines() if x.startswith("instanced_stream_llm_cost_usd_total ")
     )
     assert float(line.split()[1]) == pytest.approx((1000 * 0.15 + 300 * 0.60) / 1e6)
+
+
+def test_bench_prints_every_rules_bill_against_the_baseline_of_the_same_spec() -> None:
+    base = Result("baseline (window 1)", 1, 1, 4, 100, 10.0, 10.0)
+    base.cost_by_rule = {"openai-0.1x": 90e-6, "anthropic": 80e-6}
+    window = Result("window 50", 50, 1, 4, 100, 1.0, 100.0)
+    window.cost_by_rule = {"openai-0.1x": 30e-6, "anthropic": 20e-6}
+    advised_base = Result("baseline (window 1), advisors", 1, 1, 4, 100, 10.0, 10.0)
+    advised_base.cost_by_rule = {"openai-0.1x": 200e-6, "anthropic": 100e-6}
+    advised = Result("window 50, advisors", 50, 1, 4, 100, 1.0, 100.0)
+    advised.cost_by_rule = {"openai-0.1x": 40e-6, "anthropic": 50e-6}
+    text = markdown([base, window, advised_base, advised], Endpoint(), "stream bench")
+    text = text[text.index("under each provider's cache rule") :]  # the rules' table
+    header = _row(text, "run")
+    assert header[-2:] == ["openai-0.1x", "anthropic"]
+    row = dict(zip(header, _row(text, "window 50"), strict=False))
+    assert row["openai-0.1x"] == "3.00e-05 (1/3.0)" and row["anthropic"] == "2.00e-05 (1/4.0)"
+    # the advisors' window against the advisors' baseline, not the plain one
+    row = dict(zip(header, _row(text, "window 50, advisors"), strict=False))
+    assert row["openai-0.1x"] == "4.00e-05 (1/5.0)" and row["anthropic"] == "5.00e-05 (1/2.0)"
+    assert _row(text, "baseline (window 1), advisors")[1] == "2.00e-04 (1.0x)"
+
+
+def test_eval_bills_its_requests_under_every_rule_from_their_shared_prefix() -> None:
+    from instanced_stream_bench.harness.eval import SizeReport
+    from instanced_stream_bench.harness.eval import markdown as eval_markdown
+
+    one, fifty = SizeReport(1, 100), SizeReport(50, 100)
+    one.cost_by_rule, fifty.cost_by_rule = {"openai-0.1x": 1e-3}, {"openai-0.1x": 2.5e-4}
+    text = eval_markdown([one, fifty], "eval.jsonl", "m")
+    assert "| 50 | 2.50e-06 (1/4.0) |" in text
+
+
+def test_eval_shows_what_each_advisor_writes_per_item_and_costs() -> None:
+    from instanced_stream_bench.harness.eval import SizeReport
+    from instanced_stream_bench.harness.eval import markdown as eval_markdown
+
+    one, fifty = SizeReport(1, 100), SizeReport(50, 100)
+    one.answer_parts = {"safetyOfficer": 4000.0, "communityManager": 3000.0}
+    fifty.answer_parts = {"safetyOfficer": 4000.0, "communityManager": 100.0}
+    text = eval_markdown([one, fifty], "eval.jsonl", "m", price=0.60)
+    assert "| window | safetyOfficer | communityManager |" in text
+    assert "| 50 | 40.0 (2.40e-05) | 1.0 (6.00e-07) |" in text
+
+
+def test_bench_shows_what_each_advisor_writes_per_item() -> None:
+    advised = Result("window 50, advisors", 50, 1, 4, 100, 1.0, 100.0)
+    advised.answer_parts = {"safetyOfficer": 40.9, "communityManager": 1.1, "calls": 18.0}
+    plain = Result("window 50", 50, 1, 4, 100, 1.0, 100.0)
+    plain.answer_parts = {"calls": 18.0}
+    text = markdown([plain, advised], Endpoint(), "stream bench")
+    assert "- window 50, advisors: safetyOfficer 40.9, communityManager 1.1, calls 18.0" in text
+    assert "- window 50: calls" not in text  # no advisors, nothing to split

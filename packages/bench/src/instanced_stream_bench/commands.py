@@ -22,6 +22,7 @@ __all__ = ["bench", "evaluate", "soak"]
 def bench(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream_bench.harness.bench import bench_spec, results_json, run_bench
     from instanced_stream_bench.harness.report import judge_of, markdown, plots
+    from instanced_stream_bench.harness.spec_variants import with_advisors
     from instanced_stream_bench.testing.broker import kafka_bootstrap
 
     endpoint = Endpoint(
@@ -53,6 +54,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
     judge = judge_of(args.endpoint or args.llm, settings.llm_model)
     # The bench's own default spec unless one was chosen (flag, STREAM_SPEC or .env).
     spec = bench_spec(settings.spec) if "spec" in settings.model_fields_set else None
+    advised = with_advisors(settings.spec)  # the same spec with its advisors, beside it
     out = Path(args.out)
     with kafka_bootstrap(settings.bootstrap_servers) as bootstrap:
         results = asyncio.run(
@@ -71,6 +73,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 variants=tuple(v for v in args.variants.split(",") if v),
                 tier=args.tier,
                 duplicates=args.duplicates,
+                advised=advised,
             )
         )
     results = [replace(r, judge=judge) for r in results]
@@ -126,6 +129,8 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     with llm_target(choice, model=settings.llm_model or spec.model.name) as target:
         key = resolve_api_key(settings, spec) if target.kind == "endpoint" else "none"
 
+        sim = target.sim  # the simulator's counters: who wrote the answer's tokens
+
         async def run() -> list[Any]:
             llm = LLM(
                 base_url=target.url,
@@ -150,6 +155,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                     args.concurrency,
                     args.permutations,
                     show_progress=True,
+                    counts=None if sim is None else (lambda: sim.stats),
                 )
             finally:
                 await llm.close()
@@ -165,6 +171,12 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "completion_tokens_per_item": r.per_item(r.completion_tokens),
                 "cached_tokens_per_item": r.per_item(r.cached_tokens),
                 "cost_per_item_usd": r.per_item(r.cost_usd),
+                "answer_tokens_per_item_by_part": {
+                    part: r.per_item(tokens) for part, tokens in r.answer_parts.items()
+                },
+                "cost_per_item_usd_by_rule": {
+                    name: r.per_item(usd) for name, usd in r.cost_by_rule.items()
+                },
                 "agreement": r.agreement,
                 "accuracy": r.accuracy,
                 "unanswered": r.unanswered,
@@ -177,6 +189,6 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
         ]
         print(orjson.dumps(rows).decode())
     else:
-        print(markdown(reports, args.file, target.model))
+        print(markdown(reports, args.file, target.model, spec.model.price_output_per_million))
         print(disagreements(reports, items))
     return 0

@@ -73,3 +73,24 @@ def test_the_simulator_writes_plans_in_the_order_a_request_chose() -> None:
         for k in range(30)
     }
     assert chosen == set(ORDERS)
+
+
+def test_the_answers_tokens_are_counted_by_the_advisor_that_wrote_them() -> None:
+    from instanced_stream.core.tokenizer import estimate_tokens
+    from instanced_stream_bench.testing.sim.server import answer_parts
+
+    spec = load_spec(DEFAULT_SPEC)
+    messages = PromptBuilder(spec).messages(_batch(["Thanks!", "You idiot.", "Nice one"]))
+    answer = Simulator().answer(read_request(messages))
+    parts = answer_parts(answer)
+    opinions = orjson.loads(answer)["advisors"]
+    mine = [o for o in opinions if o["id"] == "safetyOfficer"]
+    assert len(mine) == 3  # instanced: one opinion per comment
+    assert parts["answer_tokens:safetyOfficer"] == sum(
+        estimate_tokens(orjson.dumps(o).decode()) for o in mine
+    )
+    assert parts["answer_tokens:communityManager"] > 0  # request-wide: once
+    assert sum(parts.values()) == estimate_tokens(answer)  # the calls take the rest
+    assert answer_parts("not json at all") == {
+        "answer_tokens:calls": estimate_tokens("not json at all")
+    }

@@ -47,6 +47,7 @@ from instanced_stream_bench.harness.load import (
     rss_mb,
 )
 from instanced_stream_bench.harness.report import Endpoint, Result, median_run
+from instanced_stream_bench.harness.spec_variants import over_minimum
 from instanced_stream_bench.harness.target import SimProcess, Target, llm_target, processor_usage
 from instanced_stream_bench.testing.broker import free_port
 from instanced_stream_bench.testing.sim.server import MODEL_NAME
@@ -74,10 +75,12 @@ class Bench:
     n: int = 0  # items of an LLM-bound run (`items` may hold more: see MACHINE_ITEMS)
     progress: Progress = field(default_factory=lambda: Progress("bench", None, unit="runs"))
 
-    def _spec_file(self, window: int, in_flight: int, model: dict[str, Any]) -> Path:
-        spec = {**self.spec, "window": {**self.spec.get("window", {})}}
-        spec["model"] = {**self.spec.get("model", {}), **model}
-        spec["quality"] = spec["model"].pop("quality", self.spec.get("quality", {}))
+    def _spec_file(
+        self, window: int, in_flight: int, model: dict[str, Any], base: dict[str, Any]
+    ) -> Path:
+        spec = {**base, "window": {**base.get("window", {})}}
+        spec["model"] = {**base.get("model", {}), **model}
+        spec["quality"] = spec["model"].pop("quality", base.get("quality", {}))
         # Off unless a run asks (windows measured alone; harness/duplicates.py compares).
         spec["dedupe"] = spec["model"].pop("dedupe", {"enabled": False})
         spec["window"].update(max_items=window, max_in_flight=in_flight, max_wait_ms=100)
@@ -95,9 +98,11 @@ class Bench:
         processes: int,
         model: dict[str, Any] | None = None,
         delivery: str = "exactly_once",
+        spec: dict[str, Any] | None = None,
     ) -> tuple[Settings, list[str], list[ProcessorProcess]]:
-        """Fresh topics and `processes` processors (not started); `model`: spec overrides."""
-        spec_path = self._spec_file(window, in_flight, model or {})
+        """Fresh topics and `processes` processors (not started); `model`: spec overrides;
+        `spec`: another spec than the bench's (a variant: harness/spec_variants.py)."""
+        spec_path = self._spec_file(window, in_flight, model or {}, spec or self.spec)
         prefix = f"bench-{secrets.token_hex(3)}."
         run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self.workdir))
         settings = Settings(
@@ -107,10 +112,10 @@ class Bench:
             spec=spec_path,
             data_dir=run_dir / "data",
         )
-        spec = load_spec(spec_path)
-        await ensure_product_topics(self.bootstrap, settings, spec)
+        loaded = load_spec(spec_path)
+        await ensure_product_topics(self.bootstrap, settings, loaded)
         outcome_topics = settings.topics.outcome_topics([])
-        outcome_topics = [*activity_topics(settings, spec), *outcome_topics]
+        outcome_topics = [*activity_topics(settings, loaded), *outcome_topics]
         procs = [
             ProcessorProcess(
                 {
@@ -144,12 +149,13 @@ class Bench:
         paced: bool = True,
         model: dict[str, Any] | None = None,
         delivery: str = "exactly_once",
+        spec: dict[str, Any] | None = None,
     ) -> Result:
         endpoint = endpoint or self.endpoint
         if self.sim is not None:
             await self.sim.configure(endpoint.config())
         settings, outcome_topics, procs = await self.deploy(
-            window, in_flight, partitions, processes, model, delivery
+            window, in_flight, partitions, processes, model, delivery, spec
         )
         load = self.items[: items or self.n or len(self.items)]
         result = Result(name, window, processes, partitions, len(load), 0.0, 0.0)
@@ -175,8 +181,9 @@ class Bench:
                 result.seconds = max(tally.last_at - tally.first_at, 1e-6)
                 result.items = len(tally.done) - tally.base
                 result.items_per_s = tally.rate()
+                priced = (spec or self.spec).get("model", {})
                 prices = ModelEndpoint.model_validate(
-                    {k: v for k, v in self.spec.get("model", {}).items() if k.startswith("price_")}
+                    {k: v for k, v in priced.items() if k.startswith("price_") or k == "cache"}
                 )
                 real = self.sim is None  # a real endpoint: its slots make the ceiling
                 slots = (self.target.slots or in_flight * processes) if real else None
@@ -190,7 +197,7 @@ class Bench:
         if paced and self.paced_s > 0 and result.items_per_s > 0:
             # On fresh topics and processors: the drain's backlog must not queue ahead.
             settings, outcome_topics, procs = await self.deploy(
-                window, in_flight, partitions, processes, model, delivery
+                window, in_flight, partitions, processes, model, delivery, spec
             )
             try:
                 async with Tally(self.bootstrap, outcome_topics) as tally:
@@ -329,12 +336,17 @@ async def run_bench(
     tier: str = "online",
     machine_rounds: int = 3,
     duplicates: float = 0.0,
+    advised: dict[str, Any] | None = None,
 ) -> list[Result]:
     """`tier` batch: the baseline, then each window online and in the batch tier, side
     by side (cost per item is the point; docs/batch.md). `variants`: settings such as
     "reasoning=off" or "quality.shadow_rate=0.02", each run at the largest window besides
-    the spec's own (what each setting costs)."""
+    the spec's own (what each setting costs). `advised`: the spec with its advisors, run
+    at window 1 and the largest window beside the example with its shared prefix over
+    the 1,024-token cache minimum (harness/spec_variants.py)."""
     endpoint = endpoint or Endpoint()
+    # The prefix variant writes the example's own rules out: for the example only.
+    example = spec is None
     spec = spec if spec is not None else bench_spec()
     session = bench_session(
         bootstrap, endpoint, items, cap_s, paced_s, spec, llm, model, machine_items
@@ -361,6 +373,8 @@ async def run_bench(
             partitions=partitions,
             delivery="at_least_once",
         )
+        grown = over_minimum(spec) if example else None
+        await _variants(bench, grown, advised, max(windows), in_flight, partitions)
         if bench.sim is not None:
             await _at_the_limit(bench, machine_rounds)
         for variant in variants:
@@ -395,6 +409,30 @@ async def run_bench(
                         paced=False,
                     )
         return bench.results
+
+
+async def _variants(
+    bench: Bench,
+    grown: dict[str, Any] | None,
+    advised: dict[str, Any] | None,
+    window: int,
+    in_flight: int,
+    partitions: int,
+) -> None:
+    """The baseline and the largest window of each spec variant: the spec with its
+    advisors, and (`grown`) the example with its shared prefix just over the cache
+    minimum. Unpaced: their point is the bill, not latency."""
+    variants = []
+    if advised is not None and advised.get("advisors"):
+        variants.append((", advisors", advised))
+    if grown is not None:
+        variants.append((", prefix over 1,024", grown))
+    for label, variant in variants:
+        run = partial(
+            bench.product, in_flight=in_flight, partitions=partitions, paced=False, spec=variant
+        )
+        await run(f"baseline (window 1){label}", 1)
+        await run(f"window {window}{label}", window)
 
 
 async def _at_the_limit(bench: Bench, rounds: int) -> None:

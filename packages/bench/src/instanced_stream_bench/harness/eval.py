@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+from instanced_stream.core.cache_rule import PRESETS
 from instanced_stream.core.decision import Decision, decision_of
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
 from instanced_stream.core.prompt import Instance, PromptBuilder
 from instanced_stream.core.solve import Outcome, Solver
 from instanced_stream.core.spec import AgentSpec
+from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream.core.validate import Validator
 from instanced_stream.observe.progress import Progress
 
@@ -61,6 +64,11 @@ class SizeReport:
     cached_tokens: int = 0
     unanswered: int = 0
     cost_usd: float = 0.0
+    # The same tokens billed under each cache preset (core/cache_rule.py), USD in all.
+    cost_by_rule: dict[str, float] = field(default_factory=dict)
+    # Answer tokens by who wrote them (each advisor, the calls), where the endpoint
+    # counts them (the simulator's `answer_tokens:*`): what each advisor costs.
+    answer_parts: dict[str, float] = field(default_factory=dict)
     agreement: float | None = None
     accuracy: float | None = None
     reasks: int = 0  # requests beyond each window's first (skipped or refused instances)
@@ -114,7 +122,8 @@ async def _run_size(
     concurrency: int,
     progress: Progress | None = None,
 ) -> SizeReport:
-    solver = Solver(llm, PromptBuilder(spec), Validator(spec), max_attempts=3)
+    builder = PromptBuilder(spec)
+    solver = Solver(llm, builder, Validator(spec), max_attempts=3)
     report = SizeReport(window, len(items))
     gate = asyncio.Semaphore(concurrency)
     instances = [
@@ -148,6 +157,18 @@ async def _run_size(
     report.cost_usd = spec.model.cost_usd(
         report.prompt_tokens, report.completion_tokens, report.cached_tokens
     )
+    # Every request shares the system message: each rule's cache serves what it would of
+    # it (the first request writes it, the rest read it), whatever the endpoint reported.
+    prefix = estimate_tokens(builder.system) + 3  # its framing, as the prompt counts it
+    for name, preset in PRESETS.items():
+        use = preset.rule.over(prefix, report.requests)
+        report.cost_by_rule[name] = spec.model.cost_usd(
+            report.prompt_tokens,
+            report.completion_tokens,
+            use.read,
+            written=use.written,
+            rule=preset.rule,
+        )
     labelled = [it for it in items if it.label]
     if labelled:
         right = sum(
@@ -167,20 +188,29 @@ async def evaluate(
     concurrency: int = 4,
     permutations: int = 0,
     show_progress: bool = False,
+    counts: Callable[[], Mapping[str, float]] | None = None,
 ) -> list[SizeReport]:
     """One report per window size; window 1 always runs first, as the reference.
     `permutations`: each window above 1 is asked that many more times with the items
     shuffled (fixed seeds), and reports how often an item's decision changed with the
     order (BatchPrompt's order effect). With `show_progress`, each size's items answered
-    so far go to stderr (a real model takes minutes per size)."""
+    so far go to stderr (a real model takes minutes per size). `counts`: the endpoint's
+    counters (the simulator's stats), read around each size for its answer's parts."""
     sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
     reports = []
     for window in sizes:
+        before = dict(counts()) if counts else {}
         if not show_progress:
             reports.append(await _run_size(spec, llm, items, window, concurrency))
-            continue
-        with Progress(f"eval window {window}", total=len(items)) as progress:
-            reports.append(await _run_size(spec, llm, items, window, concurrency, progress))
+        else:
+            with Progress(f"eval window {window}", total=len(items)) as progress:
+                reports.append(await _run_size(spec, llm, items, window, concurrency, progress))
+        after = dict(counts()) if counts else {}
+        reports[-1].answer_parts = {
+            key.removeprefix("answer_tokens:"): value - before.get(key, 0.0)
+            for key, value in after.items()
+            if key.startswith("answer_tokens:") and value > before.get(key, 0.0)
+        }
     reference = reports[0].decisions
     for report in reports:
         shared = [i for i in reference if i in report.decisions]
@@ -197,7 +227,9 @@ async def evaluate(
     return reports
 
 
-def markdown(reports: list[SizeReport], source: str, model: str) -> str:
+def markdown(reports: list[SizeReport], source: str, model: str, price: float = 0.0) -> str:
+    """`price`: USD per million output tokens, for what each part of the answer costs."""
+
     def pct(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -221,7 +253,60 @@ def markdown(reports: list[SizeReport], source: str, model: str) -> str:
             f"| {r.unanswered} | {r.latency(0.5):.2f} | {r.latency(0.99):.2f} |"
             + (f" {pct(r.order_changed)} |" if ordered else "")
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rule_lines(reports) + _part_lines(reports, price)) + "\n"
+
+
+def _part_lines(reports: list[SizeReport], price: float) -> list[str]:
+    """Answer tokens per item by who wrote them, and what they cost at the output price."""
+    parts = list(dict.fromkeys(k for r in reports for k in r.answer_parts))
+    if not parts:
+        return []
+    lines = [
+        "",
+        "Answer tokens per item by who wrote them (the endpoint's count), and USD per item "
+        "at the output price:",
+        "",
+        "| window | " + " | ".join(parts) + " |",
+        "|---:|" + "---:|" * len(parts),
+    ]
+    for r in reports:
+        cells = []
+        for part in parts:
+            tokens = r.per_item(r.answer_parts.get(part, 0.0))
+            cells.append(f"{tokens:.1f} ({tokens * price / 1e6:.2e})")
+        lines.append(f"| {r.window} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _rule_lines(reports: list[SizeReport]) -> list[str]:
+    """USD per item under every cache preset, and its share of window 1's."""
+    rules = list(dict.fromkeys(k for r in reports for k in r.cost_by_rule))
+    if not rules or not reports:
+        return []
+    base = reports[0]
+    lines = [
+        "",
+        "USD per item under each provider's cache rule (the same tokens; presets in "
+        "core/cache_rule.py, read 2026-12-01), and against window 1:",
+        "",
+        "| window | " + " | ".join(rules) + " |",
+        "|---:|" + "---:|" * len(rules),
+    ]
+    for r in reports:
+        cells = []
+        for rule in rules:
+            usd, ref = (
+                r.per_item(r.cost_by_rule.get(rule, 0.0)),
+                base.per_item(base.cost_by_rule.get(rule, 0.0)),
+            )
+            share = (
+                f"1/{ref / usd:.1f}"
+                if usd and ref and usd < ref
+                else (f"{usd / ref:.1f}x" if usd and ref else "–")
+            )
+            cells.append(f"{usd:.2e} ({share})")
+        lines.append(f"| {r.window} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def disagreements(reports: list[SizeReport], items: list[EvalItem], most: int = 3) -> str:

@@ -4,10 +4,15 @@ ceiling `window x in-flight / latency`, from the endpoint's counts before and af
 Batch API lines (the batch tier) are counted apart by the simulator (`batch_*` tokens,
 `batch_lines_submitted`) and priced at the Batch API's price, so a row of the batch
 tier shows what the provider would bill for it, online re-asks included at theirs.
+
+Beside the spec's own bill, the same tokens are billed under every cache preset
+(`instanced_stream.core.cache_rule.PRESETS`): the simulator counts what each rule's cache
+would read and write for every request (`cache_read:<preset>`, `cache_written:<preset>`).
 """
 
 from __future__ import annotations
 
+from instanced_stream.core.cache_rule import PRESETS
 from instanced_stream.core.spec import ModelEndpoint
 
 from instanced_stream_bench.harness.report import Endpoint, Result
@@ -50,6 +55,24 @@ def llm_figures(
         batch=True,
     )
     result.cost_per_item_usd = cost / n
+    for name, preset in PRESETS.items():
+        if f"cache_read:{name}" not in after:
+            continue  # a real endpoint: its own cache, no preset's counts
+        bill = 0.0
+        for tier in ("", "batch_"):
+            bill += prices.cost_usd(
+                int(delta(f"{tier}prompt_tokens")),
+                int(delta(f"{tier}completion_tokens")),
+                int(delta(f"{tier}cache_read:{name}")),
+                written=int(delta(f"{tier}cache_written:{name}")),
+                batch=tier == "batch_",
+                rule=preset.rule,
+            )
+        result.cost_by_rule[name] = bill / n
+    # Who wrote the answer's tokens (the simulator's count): what each advisor costs.
+    for key in after:
+        if key.startswith("answer_tokens:") and delta(key) > 0:
+            result.answer_parts[key.removeprefix("answer_tokens:")] = delta(key) / n
     if prompt:
         result.cached_share = cached / prompt
     if not answered:

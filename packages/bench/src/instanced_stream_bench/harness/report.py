@@ -10,7 +10,16 @@ from typing import Any
 
 from instanced_stream.errors import StreamError
 
-__all__ = ["Endpoint", "Result", "delivery_lines", "judge_of", "markdown", "median_run", "plots"]
+__all__ = [
+    "Endpoint",
+    "Result",
+    "delivery_lines",
+    "judge_of",
+    "markdown",
+    "median_run",
+    "plots",
+    "rule_lines",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,10 @@ class Result:
     completion_per_item: float | None = None
     cached_share: float | None = None  # of prompt tokens, as the endpoint reported
     cost_per_item_usd: float | None = None  # the spec's prices, cached tokens at theirs
+    # The same tokens billed under each cache preset (core/cache_rule.py), USD per item.
+    cost_by_rule: dict[str, float] = field(default_factory=dict)
+    # Answer tokens per item by who wrote them: each advisor, and the calls.
+    answer_parts: dict[str, float] = field(default_factory=dict)
     mean_batch: float | None = None
     ceiling_per_s: float | None = None
     p50_ms: float | None = None
@@ -148,6 +161,46 @@ def delivery_lines(by_name: dict[str, Result]) -> list[str]:
     return ["", "Delivery modes:", *lines] if lines else []
 
 
+def _baseline_of(r: Result, results: list[Result]) -> Result | None:
+    """The per-item baseline a row is compared with: of its own spec variant (a row
+    named "..., advisors" against "baseline (window 1), advisors")."""
+    variant = next((v for v in _VARIANTS if r.name.endswith(v)), "")
+    name = "baseline (window 1)" + variant
+    return next((b for b in results if b.name == name), None)
+
+
+# Spec variants a bench runs besides the example as it is (harness/bench.py).
+_VARIANTS = (", advisors", ", prefix over 1,024")
+
+
+def rule_lines(results: list[Result]) -> list[str]:
+    """USD per item and the share of the baseline's, under every cache preset: one run's
+    tokens, billed by each provider's rule."""
+    rules = list(dict.fromkeys(k for r in results for k in r.cost_by_rule))
+    if not rules:
+        return []
+    lines = [
+        "",
+        "USD per item under each provider's cache rule (the same tokens; presets in "
+        "core/cache_rule.py, read 2026-12-01), and against the baseline of the same spec:",
+        "",
+        "| run | " + " | ".join(rules) + " |",
+        "|---|" + "---:|" * len(rules),
+    ]
+    for r in results:
+        if not r.cost_by_rule:
+            continue
+        base = _baseline_of(r, results)
+        cells = []
+        for rule in rules:
+            usd = r.cost_by_rule.get(rule)
+            ref = base.cost_by_rule.get(rule) if base else None
+            share = _fraction(usd, ref) if base is not r else "1.0x"
+            cells.append(f"{_usd(usd)} ({share})")
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(
     results: list[Result], endpoint: Endpoint, command: str, real: str | None = None
 ) -> str:
@@ -180,6 +233,7 @@ def markdown(
             f"{_f(r.rss_start_mb, 0)}→{_f(r.rss_end_mb, 0)}" if r.rss_start_mb is not None else "–"
         )
         name = r.name + (" (time cap)" if r.capped else "")
+        own = _baseline_of(r, results)  # a variant's cost against its own baseline's
         lines.append(
             f"| {name} | {r.items:,} | {_f(r.items_per_s)} "
             f"| {_ratio(r.items_per_s, base.items_per_s if base else None)} "
@@ -188,21 +242,32 @@ def markdown(
             f"| {_f(r.requests_per_item, 4)} | {_f(r.refused_per_item, 4)} "
             f"| {_f(r.prompt_per_item)} | {_pct(r.cached_share, 1.0)} "
             f"| {_f(r.completion_per_item)} | {_usd(r.cost_per_item_usd)} "
-            f"| {_fraction(r.cost_per_item_usd, base.cost_per_item_usd if base else None)} "
+            f"| {_fraction(r.cost_per_item_usd, own.cost_per_item_usd if own else None)} "
             f"| {_f(r.mean_batch)} "
             f"| {_f(r.p50_ms, 0)} | {_f(r.p99_ms, 0)} | {rss} | {_f(r.cpu_ms_per_item, 3)} |"
         )
     if base is not None:
         lines += ["", "Against the per-item baseline:"]
         for r in results:
+            own = _baseline_of(r, results) or base
             if r.window and r.window > 1 and r.requests_per_item and r.prompt_per_item:
                 lines.append(
                     f"- {r.name}: requests per item 1/"
-                    f"{(base.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
-                    f"per item 1/{(base.prompt_per_item or 0) / r.prompt_per_item:.1f}, USD per "
-                    f"item {_fraction(r.cost_per_item_usd, base.cost_per_item_usd)}, "
-                    f"throughput {_ratio(r.items_per_s, base.items_per_s)}"
+                    f"{(own.requests_per_item or 0) / r.requests_per_item:.0f}, prompt tokens "
+                    f"per item 1/{(own.prompt_per_item or 0) / r.prompt_per_item:.1f}, USD per "
+                    f"item {_fraction(r.cost_per_item_usd, own.cost_per_item_usd)}, "
+                    f"throughput {_ratio(r.items_per_s, own.items_per_s)}"
                 )
+    lines += rule_lines(results)
+    written = [
+        f"- {r.name}: "
+        + ", ".join(f"{part} {tokens:.1f}" for part, tokens in r.answer_parts.items())
+        for r in results
+        if len(r.answer_parts) > 1  # advisors spoke: what each wrote
+    ]
+    if written:
+        lines += ["", "Answer tokens per item by who wrote them (each advisor, the calls):"]
+        lines += written
     lines += delivery_lines(by_name)
     scaling = [r for r in results if r.name.startswith("scaling")]
     if scaling:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from instanced_stream.core.cache_rule import CacheRule, PresetName, preset_rule
 from pydantic import BaseModel, Field
 
 __all__ = ["MODEL_NAME", "Faults", "SimConfig"]
@@ -55,6 +56,12 @@ class SimConfig(BaseModel):
         "llama.cpp does",
     )
     requests_per_minute: int = Field(0, ge=0, description="requests per 60 s (0: no limit)")
+    cache: PresetName | CacheRule = Field(
+        "openai-0.1x",
+        description="whose prompt-cache rule `cached_tokens` follows (a preset of "
+        "instanced_stream.core.cache_rule or a rule): OpenAI's by default, so a shared "
+        "prefix under 1,024 tokens is never reported cached",
+    )
     model: str = Field(MODEL_NAME, description="the model name it serves (404 for others)")
     # The Batch API (instanced_stream_bench.testing.sim.batch_api).
     batch_delay_s: float = Field(1.0, ge=0, description="a batch's time to completion")
@@ -83,3 +90,7 @@ class SimConfig(BaseModel):
         "injectable model would: first the injected call for the other instance, its reason "
         "copying the injecting text; for proving the product's defenses",
     )
+
+    @property
+    def cache_rule(self) -> CacheRule:
+        return preset_rule(self.cache) if isinstance(self.cache, str) else self.cache

@@ -3,7 +3,8 @@
 It stands in for a model where none is reachable: it reads our multi-instance request,
 decides moderation with a real trained classifier (alt-profanity-check, whose model ships
 in its wheel) plus spam rules, answers with a solution valid for the requested schema,
-reports token usage (and prompt-prefix cache hits), and injects faults for tests.
+reports token usage (and prompt-prefix cache hits by a provider's rule: `SimConfig.cache`,
+testing/sim/prefix_cache.py), and injects faults for tests.
 
 Faults: per-request switches (`next`: a queue of "429", "500", "401", "403", "404",
 "hang", "malformed", "truncated"), rates for the same and for per-instance faults, and
@@ -28,7 +29,7 @@ import logging
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -41,6 +42,7 @@ from instanced_stream.core.tokenizer import estimate_tokens
 from instanced_stream_bench.testing.sim.account import MODEL_NAME, Faults, SimConfig
 from instanced_stream_bench.testing.sim.batch_api import BatchEndpoints
 from instanced_stream_bench.testing.sim.disagree import Drifting
+from instanced_stream_bench.testing.sim.prefix_cache import PrefixCache
 from instanced_stream_bench.testing.sim.provider import (
     Refusal,
     account_fault,
@@ -56,6 +58,7 @@ __all__ = [
     "SimConfig",
     "SimRequest",
     "Simulator",
+    "answer_parts",
     "running_simulator",
     "serve",
     "serve_forever",
@@ -78,7 +81,7 @@ class Simulator(Drifting):
 
     def __init__(self, config: SimConfig | None = None) -> None:
         super().__init__(config)
-        self._seen_prefixes: set[bytes] = set()
+        self.prefix_cache = PrefixCache()
         self._system_tokens: dict[bytes, int] = {}  # a system message's tokens, by its hash
         self._active = 0  # requests being answered now
         self.quota = Quota()  # the account's per-minute budget
@@ -241,8 +244,10 @@ class Simulator(Drifting):
         over = None if batch else self._over_limit(prompt_tokens + completion_tokens + thinking)
         if over is not None:
             return over
-        cached = system if prefix in self._seen_prefixes else 0
-        self._seen_prefixes.add(prefix)
+        # What the provider's cache would serve, by its rule (and by every preset, apart).
+        tier = "batch_" if batch else ""
+        by_rule: Counter[str] = Counter()
+        cached = self.prefix_cache.serve(prefix, system, self.config.cache_rule, by_rule, tier)
         delay = 0.0 if batch else self.config.latency_ms
         delay += 0.0 if batch else self.config.per_output_token_ms * completion_tokens
         delay *= 1 + self.config.jitter * (2 * self.rng.random() - 1)
@@ -260,10 +265,12 @@ class Simulator(Drifting):
         self.stats["instances"] += 0 if probe else len(req.items)
         self.stats["item_requests"] += int(bool(req.items) and not probe)
         # Batch lines' tokens apart: the Batch API bills them at its own (half) price.
-        tier = "batch_" if batch else ""
+        self.stats.update(by_rule)
         self.stats[f"{tier}prompt_tokens"] += prompt_tokens
         self.stats[f"{tier}completion_tokens"] += completion_tokens + thinking
         self.stats["reasoning_tokens"] += thinking
+        if not probe and finish == "stop" and fault != "malformed":
+            self.stats.update(answer_parts(content))
         self.stats[f"{tier}cached_tokens"] += cached
         return web.json_response(
             {
@@ -322,6 +329,26 @@ class Simulator(Drifting):
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_post("/sim/config", self.set_config)
         return app
+
+
+def answer_parts(content: str) -> Counter[str]:
+    """The answer's tokens by who wrote them: `answer_tokens:<advisor id>` for each
+    advisor's opinions, `answer_tokens:calls` for the rest (the calls and the frame), so
+    a bench or an eval shows what each advisor costs. A free-form answer that does not
+    parse counts as calls."""
+    parts: Counter[str] = Counter()
+    total = estimate_tokens(content)
+    try:
+        opinions = orjson.loads(content).get("advisors") or []
+    except (orjson.JSONDecodeError, AttributeError):
+        opinions = []
+    for opinion in opinions if isinstance(opinions, list) else []:
+        if isinstance(opinion, dict):
+            parts[f"answer_tokens:{opinion.get('id')}"] += estimate_tokens(
+                orjson.dumps(opinion).decode()
+            )
+    parts["answer_tokens:calls"] = max(0, total - sum(parts.values()))
+    return parts
 
 
 async def _models(_: web.Request) -> web.Response:
