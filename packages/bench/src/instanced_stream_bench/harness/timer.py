@@ -11,6 +11,7 @@ comparable on the same machine and load."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import random
 import statistics
@@ -38,13 +39,17 @@ class TimerFigures:
     name: str
     states: int
     partitions: int
-    idle_tick_ms_median: float  # a tick with nothing due
+    idle_tick_ms_median: float  # a tick with nothing due, CPU time
+    idle_tick_ms_p99: float
     idle_tick_ms_max: float
-    full_tick_ms: float  # a tick that hands out MOST_PER_TICK due states
-    reindex_s: float  # every partition indexed again, as restores do
-    longest_stall_ms: float  # the probe's longest wait beyond its own sleep
+    full_tick_ms: float  # a tick with every state due (the heap hands out its most), CPU
+    reindex_s: float  # every partition indexed again, as restores do (wall)
+    longest_stall_ms: float  # the longest the loop ran other work, CPU time
+    longest_stall_wall_ms: float  # the same in wall time: waits for a core included
     index_bytes_per_state: float  # the index alone (the names are the store's)
     store_bytes_per_state: float  # the store's own record of a finished state
+    collection_ms: float  # a full collection of the cyclic collector with the index held
+    collection_without_ms: float  # the same before any index (the states listed only)
 
 
 class _ScanIndex:
@@ -94,47 +99,75 @@ def _all(by_partition: list[list[tuple[str, float, int]]]) -> Iterator[tuple[str
 
 
 class _Probe:
-    """A task that asks to run every millisecond and keeps the longest wait beyond that."""
+    """A task that asks to run every millisecond and keeps the longest wait beyond that,
+    in wall time and in the CPU time of the loop's thread: on a shared machine the wall time also
+    counts the waits for a core, which the CPU time leaves out."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.longest_cpu = 0.0
         self._stop = False
 
     async def run(self) -> None:
         while not self._stop:
-            asked = time.perf_counter()
+            asked, asked_cpu = time.perf_counter(), time.thread_time()
             await asyncio.sleep(_PROBE_S)
             self.longest = max(self.longest, time.perf_counter() - asked - _PROBE_S)
+            self.longest_cpu = max(self.longest_cpu, time.thread_time() - asked_cpu)
 
     def stop(self) -> None:
         self._stop = True
 
 
-def _ticks(due: Callable[[], object], count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        started = time.perf_counter()
-        due()
-        out.append((time.perf_counter() - started) * 1000)
-    return out
+@contextlib.contextmanager
+def _no_collector() -> Iterator[None]:
+    """The cyclic collector held off: a full collection visits every object the process
+    holds, whatever allocated last, so it is measured on its own (`_full_collection_ms`)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
-async def _under_probe(work: Callable[[], Any]) -> tuple[float, float]:
+def _full_collection_ms() -> float:
+    started = time.thread_time()
+    gc.collect()
+    return (time.thread_time() - started) * 1000
+
+
+def _ticks(due: Callable[[], object], count: int) -> tuple[list[float], list[float]]:
+    """`count` ticks: each one's wall and CPU milliseconds."""
+    wall, cpu = [], []
+    with _no_collector():
+        for _ in range(count):
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            due()
+            wall.append((time.perf_counter() - started) * 1000)
+            cpu.append((time.thread_time() - started_cpu) * 1000)
+    return wall, cpu
+
+
+async def _under_probe(work: Callable[[], Any]) -> tuple[float, float, float]:
     """Runs `work` (a coroutine factory) beside the probe; returns its seconds and the
-    probe's longest stall (ms)."""
+    probe's longest stall, wall and CPU (ms)."""
     probe = _Probe()
-    probing = asyncio.create_task(probe.run())
-    await asyncio.sleep(0.01)
-    started = time.perf_counter()
-    await work()
-    took = time.perf_counter() - started
-    await asyncio.sleep(0.01)
-    probe.stop()
-    await probing
-    return took, probe.longest * 1000
+    with _no_collector():
+        probing = asyncio.create_task(probe.run())
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        await work()
+        took = time.perf_counter() - started
+        await asyncio.sleep(0.01)
+        probe.stop()
+        await probing
+    return took, probe.longest * 1000, probe.longest_cpu * 1000
 
 
-def _heap_figures(by_partition: list[list[tuple[str, float, int]]], states: int) -> TimerFigures:
+def _heap_figures(
+    by_partition: list[list[tuple[str, float, int]]], states: int, without: float
+) -> TimerFigures:
     partitions = len(by_partition)
     size, index = _bytes_of(lambda: _filled_heap(by_partition))
     now = time.time()
@@ -142,30 +175,35 @@ def _heap_figures(by_partition: list[list[tuple[str, float, int]]], states: int)
     def owns(_: int) -> bool:
         return True
 
-    idle = _ticks(lambda: index.due(now, owns), 1000)
+    idle_wall, idle = _ticks(lambda: index.due(now, owns), 1000)
 
     async def reindex_all() -> None:
-        fresh = DueIndex(RETENTION_S)
-        # ticks as the service's, only more often: a restore runs beside them
-        ticking = asyncio.create_task(_ticking(lambda: fresh.due(now, owns)))
+        # Every partition restored again into the index that holds it (its old part
+        # cleared first, as a restore does), beside ticks as the service's, only more often.
+        ticking = asyncio.create_task(_ticking(lambda: index.due(now, owns)))
         for p, retired in enumerate(by_partition):
-            await fresh.reindex(p, (), retired)
+            await index.reindex(p, (), retired)
         ticking.cancel()
 
-    took, stall = asyncio.run(_under_probe(reindex_all))
+    took, stall_wall, stall = asyncio.run(_under_probe(reindex_all))
     later = now + RETENTION_S + 3600  # every state past its retention
-    full = _ticks(lambda: index.due(later, owns), 1)[0]
+    full_wall, full = (t[0] for t in _ticks(lambda: index.due(later, owns), 1))
+    collection = _full_collection_ms()
     return TimerFigures(
         name="heap (now)",
         states=states,
         partitions=partitions,
         idle_tick_ms_median=statistics.median(idle),
+        idle_tick_ms_p99=sorted(idle)[len(idle) * 99 // 100],
         idle_tick_ms_max=max(idle),
         full_tick_ms=full,
         reindex_s=took,
-        longest_stall_ms=max(stall, full, max(idle)),
+        longest_stall_ms=max(stall, full, sorted(idle)[len(idle) * 99 // 100]),
+        longest_stall_wall_ms=max(stall_wall, full_wall, max(idle_wall)),
         index_bytes_per_state=size / states,
         store_bytes_per_state=_store_bytes(by_partition) / states,
+        collection_ms=collection,
+        collection_without_ms=without,
     )
 
 
@@ -182,7 +220,9 @@ async def _ticking(tick: Callable[[], object]) -> None:
         await asyncio.sleep(0.05)
 
 
-def _scan_figures(by_partition: list[list[tuple[str, float, int]]], states: int) -> TimerFigures:
+def _scan_figures(
+    by_partition: list[list[tuple[str, float, int]]], states: int, without: float
+) -> TimerFigures:
     partitions = len(by_partition)
 
     def fill() -> _ScanIndex:
@@ -197,27 +237,32 @@ def _scan_figures(by_partition: list[list[tuple[str, float, int]]], states: int)
     def owns(_: int) -> bool:
         return True
 
-    idle = _ticks(lambda: index.due(now, owns), 5)  # each one visits every state
+    idle_wall, idle = _ticks(lambda: index.due(now, owns), 5)  # each visits every state
 
     async def reindex_all() -> None:
-        fresh = _ScanIndex()
-        for retired in by_partition:
-            await fresh.reindex(retired)
+        for retired in by_partition:  # into the index that holds them, as restores did
+            await index.reindex(retired)
             await asyncio.sleep(0)
 
-    took, stall = asyncio.run(_under_probe(reindex_all))
-    full = _ticks(lambda: index.due(now + RETENTION_S + 3600, owns), 1)[0]
+    took, stall_wall, stall = asyncio.run(_under_probe(reindex_all))
+    later = now + RETENTION_S + 3600
+    full_wall, full = (t[0] for t in _ticks(lambda: index.due(later, owns), 1))
+    collection = _full_collection_ms()
     return TimerFigures(
         name="scan (before)",
         states=states,
         partitions=partitions,
         idle_tick_ms_median=statistics.median(idle),
+        idle_tick_ms_p99=sorted(idle)[len(idle) * 99 // 100],
         idle_tick_ms_max=max(idle),
         full_tick_ms=full,
         reindex_s=took,
-        longest_stall_ms=max(stall, full, max(idle)),
+        longest_stall_ms=max(stall, full, sorted(idle)[len(idle) * 99 // 100]),
+        longest_stall_wall_ms=max(stall_wall, full_wall, max(idle_wall)),
         index_bytes_per_state=size / states,
         store_bytes_per_state=_store_bytes(by_partition) / states,
+        collection_ms=collection,
+        collection_without_ms=without,
     )
 
 
@@ -235,25 +280,35 @@ def _store_bytes(by_partition: list[list[tuple[str, float, int]]]) -> int:
 def measure(states: int, partitions: int, baseline: bool = True) -> list[TimerFigures]:
     """The heap index's figures, and the scan's beside them when `baseline`."""
     by_partition = _finished(states, partitions)
-    out = [_heap_figures(by_partition, states)]
+    without = _full_collection_ms()  # the states (as a store lists them) and no index
+    out = [_heap_figures(by_partition, states, without)]
     if baseline:
-        out.append(_scan_figures(by_partition, states))
+        out.append(_scan_figures(by_partition, states, without))
     return out
 
 
 def _table(figures: list[TimerFigures]) -> str:
     rows = [
-        "| index | idle tick median / max (ms) | tick of "
-        f"{MOST_PER_TICK:,} due (ms) | re-index all (s) | longest stall (ms) | "
-        "index bytes / state | store bytes / state |",
-        "|---|---|---|---|---|---|---|",
+        "| index | idle tick median / p99 (ms) | tick, all due (ms) | "
+        "re-index all (s) | longest stall (ms; wall) | "
+        "index bytes / state | store bytes / state | full collection (ms), without it |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for f in figures:
         rows.append(
-            f"| {f.name} | {f.idle_tick_ms_median:.3f} / {f.idle_tick_ms_max:.3f} | "
-            f"{f.full_tick_ms:.1f} | {f.reindex_s:.2f} | {f.longest_stall_ms:.1f} | "
-            f"{f.index_bytes_per_state:.0f} | {f.store_bytes_per_state:.0f} |"
+            f"| {f.name} | {f.idle_tick_ms_median:.3f} / {f.idle_tick_ms_p99:.3f} | "
+            f"{f.full_tick_ms:.1f} | {f.reindex_s:.2f} | {f.longest_stall_ms:.1f}; "
+            f"{f.longest_stall_wall_ms:.0f} | {f.index_bytes_per_state:.0f} | "
+            f"{f.store_bytes_per_state:.0f} | {f.collection_ms:.0f}, "
+            f"{f.collection_without_ms:.0f} |"
         )
+    rows.append(
+        "(ms: the CPU time of the loop's thread; wall time also counts the waits for a core on a "
+        f"shared machine. A tick with all due: the heap hands out its first {MOST_PER_TICK:,}, "
+        "the scan every one. Ticks and stalls are measured with the cyclic collector held "
+        "off; what one of its full collections costs, with and without the index, is the "
+        "last column)"
+    )
     return "\n".join(rows)
 
 
