@@ -75,6 +75,7 @@ class DueIndex:
         self.retention_s = retention_s
         self.built = False
         self._parts: dict[int, _Partition] = {}
+        self._ticks = 0  # where the next tick starts: each partition comes first in turn
 
     def __len__(self) -> int:
         return sum(len(part.when) for part in self._parts.values())
@@ -151,7 +152,12 @@ class DueIndex:
         first in each partition. They leave the index: the caller puts back (`update`,
         `retire`) what stays."""
         out: list[tuple[str, int]] = []
-        for partition, part in self._parts.items():
+        parts = list(self._parts.items())
+        # A tick that stops at `most` starts the next one a partition later, so a partition
+        # with a flood of due states (a long stop) delays the others' deadlines by no more
+        # than a tick each.
+        start, self._ticks = self._ticks % max(len(parts), 1), self._ticks + 1
+        for partition, part in parts[start:] + parts[:start]:
             if len(out) >= most:
                 break
             if part.heap and part.heap[0][0] < now and owns(partition):

@@ -115,7 +115,9 @@ def test_the_index_hands_out_what_is_due_earliest_first_and_nothing_else() -> No
     index.update(_waiting_on("other", 1, 20.0))
     index.retire("ended", ended_at=-95.0, partition=1)  # due 5: its retention is over
     assert _everything(index, 5.0) == []  # due at 5 is not due before 5
-    assert _everything(index, 25.0) == [("early", 0), ("ended", 1), ("other", 1)]
+    due = _everything(index, 25.0)
+    assert sorted(due) == [("early", 0), ("ended", 1), ("other", 1)]
+    assert [name for name, p in due if p == 1] == ["ended", "other"]  # earliest first
     assert _everything(index, 25.0) == []  # handed out once: they left the index
     assert len(index) == 1
     assert _everything(index, 31.0) == [("late", 0)]
@@ -239,3 +241,14 @@ def test_a_retired_state_handed_out_before_its_retention_ends_is_due_again_then(
     assert forget_retired(store, index, "t-1", 0, 151.0, lambda _: True)
     assert store.deleted == [("t-1", 0)]
     assert not forget_retired(store, index, "t-2", 0, 151.0, lambda _: True)  # not retired
+
+
+def test_a_partition_flooded_with_due_states_holds_the_others_back_one_tick_at_most() -> None:
+    index = DueIndex(retention_s=100)
+    for i in range(100):
+        index.retire(f"old-{i:03d}", ended_at=float(i), partition=0)  # a long stop's backlog
+    index.update(_waiting_on("deadline", 1, 50.0))
+    handed: list[tuple[str, int]] = []
+    for _ in range(2):
+        handed += index.due(1000.0, lambda _: True, most=10)
+    assert ("deadline", 1) in handed  # not after all of partition 0's hundred
