@@ -210,9 +210,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 continue
             if task.state is UnitState.RUNNING and task.unit is not None:
                 running.append(task.unit)
-            if task.opening is not None:
-                task.opening.resumed.clear()  # it seeks nothing until given back
-            self.lifecycle.move(p, UnitState.SUSPENDED)
+            self.lifecycle.move(p, UnitState.SUSPENDED)  # an opening seeks nothing now
         for unit in running:
             try:
                 await unit.commit()
@@ -268,8 +266,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 self._resumed(unit)
                 resumed.append(p)
             elif stays and opening is not None and opening.task is not None:
-                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)
-                opening.resumed.set()
+                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)  # it seeks now
                 restoring.append(p)
             else:
                 if opening is not None:
@@ -299,7 +296,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         unit = opening.unit = await self.producers.unit(p, self._commit, after)
         if self.on_open is not None:
             await self.on_open(unit)
-        await opening.resumed.wait()
+        await self.lifecycle.unsuspended(p)
         await self._seek([opening.partition])
         return unit
 
