@@ -122,7 +122,7 @@ class Workflow:
         """The writes of a change just stored: the deadlines follow them."""
         for write in stored:
             if write.state is None:
-                self.index.drop(write.instance)
+                self.index.drop(write.instance, write.partition)
             else:
                 self.index.update(write.state)
 
@@ -193,9 +193,12 @@ class Workflow:
         if not self._view:  # a view's change may yet not be stored: `indexed` follows it
             self.index.update(st)
 
-    def due(self, now: float, owns: Callable[[int], bool] = lambda _: True) -> list[str]:
-        """Owned instances past a deadline or their retention (the index is built from the
-        store on the first call; each restore adds its partition's states to it)."""
+    def due(
+        self, now: float, owns: Callable[[int], bool] = lambda _: True
+    ) -> list[tuple[str, int]]:
+        """Owned instances past a deadline or their retention, with their partitions; they
+        leave the index until put back (the index is built from the store on the first
+        call, unless a restore indexed its partition first: `DueIndex.reindex`)."""
         if not self.index.built:
             self.index.rebuild(self.store.items(), self.store.retired())
         return self.index.due(now, owns)
@@ -282,16 +285,14 @@ class Workflow:
         workflow is its new owner's), and forgets workflows ended `retention_s` ago. Reads
         only the states `due`."""
         out = []
-        for name in self.due(now, owns):
-            if forget_retired(self.store, self.index, name, now, owns):
+        for name, partition in self.due(now, owns):
+            if forget_retired(self.store, self.index, name, partition, now, owns):
                 continue
             st = self.store.get(name)
             if st is None or not owns(st.partition):
-                self.index.drop(name)
-                continue
+                continue  # gone, or moved: it left the index when it fell due
             if st.ended is not None and st.ended.at < now - self.retention_s:
                 self.store.delete(st.instance, st.partition)
-                self.index.drop(name)
                 continue
             late = [cid for cid, p in st.pending.items() if p.deadline < now]
             for cid in late:

@@ -146,7 +146,16 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
         "workflow states (rebalances at size; DIR/churn.json)",
     )
     bn.add_argument(
-        "--states", type=int, default=100_000, help="--churn: states pre-written (100000)"
+        "--states",
+        type=int,
+        default=100_000,
+        help="--churn: states pre-written; --timer: finished states indexed (100000)",
+    )
+    bn.add_argument(
+        "--timer",
+        action="store_true",
+        help="instead: the expiry timer's index at --states finished states on --partitions "
+        "(default 24), beside the index it replaced; no broker (DIR/timer.json)",
     )
     bn.add_argument(
         "--restarts",

@@ -32,6 +32,14 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         tokens_per_minute=args.tpm,
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.timer:
+        if args.churn or args.soak:
+            raise StreamError("--timer runs alone: stream bench --timer --states N")
+        if args.states < 1:
+            raise StreamError(f"--states must be at least 1 (got {args.states})")
+        from instanced_stream_bench.harness.timer import timer_command
+
+        return timer_command(args.states, args.partitions or 24, Path(args.out))
     if (args.restarts or args.brokers > 1) and not args.churn:
         raise StreamError(
             "--restarts and --brokers belong to --churn: stream bench --churn --restarts N"

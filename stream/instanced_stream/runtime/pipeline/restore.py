@@ -5,7 +5,8 @@ takes; how far each restore got, for readiness and the live page.
 A store is restored before it joins the owned ones (nothing reads it half restored);
 each unreadable changelog record is quarantined with the unit's first commit (its dead
 letter and its key's tombstone, one transaction); only the restored partition's states
-enter the deadline index, the other partitions' stay where they were.
+enter the deadline index (in chunks, `DueIndex.reindex`), the other partitions' stay where
+they were; a closed unit's partition leaves it.
 
 It is the pipeline's, not the state's: it brings a partition back into the pipeline
 (stages its quarantine letters on the unit, indexes deadlines, resumes the workflows'
@@ -50,6 +51,7 @@ class Restores:
         failed unit reopened, a move undone), only the changelog's delta is read."""
         store = self.flows.stores.by_partition.get(partition)
         self.flows.stores.drop(partition)
+        self.flows.workflow.index.clear(partition)  # indexed again if it comes back
         now = time.monotonic()
         self.kept = {p: (s, at) for p, (s, at) in self.kept.items() if now - at < self.keep_s}
         if store is not None:
@@ -77,16 +79,16 @@ class Restores:
         if first.records:
             self.flows.stage(unit, None, first)
         workflow = self.flows.workflow
+        # Before any await: no expiry tick sees this store unindexed (it would index
+        # every store at once). The retired states are due at the end of their retention.
+        await workflow.index.reindex(p, store.peek(), store.retired())
         ready = []
         for n, st in enumerate(store.peek()):  # read only: no copy of each state
             if n % 1000 == 999:
                 await asyncio.sleep(0)  # the heartbeats and the other units go on
-            workflow.index.update(st)
             nxt = workflow.next_turn(st)
             if nxt is not None:
                 ready.append(nxt)
-        for retiree in store.retired():  # finished: due at the end of their retention
-            workflow.index.retire(*retiree)
         unit.written = self.flows.stores.written
         log.info(
             "partition %d: %d states restored in %.1fs (%s, %d records read, %d quarantined), "

@@ -172,6 +172,9 @@ class Flows:
             except BadRecord as exc:
                 log.error("the expiry of %s is not stored: %s", name, exc.message)
                 refused.add(name)
+                kept = self.stores.get(name)  # as it was: due again at the next tick
+                if kept is not None:
+                    self.workflow.index.update(kept)
         out: dict[int, Effects] = {}
         for nxt, done in settled:
             source = nxt.source if nxt is not None else (done.source if done else None)

@@ -57,9 +57,9 @@ _NEXT: dict[UnitState, frozenset[UnitState]] = {
 @dataclass(eq=False)
 class Opening:
     """The opening of a partition's unit (runtime/units/opening.py): its task, the unit
-    once its producer started, and, failed, when it is tried again. `resumed`: clear while
-    the partition is suspended; the opening waits for it before it seeks the consumer (a
-    seek during a rebalance finds the partition unassigned)."""
+    once its producer started, and, failed, when it is tried again. While its partition
+    is suspended it waits before it seeks the consumer (`Lifecycle.unsuspended`: a seek
+    during a rebalance finds the partition unassigned)."""
 
     partition: int
     since: float = field(default_factory=time.monotonic)
@@ -68,10 +68,6 @@ class Opening:
     failed: BaseException | None = None
     retry_at: float = 0.0
     failures: int = 0
-    resumed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.resumed.set()
 
     def view(self, now: float, restored: int) -> dict[str, Any]:
         """What readiness and the live page say about it."""
@@ -141,6 +137,12 @@ class Lifecycle:
         self.opening: Mapping[int, Opening] = _View(
             self.tasks, frozenset({UnitState.RESTORING, UnitState.FAILED}), "opening"
         )
+        self._moved = asyncio.Event()  # set, and replaced, at every move
+
+    async def unsuspended(self, p: int) -> None:
+        """Returns once partition `p` is not suspended (at once if it is not)."""
+        while self.state(p) is UnitState.SUSPENDED:
+            await self._moved.wait()
 
     def state(self, p: int) -> UnitState | None:
         task = self.tasks.get(p)
@@ -164,6 +166,8 @@ class Lifecycle:
         if to not in _NEXT[task.state]:
             raise IllegalTransition(f"partition {p}: {task.state.value} -> {to.value}")
         task.state, task.since = to, time.monotonic()
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()  # whoever waits for a state looks again
         for name, value in changes.items():
             setattr(task, name, value)
         if to is UnitState.CLOSED:

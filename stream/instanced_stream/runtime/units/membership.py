@@ -11,9 +11,13 @@ owner and settles its open transaction), then its store is restored (`on_open`),
 consumer is sought to the committed offsets, read only now that no earlier transaction
 can still move them, and the partition resumes. Each partition opens on its own: one that
 fails (the broker refuses, a bug) is retried after a back-off, shown as failing, and holds
-no other back. A revocation commits each unit's finished prefix and drops it; a unit that
-failed (fenced, a failed transaction) is replaced in place, and everything staged on it is
-redone from the last commit.
+no other back. A revocation commits each unit's finished prefix and suspends it (its
+producer, store and work in flight kept): the next assignment resumes it where it was if
+the partition stays here under the next epoch, else closes it. A unit that fails while it
+runs (fenced, a failed transaction, a bug while staging) moves its partition to FAILED at
+once (`Unit.on_failure`): nothing takes work to it from then on; it is closed, opened
+again after a back-off (`heal`), and everything staged on it is redone from the last
+commit.
 """
 
 from __future__ import annotations
@@ -137,6 +141,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.strategy = assignors(probe)
         self.consumer: AIOKafkaConsumer | None = None
         self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
+        self._closing: set[asyncio.Task[None]] = set()  # failed units being closed
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,6 +174,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             await self._close_all(commit=not last)
             if not last and self.consumer is not None:
                 await self.consumer.stop()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await self.producers.stop()
 
     async def _close_all(self, *, commit: bool) -> None:
@@ -204,9 +210,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 continue
             if task.state is UnitState.RUNNING and task.unit is not None:
                 running.append(task.unit)
-            if task.opening is not None:
-                task.opening.resumed.clear()  # it seeks nothing until given back
-            self.lifecycle.move(p, UnitState.SUSPENDED)
+            self.lifecycle.move(p, UnitState.SUSPENDED)  # an opening seeks nothing now
         for unit in running:
             try:
                 await unit.commit()
@@ -262,8 +266,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 self._resumed(unit)
                 resumed.append(p)
             elif stays and opening is not None and opening.task is not None:
-                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)
-                opening.resumed.set()
+                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)  # it seeks now
                 restoring.append(p)
             else:
                 if opening is not None:
@@ -293,13 +296,29 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         unit = opening.unit = await self.producers.unit(p, self._commit, after)
         if self.on_open is not None:
             await self.on_open(unit)
-        await opening.resumed.wait()
+        await self.lifecycle.unsuspended(p)
         await self._seek([opening.partition])
         return unit
 
     def _opened(self, unit: Unit) -> None:
+        unit.on_failure = self._failed
         unit.start()
         self._resume([unit.partition])
+
+    def _failed(self, unit: Unit) -> None:
+        """A running unit failed: its partition is FAILED from now on (no fetch, no
+        renewal, no readiness counts it as open), its input paused, the unit closed
+        without a commit, and the partition opened again after its back-off (`heal`). A
+        suspended one is left to the next assignment, which closes it."""
+        p, task = unit.partition, self.lifecycle.get(unit.partition)
+        if task is None or task.state is not UnitState.RUNNING or task.unit is not unit:
+            return
+        log.warning("partition %d: unit failed (%r); reopened from its last commit", p, unit.failed)
+        self._pause([p])
+        self.openings.failing(p, unit.failed)
+        closing = asyncio.create_task(self._close(unit, commit=False), name=f"close-{p}")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _tps(self, partitions: list[int]) -> list[TopicPartition]:
         assert self.consumer is not None
@@ -338,24 +357,15 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.consumer.commit(offsets)
 
     async def heal(self) -> None:
-        """Moves each failed unit back to opening, and opens again each partition whose
-        back-off is over (see `Failures`). Raises `PartitionFailing` for a partition that
-        kept failing. Works from what is running at each step: a rebalance may revoke any
-        partition while this waits."""
+        """Opens again each failed partition whose back-off is over (see `Failures`), once
+        the units that failed are closed; a running unit that committed since its last
+        failure starts its count again. Raises `PartitionFailing` for a partition that
+        kept failing."""
         for task in self.lifecycle.in_state(UnitState.RUNNING):
-            unit = task.unit
-            if unit is None or task.state is not UnitState.RUNNING:
-                continue  # suspended meanwhile
-            if unit.alive:
-                self._failures.healthy(task.partition, unit)
-                continue
-            p = task.partition
-            log.warning(
-                "partition %d: unit failed (%r); reopened from its last commit", p, unit.failed
-            )
-            self._pause([p])
-            self.openings.failing(p, unit.failed)
-            await self._close(unit, commit=False)
+            if task.unit is not None:
+                self._failures.healthy(task.partition, task.unit)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         self.openings.retry()
 
     def states(self) -> dict[int, dict[str, Any]]:

@@ -107,6 +107,9 @@ class Unit:
         self.commit_offsets = commit_offsets
         self.alive = True
         self.failed: BaseException | None = None
+        # Told once, at once, when the unit fails (its owner moves the partition's state:
+        # nothing waits for a later look to find it void).
+        self.on_failure: Callable[[Unit], None] | None = None
         self.slots: dict[str, deque[Slot]] = {}
         # Per topic, the consumer's position after the records handed out so far: past
         # transaction markers and aborted records, which are never handed out.
@@ -171,9 +174,18 @@ class Unit:
     def fail(self, exc: BaseException) -> None:
         """Voids the unit (a bug while staging on it): its owner replaces it, and the
         uncommitted prefix is redone from the last commit."""
-        if self.alive:
-            self.failed, self.alive = exc, False
+        if self._void(exc):
             log.error("partition %d: staging failed, the unit is dropped: %r", self.partition, exc)
+
+    def _void(self, exc: BaseException) -> bool:
+        """The unit can commit no more: its owner is told at once. False: it was void
+        already."""
+        if not self.alive:
+            return False
+        self.failed, self.alive = exc, False
+        if self.on_failure is not None:
+            self.on_failure(self)
+        return True
 
     def _check(self) -> None:
         if not self.alive:
@@ -193,8 +205,7 @@ class Unit:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the unit is void; its owner replaces it
-            self.failed = exc
-            self.alive = False
+            self._void(exc)
             log.error("partition %d: commit failed, the unit is dropped: %r", self.partition, exc)
 
     def _take(self) -> tuple[list[OutRecord], dict[str, int]]:
@@ -234,11 +245,16 @@ class Unit:
             tps = {TopicPartition(t, self.partition): o for t, o in offsets.items()}
             try:
                 records, offsets_written = await self._write(records, tps)
-            except ProducerFenced:
-                self.alive = False
+            except ProducerFenced as exc:
+                self._void(exc)
                 raise
-            except BaseException:
+            except asyncio.CancelledError:  # closed meanwhile: its closer knows
                 self.alive = False
+                if self.transactional:
+                    await self._abort()
+                raise
+            except Exception as exc:
+                self._void(exc)
                 if self.transactional:
                     await self._abort()
                 raise

@@ -222,6 +222,44 @@ async def test_a_stopping_member_takes_no_assignment_and_leaves_no_producer_open
     assert not producers.open()
 
 
+async def test_a_unit_that_fails_leaves_the_running_ones_at_once() -> None:
+    """No later look has to find it void: the fetch, the renewal and readiness, which read
+    the running units, never see it again once it failed."""
+    producers = _Producers()
+    membership, consumer = _membership(producers)
+    await membership.on_partitions_assigned(_tps(0, 1, 2))
+    await _opened(membership)
+    failed = membership.units[1]
+    failed.fail(RuntimeError("bug"))  # no heal in between
+    assert 1 not in membership.units and sorted(membership.units) == [0, 2]
+    assert membership.states()[1]["state"] == "failing"
+    assert TopicPartition("items", 1) in consumer.paused()
+    await membership.heal()  # its close finished: its producer stopped
+    assert ("stop",) in producers.made[1].calls
+    assert len(producers.open()) == 2
+    await membership.stop()
+    assert not producers.open()
+
+
+async def test_a_unit_suspended_when_it_fails_is_left_to_the_next_assignment() -> None:
+    producers = _Producers()
+    membership, _ = _membership(producers)
+    _epoch(membership, 0)
+    await membership.on_partitions_assigned(_tps(0, 1))
+    await _opened(membership)
+    unit = membership.units[0]
+    await membership.on_partitions_revoked(_tps(0, 1))
+    unit.fail(RuntimeError("bug"))
+    assert membership.states()[0]["state"] == "suspended"  # not moved under the rebalance
+    _epoch(membership, 1)
+    await membership.on_partitions_assigned(_tps(0, 1))
+    assert membership.states()[0]["state"] == "restoring"  # closed, opened anew
+    await _opened(membership)
+    assert membership.units[0] is not unit
+    await membership.stop()
+    assert not producers.open()
+
+
 @pytest.mark.parametrize("partition", [0, 2])
 async def test_a_failed_unit_is_reopened_from_its_last_commit(partition: int) -> None:
     producers = _Producers()
