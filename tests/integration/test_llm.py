@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import openai
@@ -18,8 +19,11 @@ from instanced_stream_bench.testing.sim.server import Faults, Simulator
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def _messages(n: int) -> tuple[list[dict[str, str]], dict[str, object]]:
-    builder = PromptBuilder(load_spec(DEFAULT_SPEC))
+def _messages(n: int, nonce: str = "") -> tuple[list[dict[str, str]], dict[str, object]]:
+    spec = load_spec(DEFAULT_SPEC)
+    if nonce:  # instructions, and so a shared prefix, no other request had
+        spec = spec.model_copy(update={"instructions": f"{spec.instructions} ({nonce})"})
+    builder = PromptBuilder(spec)
     batch = [
         Instance(
             id=f"p{i}",
@@ -49,7 +53,9 @@ async def test_models_and_usage_with_prefix_cache(simulator: tuple[Simulator, st
     models = await client.models.list()
     assert [m.id for m in models.data] == ["stream-sim-1"]
     llm = _llm(url)
-    messages, fmt = _messages(4)
+    # A prefix of this test's own: the session's simulator has served the example's prefix
+    # to tests before this one, and caches by it.
+    messages, fmt = _messages(4, nonce=secrets.token_hex(4))
     first = await llm.complete(messages, fmt)
     second = await llm.complete(messages, fmt)
     assert first.prompt_tokens > 0 and first.completion_tokens > 0

@@ -101,8 +101,9 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     since = parse_since(args.since) if args.since else None
     t = settings.topics
     looked_for = [t.input, *activity_topics(settings, spec), t.review, t.no_action, t.dead_letter]
-    # a prefix that matches nothing would read as "nothing missing" and pass
-    asyncio.run(require_topics(bootstrap, t.prefix, looked_for))
+    # a prefix that matches nothing would read as "nothing missing" and pass; the input
+    # must be there, an outcome topic nothing was written to may not be (the review topic)
+    asyncio.run(require_topics(bootstrap, t.prefix, looked_for, needed=[t.input]))
     report = asyncio.run(
         audit(bootstrap, settings.topics, activity_topics(settings, spec), since=since)
     )

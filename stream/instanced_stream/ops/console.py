@@ -159,11 +159,16 @@ def absent_topics(prefix: str, looked_for: Sequence[str], missing: Sequence[str]
     )
 
 
-async def require_topics(bootstrap: str, prefix: str, looked_for: Sequence[str]) -> None:
-    """StreamError (exit 2) when any of `looked_for` is not on the cluster."""
+async def require_topics(
+    bootstrap: str, prefix: str, looked_for: Sequence[str], needed: Sequence[str] | None = None
+) -> None:
+    """StreamError (exit 2) when any of `needed` (default: all of `looked_for`) is not on
+    the cluster; the message names every one of `looked_for` that is absent. An outcome
+    topic a spec never wrote to (the review topic without a gate) may be absent: only
+    what must exist is `needed`."""
     layout = await topic_layout(bootstrap)
     missing = [t for t in dict.fromkeys(looked_for) if t not in layout]
-    if missing:
+    if any(t not in layout for t in (looked_for if needed is None else needed)):
         raise StreamError(absent_topics(prefix, list(dict.fromkeys(looked_for)), missing))
 
 

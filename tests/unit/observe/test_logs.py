@@ -40,7 +40,9 @@ def test_coordinator_discoveries_are_debug_lines(caplog: pytest.LogCaptureFixtur
 
     quiet_library_chatter()
     sender = logging.getLogger("aiokafka.producer.sender")
-    with caplog.at_level(logging.INFO):
+    # on the sender's own logger: a command run earlier in this process may have set
+    # "aiokafka" to CRITICAL (quiet commands do), which would hide both lines
+    with caplog.at_level(logging.INFO, logger="aiokafka.producer.sender"):
         sender.info("Discovered coordinator %s for transactional id %s", 1, "stream-p0")
         sender.info("Something else %s", "kept")
     assert [r.getMessage() for r in caplog.records] == ["Something else kept"]
