@@ -168,7 +168,6 @@ async def _under_probe(work: Callable[[], Any]) -> tuple[float, float, float]:
 def _heap_figures(
     by_partition: list[list[tuple[str, float, int]]], states: int, without: float
 ) -> TimerFigures:
-    partitions = len(by_partition)
     size, index = _bytes_of(lambda: _filled_heap(by_partition))
     now = time.time()
 
@@ -188,22 +187,15 @@ def _heap_figures(
     took, stall_wall, stall = asyncio.run(_under_probe(reindex_all))
     later = now + RETENTION_S + 3600  # every state past its retention
     full_wall, full = (t[0] for t in _ticks(lambda: index.due(later, owns), 1))
-    collection = _full_collection_ms()
-    return TimerFigures(
-        name="heap (now)",
-        states=states,
-        partitions=partitions,
-        idle_tick_ms_median=statistics.median(idle),
-        idle_tick_ms_p99=sorted(idle)[len(idle) * 99 // 100],
-        idle_tick_ms_max=max(idle),
-        full_tick_ms=full,
-        reindex_s=took,
-        longest_stall_ms=max(stall, full, sorted(idle)[len(idle) * 99 // 100]),
-        longest_stall_wall_ms=max(stall_wall, full_wall, max(idle_wall)),
-        index_bytes_per_state=size / states,
-        store_bytes_per_state=_store_bytes(by_partition) / states,
-        collection_ms=collection,
-        collection_without_ms=without,
+    return _figures(
+        "heap (now)",
+        by_partition,
+        states,
+        size,
+        (idle, idle_wall),
+        (full, full_wall),
+        (took, stall, stall_wall),
+        without,
     )
 
 
@@ -223,7 +215,6 @@ async def _ticking(tick: Callable[[], object]) -> None:
 def _scan_figures(
     by_partition: list[list[tuple[str, float, int]]], states: int, without: float
 ) -> TimerFigures:
-    partitions = len(by_partition)
 
     def fill() -> _ScanIndex:
         index = _ScanIndex()
@@ -247,17 +238,47 @@ def _scan_figures(
     took, stall_wall, stall = asyncio.run(_under_probe(reindex_all))
     later = now + RETENTION_S + 3600
     full_wall, full = (t[0] for t in _ticks(lambda: index.due(later, owns), 1))
-    collection = _full_collection_ms()
+    return _figures(
+        "scan (before)",
+        by_partition,
+        states,
+        size,
+        (idle, idle_wall),
+        (full, full_wall),
+        (took, stall, stall_wall),
+        without,
+    )
+
+
+def _figures(
+    name: str,
+    by_partition: list[list[tuple[str, float, int]]],
+    states: int,
+    size: int,
+    idle_ticks: tuple[list[float], list[float]],
+    full_tick: tuple[float, float],
+    reindexed: tuple[float, float, float],
+    without: float,
+) -> TimerFigures:
+    """One index's row: its ticks' CPU and wall times, the re-index's seconds and stalls,
+    its bytes and the collector's pause, measured the same way for both indexes."""
+    (idle, idle_wall), (full, full_wall), (took, stall, stall_wall) = (
+        idle_ticks,
+        full_tick,
+        reindexed,
+    )
+    collection = _full_collection_ms()  # first, as the runs measured it: before the store's bytes
+    p99 = sorted(idle)[len(idle) * 99 // 100]
     return TimerFigures(
-        name="scan (before)",
+        name=name,
         states=states,
-        partitions=partitions,
+        partitions=len(by_partition),
         idle_tick_ms_median=statistics.median(idle),
-        idle_tick_ms_p99=sorted(idle)[len(idle) * 99 // 100],
+        idle_tick_ms_p99=p99,
         idle_tick_ms_max=max(idle),
         full_tick_ms=full,
         reindex_s=took,
-        longest_stall_ms=max(stall, full, sorted(idle)[len(idle) * 99 // 100]),
+        longest_stall_ms=max(stall, full, p99),
         longest_stall_wall_ms=max(stall_wall, full_wall, max(idle_wall)),
         index_bytes_per_state=size / states,
         store_bytes_per_state=_store_bytes(by_partition) / states,
