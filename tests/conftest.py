@@ -25,11 +25,17 @@ from instanced_stream.kafka.topics import partitions, read_json, read_topic, sta
 from instanced_stream.ops.audit import AuditReport
 from instanced_stream.settings import Settings
 from instanced_stream_bench.harness.demo import ProcessorProcess, launch_processor, wait_accounted
+from instanced_stream_bench.harness.warm_start import ENV
 from instanced_stream_bench.testing.broker import kafka_bootstrap
 from instanced_stream_bench.testing.sim.server import Faults, Simulator, running_simulator
 
 # The xdist groups hook, in its own module for its own test (tests/unit/test_xdist_groups.py).
 from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401
+
+# Processors fork from a warm interpreter (harness/warm_start.py): the same `stream process`
+# in its own process, without the 2-3 s of imports each of the suite's hundreds of starts
+# paid. Set before anything starts, so a `stream demo` or bench run by a test inherits it.
+os.environ.setdefault(ENV, "1")
 
 # How long no outcome may arrive before a report says "no duplicates" (settle_quiet).
 QUIET_S = 2.0

@@ -40,6 +40,7 @@ from instanced_stream_bench.harness.target import (
     processor_live,
     processor_usage,
 )
+from instanced_stream_bench.harness.warm_start import Running, enabled, fork_processor
 from instanced_stream_bench.testing.broker import die_with_parent, free_port, kafka_bootstrap
 from instanced_stream_bench.testing.samples import comments, malformed_records, tickets
 from instanced_stream_bench.testing.sim.server import SimConfig
@@ -66,9 +67,12 @@ class ProcessorProcess:
         # processor's on this host, and a test must never need a fixed port free.
         self.env = {"STREAM_WEB_PORT": "0", **os.environ, **env}
         self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Running | None = None
 
     def start(self) -> None:
+        if enabled(self.env):
+            self.proc = fork_processor(self.env, self.log_path)
+            return
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "instanced_stream", "process"],
@@ -94,15 +98,15 @@ class ProcessorProcess:
         without the processor consuming it record by record as it arrives. Well under
         the session timeout, the group does not notice."""
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        _signal_group(self.proc.pid, signal.SIGSTOP)
         try:
             yield
         finally:
-            os.killpg(self.proc.pid, signal.SIGCONT)
+            _signal_group(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def tail(self, lines: int = 30) -> str:
@@ -110,6 +114,15 @@ class ProcessorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no processor log)"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """The processor's whole process group; a forked one that has not yet made its group
+    (it does so first thing) by its pid alone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        os.kill(pid, sig)
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> int:
