@@ -212,7 +212,7 @@ class Rig:
 
     async def turns(self, ready: list[tuple[Unit, Instance]]) -> None:
         for unit, inst in ready:
-            if unit.alive and not self.stager.draining:
+            if unit.held and not self.stager.draining:
                 await self.stager.offer_turn(unit, inst)
 
     async def revoke(self, partition: int) -> None:
@@ -253,7 +253,7 @@ class Rig:
 
     async def commit(self) -> None:
         for unit in list(self.units.values()):
-            if unit.alive:
+            if unit.held:
                 await unit.commit()
 
     @property

@@ -446,7 +446,7 @@ def test_the_rule_finds_references_of_every_kind() -> None:
     [
         ("Dispatch.launch", None),
         ("Dispatch._launch", "Dispatch has no attribute _launch"),
-        ("Unit.alive", None),  # set on self in __init__
+        ("Unit.owner", None),  # set on self in __init__
         ("InstanceState.applied", None),  # a pydantic field
         ("InstanceState.outbox", "InstanceState has no attribute outbox"),
         ("plan_graph.advance", None),

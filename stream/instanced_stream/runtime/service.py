@@ -36,7 +36,7 @@ from instanced_stream.runtime.pipeline.windows.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.units.membership import Fetched
-from instanced_stream.runtime.units.unit import Unit, oldest_open_since
+from instanced_stream.runtime.units.unit import Unit, UnitGone, oldest_open_since
 from instanced_stream.settings import Settings
 
 __all__ = ["every", "run_processor"]
@@ -200,14 +200,17 @@ class _Service(mode.Service):
         while True:
             chunk = await self.queue.get()
             for got in chunk:
-                if not got.unit.alive or self.stager.draining:
-                    continue  # its partition's next owner (or this one, reopened) redoes it
+                if self.stager.draining:
+                    continue  # the next owner redoes it
                 rec = got.record
                 source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
                 try:
+                    got.unit.check()
                     await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
                 except asyncio.CancelledError:
                     raise
+                except UnitGone:
+                    continue  # its partition's next owner (or this one, reopened) redoes it
                 except Exception as exc:  # a dependency refusing (a registry's 401), a bug:
                     # this partition is reopened after a back-off, the others go on
                     log.exception("partition %d: an input could not be taken", rec.partition)
@@ -216,8 +219,13 @@ class _Service(mode.Service):
     async def _next_turns(self) -> None:
         while True:
             unit, inst = await self.turns.get()
-            if unit.alive and not self.stager.draining:
+            if self.stager.draining:
+                continue
+            try:
+                unit.check()
                 await self.stager.offer_turn(unit, inst)
+            except UnitGone:
+                continue  # the partition's next unit offers the turn again
 
     async def other(self, got: Fetched) -> None:
         """A result or an approval: its change staged on its slot. A stateless spec has

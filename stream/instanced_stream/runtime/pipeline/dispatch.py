@@ -20,7 +20,7 @@ The middle of one item's walk, in runtime/pipeline/:
   stores' when staging stores them.
 
 A batch's step that raises is retried (`retried`) and then dead-letters its items with
-the error: a bug costs a retry, never an item. A batch none of whose units is alive any
+the error: a bug costs a retry, never an item. A batch none of whose units is held any
 more is `orphaned`: the service cancels it.
 """
 
@@ -86,10 +86,10 @@ async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -
 
 
 def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.Task[None]]:
-    """The batches in flight none of whose items' units is alive any more (their
+    """The batches in flight none of whose items' units is held any more (their
     partitions closed here): nothing they answer could be staged, so they are cancelled
     and their limiter slots freed, instead of waiting for the model."""
-    return [task for task, items in tasks.items() if not any(i.unit.alive for i in items)]
+    return [task for task, items in tasks.items() if not any(i.unit.held for i in items)]
 
 
 class Dispatch:
@@ -158,7 +158,7 @@ class Dispatch:
 
     async def _run(self, batch_id: str, items: list[Staged], edition: Edition) -> None:
         try:
-            live = [i for i in items if i.unit.alive]
+            live = [i for i in items if i.unit.held]
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
@@ -224,7 +224,7 @@ class Dispatch:
         for item in items:
             if not await recalled(self.flows.stores, item.unit, item.instance.id):
                 gone.add(item.instance.id)
-        gone |= {i.instance.id for i in items if not i.unit.alive}
+        gone |= {i.instance.id for i in items if not i.unit.held}
         return _without(outcome, gone) if gone else outcome
 
     async def _once(self, instances: list[Instance], edition: Edition) -> Outcome:

@@ -86,7 +86,7 @@ class Staging:
         lines = self.tier.settled(items)
         staged = 0
         for item in items:
-            if not item.unit.alive:
+            if not item.unit.held:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
             if self.flows is not None and solved.change is not None:
@@ -99,9 +99,9 @@ class Staging:
                 item.unit.finish(item.slot, records)
             staged += 1
         if loose:
-            alive = next((i.unit for i in items if i.unit.alive), None)
-            if alive is not None:
-                alive.stage(loose)
+            held = next((i.unit for i in items if i.unit.held), None)
+            if held is not None:
+                held.stage(loose)
         if staged < len(items):
             log.info(
                 "batch %s: %d items of partitions no longer owned here are left to their owner",

@@ -14,10 +14,12 @@ fails (the broker refuses, a bug) is retried after a back-off, shown as failing,
 no other back. A revocation commits each unit's finished prefix and suspends it (its
 producer, store and work in flight kept): the next assignment resumes it where it was if
 the partition stays here under the next epoch, else closes it. A unit that fails while it
-runs (fenced, a failed transaction, a bug while staging) moves its partition to FAILED at
-once (`Unit.on_failure`): nothing takes work to it from then on; it is closed, opened
+runs (fenced, a failed transaction, a bug while staging) tells its owner, this
+membership, which moves its partition to FAILED at once (`Membership.failed`): whoever
+stages on it from then on gets `UnitGone`, nothing takes work to it; it is closed, opened
 again after a back-off (`heal`), and everything staged on it is redone from the last
-commit.
+commit. Whether a unit serves is the lifecycle's answer (`Lifecycle.holds`), kept
+nowhere else.
 """
 
 from __future__ import annotations
@@ -182,10 +184,22 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.openings.cancel([t.partition for t in held if t.opening is not None])
         for task in self.lifecycle.in_state(UnitState.RUNNING, UnitState.SUSPENDED):
             unit, running = task.unit, task.state is UnitState.RUNNING
+            if unit is not None and commit and running:
+                # Committed while its partition still holds it (a suspended one committed
+                # when it was suspended); what comes meanwhile is redone by the next owner.
+                await self._last_commit(unit)
+            if self.lifecycle.get(task.partition) is not task or task.unit is not unit:
+                continue  # it failed meanwhile: `failed` moved it and closes the unit
             self.lifecycle.move(task.partition, UnitState.CLOSED, unit=None)
             if unit is not None:
-                # A suspended one committed when it was suspended.
-                await self._close(unit, commit=commit and running)
+                await self._close(unit, commit=False)
+
+    @staticmethod
+    async def _last_commit(unit: Unit) -> None:
+        try:
+            await unit.commit()
+        except Exception as exc:
+            log.warning("partition %d: last commit failed: %r", unit.partition, exc)
 
     # ------------------------------------------------------------------ rebalances
 
@@ -261,7 +275,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         for task in self.lifecycle.in_state(UnitState.SUSPENDED):
             p, unit, opening = task.partition, task.unit, task.opening
             stays = p in mine and epoch == task.epoch + 1
-            if stays and unit is not None and unit.alive:
+            if stays and unit is not None:  # a suspended unit that failed was closed then
                 self.lifecycle.move(p, UnitState.RUNNING, epoch=epoch)
                 self._resumed(unit)
                 resumed.append(p)
@@ -293,7 +307,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         (`on_open`), then, once the partition is assigned here (not suspended), the
         consumer sought to the committed offsets of its topics."""
         p, after = opening.partition, opening.failed
-        unit = opening.unit = await self.producers.unit(p, self._commit, after)
+        unit = opening.unit = await self.producers.unit(p, self._commit, after, owner=self)
         if self.on_open is not None:
             await self.on_open(unit)
         await self.lifecycle.unsuspended(p)
@@ -301,24 +315,58 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         return unit
 
     def _opened(self, unit: Unit) -> None:
-        unit.on_failure = self._failed
         unit.start()
         self._resume([unit.partition])
 
-    def _failed(self, unit: Unit) -> None:
-        """A running unit failed: its partition is FAILED from now on (no fetch, no
-        renewal, no readiness counts it as open), its input paused, the unit closed
-        without a commit, and the partition opened again after its back-off (`heal`). A
-        suspended one is left to the next assignment, which closes it."""
+    # ------------------------------------------------------------------ the units' owner
+
+    def holds(self, unit: Unit) -> bool:
+        """Whether `unit` serves its partition here (`Owner`): the lifecycle's answer."""
+        return self.lifecycle.holds(unit)
+
+    def closed(self, unit: Unit) -> None:
+        """`Owner`: a unit is closed only once the lifecycle let it go; nothing to move."""
+
+    def failed(self, unit: Unit, exc: BaseException) -> None:
+        """A unit failed (`Owner`): its partition's state moves now. Running: FAILED (no
+        fetch, no renewal, no readiness counts it as open), its input paused, the unit
+        closed without a commit, the partition opened again after its back-off (`heal`).
+        Suspended: CLOSED, the unit closed; the next assignment opens it anew if it stays.
+        Still opening: FAILED, its opening stopped, tried again after the back-off."""
         p, task = unit.partition, self.lifecycle.get(unit.partition)
-        if task is None or task.state is not UnitState.RUNNING or task.unit is not unit:
+        if task is None:
             return
-        log.warning("partition %d: unit failed (%r); reopened from its last commit", p, unit.failed)
-        self._pause([p])
-        self.openings.failing(p, unit.failed)
-        closing = asyncio.create_task(self._close(unit, commit=False), name=f"close-{p}")
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
+        log.warning("partition %d: unit failed (%r); reopened from its last commit", p, exc)
+        if task.unit is unit and task.state is UnitState.RUNNING:
+            self._pause([p])
+            self.openings.failing(p, exc)
+            self._later(self._close(unit, commit=False), p)
+        elif task.unit is unit:
+            self.lifecycle.move(p, UnitState.CLOSED, unit=None)
+            self._failures.forget(p)
+            self._later(self._close(unit, commit=False), p)
+        elif task.opening is not None and task.opening.unit is unit:
+            stopped = task.opening
+            if task.state is UnitState.SUSPENDED:
+                self.lifecycle.move(p, UnitState.CLOSED, opening=None)
+            else:
+                self.openings.failing(p, exc)
+            self._later(self._stop_opening(stopped.task, unit), p)
+
+    async def _stop_opening(self, opening: asyncio.Task[None] | None, unit: Unit) -> None:
+        """Stops an opening whose unit failed (its task no longer current) and closes the
+        unit it had started."""
+        if opening is not None:
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+        await self._close(unit, commit=False)
+
+    def _later(self, closing: Awaitable[None], p: int) -> None:
+        """Closes a failed unit off the caller's path: `heal` waits for it."""
+        task = asyncio.ensure_future(closing)
+        task.set_name(f"close-{p}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _tps(self, partitions: list[int]) -> list[TopicPartition]:
         assert self.consumer is not None
@@ -412,8 +460,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         found = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         out: list[Fetched] = []
         for tp, records in found.items():
-            unit = self.units.get(tp.partition)
-            if unit is None or not unit.alive:
+            unit = self.units.get(tp.partition)  # running: held, by the lifecycle's view
+            if unit is None:
                 continue
             expected = self._next.get(tp, -1)
             for rec in records:
