@@ -1,23 +1,15 @@
 """Dispatch: a closed window launched as one batch, solved (twins asked once, quality,
 the window's size learned), retried, and handed on as records to stage.
 
-The middle of one item's walk, in runtime/pipeline/:
-
-- `Admission.record` (admission.py) reads and admits the item, the stager (stager.py)
-  hands it to the tier (`Tier.offer`, tier.py), which adds it to the open window
-  (`Windower.add`, windows/windowing.py);
-- the windower closes the window and calls `Dispatch.launch` (its `on_close`), which
-  waits for a limiter slot and the spend pace, then runs the batch as a task
-  (`Dispatch._run`): `Dispatch._solved` asks each content once (`Dispatch._once`, with
-  the plain values of `Twins.split`, windows/twins.py), the solver through `Dispatch._ask`
-  (the quality sample and the window's size learn from each answer there), reads
-  workflow states back (`Dispatch._read_back`) and builds the batch's records
-  (`RecordBuilder.batch`), making its turns on a transaction of the stores
-  (`Flows.change`);
-- the solved batch (`Solved`, a plain value: the records and that transaction) goes
-  forward to `Staging.stage` (staging.py), which returns nothing. Nothing is awaited
-  between building a batch and staging it: the states its turns read are still the
-  stores' when staging stores them.
+Its place in an item's walk: docs/architecture.md, "The walk of one item". Inside it, a
+batch runs as a task (`Dispatch._run`): `Dispatch._solved` asks each content once
+(`Dispatch._once`, with the plain values of `Twins.split`, windows/twins.py), the solver
+through `Dispatch._ask` (the quality sample and the window's size learn from each answer
+there), reads workflow states back (`Dispatch._read_back`) and builds the batch's
+records, making its turns on a transaction of the stores (`Flows.change`); the solved
+batch (`Solved`, a plain value) goes forward to staging. Nothing is awaited between
+building a batch and staging it: the states its turns read are still the stores' when
+staging stores them.
 
 A batch's step that raises is retried (`retried`) and then dead-letters its items with
 the error: a bug costs a retry, never an item. A batch none of whose units is held any

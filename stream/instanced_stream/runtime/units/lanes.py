@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from instanced_stream.runtime.units.membership import Fetched
+from instanced_stream.runtime.units.fetcher import Fetched
 from instanced_stream.runtime.units.unit import Unit, UnitGone
 
 __all__ = ["Lanes"]

@@ -30,42 +30,30 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.tracing import traceparent_of
 from instanced_stream.runtime.units.assignor import CoPartitionedAssignor
-from instanced_stream.runtime.units.backlog import held, lag_of
+from instanced_stream.runtime.units.fetcher import MAX_UNCOMMITTED, Fetcher
 from instanced_stream.runtime.units.lifecycle import Lifecycle, Opening, UnitState
 from instanced_stream.runtime.units.opening import Openings
 from instanced_stream.runtime.units.producers import Producers
-from instanced_stream.runtime.units.unit import Slot, Unit
+from instanced_stream.runtime.units.unit import Unit
 
-__all__ = ["MAX_UNCOMMITTED", "UNSTABLE_PER_MIN", "Fetched", "Membership", "assignors"]
+__all__ = ["UNSTABLE_PER_MIN", "Membership", "assignors"]
 
 log = logging.getLogger("stream.membership")
 
 OnOpen = Callable[[Unit], Awaitable[None]]
 
-MAX_UNCOMMITTED = 20_000  # records a unit tracks, not committed, before its input is held
 # Rebalances a minute above which the group is unstable: a deploy or a scale-out costs a
 # few; more is a member that cannot get in (or keeps being put out), and readiness,
 # the metrics and an alert say so.
 UNSTABLE_PER_MIN = 6
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """A consumed record, the unit of its partition, and the slot it is tracked on."""
-
-    unit: Unit
-    record: ConsumerRecord[bytes, bytes]
-    slot: Slot
 
 
 def assignors(probe: Probe = NO_PROBE) -> tuple[CoPartitionedAssignor]:
@@ -118,7 +106,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         max_uncommitted: int = MAX_UNCOMMITTED,
         probe: Probe = NO_PROBE,
     ) -> None:
-        self.producers, self.cap = producers, max_uncommitted
+        self.producers = producers
         # Each partition's one state (runtime/units/lifecycle.py); `units` (the running
         # ones, which the producers' renewal reads too) and `opening` are views of it.
         self.lifecycle = Lifecycle()
@@ -141,9 +129,22 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.started_at = time.monotonic()
         self.assigned_at: float | None = None  # the last assignment taken
         self.strategy = assignors(probe)
-        self.consumer: AIOKafkaConsumer | None = None
-        self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
+        # Reads the running units' records (the walk's first stage); `_next`, the offset
+        # each partition owes next, is its: this membership seeks and resumes by it.
+        self.fetcher = Fetcher(
+            self.input, self.units, self.opening, max_uncommitted=max_uncommitted
+        )
+        self._next = self.fetcher.next
         self._closing: set[asyncio.Task[None]] = set()  # failed units being closed
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        """The group consumer (once started), which the fetcher reads."""
+        return self.fetcher.consumer
+
+    @consumer.setter
+    def consumer(self, consumer: AIOKafkaConsumer | None) -> None:
+        self.fetcher.consumer = consumer
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -246,7 +247,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             epoch = self._epoch()
             self.assigned_at = time.monotonic()
             self.on_assigned(len(mine))
-            self._next = {tp: o for tp, o in self._next.items() if tp.partition in mine}
+            for tp in [tp for tp in self._next if tp.partition not in mine]:
+                del self._next[tp]
             resumed, restoring, closed = await self._settle(mine, epoch)
             new = sorted(mine - set(self.lifecycle.tasks))
             if new:
@@ -450,47 +452,3 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def stable(self) -> bool:
         return self.assigned_at is not None and not self.rebalancing
-
-    # ------------------------------------------------------------------ fetching
-
-    async def fetch(self, timeout_ms: int, max_records: int) -> list[Fetched]:
-        """The next records, each tracked on a slot of its partition's unit. A record
-        before where its partition was last sought (fetched before the seek) is left out."""
-        assert self.consumer is not None
-        found = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        out: list[Fetched] = []
-        for tp, records in found.items():
-            unit = self.units.get(tp.partition)  # running: held, by the lifecycle's view
-            if unit is None:
-                continue
-            expected = self._next.get(tp, -1)
-            for rec in records:
-                if rec.offset < expected:
-                    continue
-                slot = unit.track(tp.topic, rec.offset, traceparent_of(rec.headers))
-                out.append(Fetched(unit, rec, slot))
-                expected = rec.offset + 1
-            self._next[tp] = expected
-            # Tracked up to the position: markers and aborted records after the last
-            # record are passed too when nothing is open (see Unit.seen).
-            unit.seen(tp.topic, await self.consumer.position(tp))
-        return out
-
-    def hold_input(self, hold: bool) -> None:
-        """Backpressure: while held, fetches leave the input out (results and approvals
-        still flow), and the group does not think this member stalled. A unit holding
-        `max_uncommitted` records not committed yet has its own input held, not the
-        others'. A partition still opening stays paused."""
-        assert self.consumer is not None
-        paused = self.consumer.paused()
-        holding = held(self.input, self.units, hold, self.cap)
-        if tps := [tp for tp in holding if tp not in paused]:
-            self.consumer.pause(*tps)
-        mine = [tp for tp in paused if tp.topic == self.input and tp.partition in self.units]
-        if tps := [tp for tp in mine if tp not in holding]:
-            self.consumer.resume(*tps)
-
-    async def lag(self) -> dict[int, int]:
-        """Per assigned input partition, records not committed yet (see `lag_of`)."""
-        assert self.consumer is not None
-        return await lag_of(self.consumer, self.input, self.units, self.opening, self._next)

@@ -21,8 +21,8 @@ from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
 from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream.runtime.units.fetcher import Fetched
 from instanced_stream.runtime.units.lanes import Lanes
-from instanced_stream.runtime.units.membership import Fetched
 from instanced_stream.runtime.units.opening import Failures
 from instanced_stream.runtime.units.unit import Unit
 from instanced_stream_bench.testing.samples import tickets

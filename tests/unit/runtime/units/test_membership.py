@@ -96,7 +96,7 @@ async def test_one_partition_failing_to_open_holds_no_other_back() -> None:
     assert states[2]["state"] == "failing" and "cut-off" in states[2]["error"]
     assert consumer.paused() == _tps(2)
     assert len(producers.open()) == 2  # the failed unit's producer was closed
-    assert (await membership.lag())[2] == 60  # its backlog shows: end 100, committed 40
+    assert (await membership.fetcher.lag())[2] == 60  # its backlog shows: end 100, committed 40
     broken.clear()
     membership.opening[2].retry_at = 0.0  # its back-off is over
     await membership.heal()
@@ -327,7 +327,7 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
     finished, in_flight = before[0].track("items", 0), before[0].track("items", 1)
     before[0].finish(finished)
     items0 = TopicPartition("items", 0)
-    membership._next[items0] = 2  # two records fetched, as `fetch` tracks them
+    membership.fetcher.next[items0] = 2  # two records fetched, as `fetch` tracks them
     await membership.on_partitions_revoked(_tps(0, 1, 2))
     assert before[0].held and producers.made[0].committed == {items0: 1}  # finished: in
     consumer.assigned = _tps(0, 1)
@@ -347,16 +347,16 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
 async def test_a_unit_over_its_uncommitted_cap_holds_its_own_input_only() -> None:
     producers = _Producers()
     membership, consumer = _membership(producers)
-    membership.cap = 3
+    membership.fetcher.cap = 3
     await membership.on_partitions_assigned(_tps(0, 1, 2))
     await _opened(membership)
     head, *rest = [membership.units[1].track("items", n) for n in range(3)]
-    membership.hold_input(False)
+    membership.fetcher.hold_input(False)
     assert consumer.paused() == {TopicPartition("items", 1)}  # not the process
     for slot in (head, *rest):
         membership.units[1].finish(slot)
     await membership.units[1].commit()
-    membership.hold_input(False)
+    membership.fetcher.hold_input(False)
     assert not consumer.paused()
     await membership.stop()
 
