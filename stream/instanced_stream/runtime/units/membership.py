@@ -171,7 +171,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.openings.stopping = True
 
     async def stop(self) -> None:
-        """Commits what every unit finished, drops them, leaves the group."""
+        """Commits what every running unit finished, closes every unit (running or
+        suspended) and every opening, leaves the group."""
         self.leaving()
         for last in (False, True):  # again after the consumer stopped: whatever came
             await self._close_all(commit=not last)

@@ -74,7 +74,9 @@ Written = Callable[[int, OutRecord, int], None]
 
 
 class UnitGone(Exception):
-    """The unit was dropped (revoked, fenced or failed): what was staged on it is void."""
+    """The unit no longer serves its partition here (moved away, fenced or failed: its
+    owner let it go): what was staged on it is void, and the partition's next unit redoes
+    it from the last commit. A revoked unit that is only suspended still serves."""
 
 
 class Owner(Protocol):
@@ -284,7 +286,7 @@ class Unit:
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
-        unit can no longer commit (fenced, or the transaction failed): the caller drops it,
+        unit can no longer commit (fenced, or the transaction failed): its owner was told,
         and the prefix is redone by whoever owns the partition next."""
         async with self._lock:
             if not self.held:
