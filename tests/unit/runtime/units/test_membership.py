@@ -384,29 +384,6 @@ async def test_a_broken_shared_producer_is_renewed_before_its_unit_reopens() -> 
     assert not producers.open()
 
 
-async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storms_show() -> None:
-    """Readiness's view of the group: before its first assignment and while a rebalance
-    is under way a member is not stable; more than UNSTABLE_PER_MIN rebalances in a
-    minute is a storm (the livelock of issue 44 kept every member 'ready')."""
-    from instanced_stream.runtime.units.membership import UNSTABLE_PER_MIN
-
-    membership, _consumer = _membership(_Producers())
-    assert not membership.stable()
-    assert membership.group()["waiting_for_assignment_s"] is not None
-    await membership.on_partitions_assigned(_tps(0, 1, 2))
-    await _opened(membership)
-    assert membership.stable() and not membership.group()["storm"]
-    for _ in range(UNSTABLE_PER_MIN + 1):
-        await membership.on_partitions_revoked(_tps(0, 1, 2))
-        assert not membership.stable()
-        await membership.on_partitions_assigned(_tps(0, 1, 2))
-    group = membership.group()
-    assert membership.stable() and group["storm"]
-    assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
-    assert group["waiting_for_assignment_s"] is None
-    await membership.stop()
-
-
 async def test_a_stop_commits_what_each_running_unit_finished() -> None:
     producers = _Producers()
     membership, _ = _membership(producers, partitions=(0,))
