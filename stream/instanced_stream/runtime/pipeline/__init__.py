@@ -5,12 +5,13 @@ solves each closed window (`dispatch`), staging writes every outcome onto the un
 its items' partitions (`staging`); a record of an instance that lives elsewhere is sent
 on (`forwarding`); results and approvals are routed (`replies`); the workflow turns
 on their way (`queued_turns`); the instances it batches and the outcomes known at once
-(`staged`) and the tier it is given (`tier`: online, or the Batch API's); workflows'
-results, approvals, turns and deadlines as staged state changes (`workflows`); the restore of a
-unit's store and the workflows it resumes (`restore`); and the compacted context topic
-(`overrides`). Two rooms below need no broker: `windows` (what goes into a request) and
-`outcomes` (what comes out of one); they sit on the lowest floor of `runtime`, so
-`quality` can read the window's size."""
+(`staged`); what every stage reads, one frozen value (`shared`); the tier it is given
+(`tier`: online, or the Batch API's); workflows' results, approvals, turns and deadlines
+as staged state changes (`workflows`); the restore of a unit's store and the workflows
+it resumes (`restore`); and the compacted context topic (`overrides`). Two rooms below
+need no broker: `windows` (what goes into a request) and `outcomes` (what comes out of
+one); they sit on the lowest floor of `runtime`, so `quality` can read the window's
+size."""
 
 __all__ = [
     "admission",
@@ -22,6 +23,7 @@ __all__ = [
     "queued_turns",
     "replies",
     "restore",
+    "shared",
     "staged",
     "stager",
     "staging",

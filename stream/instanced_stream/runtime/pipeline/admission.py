@@ -14,21 +14,16 @@ import orjson
 from aiokafka import ConsumerRecord
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
-from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.publish import forwarded_context
-from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.forwarding import forward
 from instanced_stream.runtime.pipeline.intake import CONTEXT_ON_INPUT, read_item, source_of
-from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder, bad_record
-from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.outcomes.records import Planned, bad_record
+from instanced_stream.runtime.pipeline.shared import Shared
 from instanced_stream.runtime.pipeline.staged import Settled, Staged, bound_of, tokens_of
-from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
-from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.units.unit import Slot, Unit
-from instanced_stream.settings import Settings
 
 __all__ = ["Admission"]
 
@@ -60,26 +55,15 @@ def _log_letter(exc: BadRecord, source: SourcePosition) -> None:
 class Admission:
     """Reads consumed records and next turns into items for a window, or settles them."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        live: LiveSpec,
-        *,
-        metrics: Metrics,
-        builder: RecordBuilder,
-        size: WindowSize,
-        tokenizer: Tokenizer,
-        queued_turns: QueuedTurns,
-        flows: Flows | None,
-    ) -> None:
-        self.settings = settings
-        self.live = live  # the spec, read at each use
-        self.metrics = metrics
-        self.builder = builder
-        self.size = size
-        self.tokenizer = tokenizer
-        self.queued_turns = queued_turns
-        self.flows = flows
+    def __init__(self, shared: Shared) -> None:
+        self.settings = shared.settings
+        self.live = shared.live  # the spec, read at each use
+        self.metrics = shared.metrics
+        self.builder = shared.builder
+        self.size = shared.size
+        self.tokenizer = shared.tokenizer
+        self.queued_turns = shared.queued_turns
+        self.flows = shared.flows
 
     async def fetched(
         self, unit: Unit, record: ConsumerRecord[bytes, bytes], slot: Slot

@@ -25,27 +25,23 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.live_spec import Edition, LiveSpec
+from instanced_stream.core.live_spec import Edition
 from instanced_stream.core.model import Model
 from instanced_stream.core.solve import Outcome
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import Probe
 from instanced_stream.llm.limiter import Limiter
-from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
-from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.shared import Shared
 from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.windows.spend import Spend
 from instanced_stream.runtime.pipeline.windows.twins import Twins, merge
-from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
-from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.quality.control import QualityControl
 from instanced_stream.runtime.state.transaction import Transaction
-from instanced_stream.settings import Settings
 
 __all__ = ["BATCH_TRIES", "Dispatch", "orphaned", "retried"]
 
@@ -91,33 +87,29 @@ class Dispatch:
 
     def __init__(
         self,
-        settings: Settings,
-        live: LiveSpec,
+        shared: Shared,
         llm: Model,
         *,
-        size: WindowSize,
         limiter: Limiter,
-        metrics: Metrics,
-        builder: RecordBuilder,
         probe: Probe,
         worker: str,
         staging: Staging,
-        queued_turns: QueuedTurns,
-        flows: Flows | None = None,
         second: Model | None = None,  # model.escalate's client
     ) -> None:
+        settings, live, size = shared.settings, shared.live, shared.size
         self.settings = settings
         self.live = live
         self.llm = llm
         self.size = size
         self.limiter = limiter
-        self.metrics = metrics
-        self.builder = builder
+        self.metrics = shared.metrics
+        self.builder = shared.builder
         self.probe = probe
         self.worker = worker
         self.staging = staging
-        self.queued_turns = queued_turns
-        self.flows = flows
+        self.queued_turns = shared.queued_turns
+        self.flows = shared.flows
+        metrics = shared.metrics
         # quality.*: the shadow sample (its controller moves the size), second opinions.
         self.quality = QualityControl(live, llm, metrics, settings.max_attempts, size, second)
         self.twins = Twins(live)  # dedupe: twins asked once

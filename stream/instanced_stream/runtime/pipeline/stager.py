@@ -31,6 +31,7 @@ from instanced_stream.runtime.pipeline.outcomes.records import (
     RecordBuilder,
 )
 from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.shared import Shared
 from instanced_stream.runtime.pipeline.staged import Settled, Staged, bound_of, freeing, tokens_of
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
@@ -79,31 +80,19 @@ class Stager:
         # The one author of the window's size: spec, limiter, output budget, quality.
         self.size = WindowSize(live, self.tokenizer, limiter)
         self.staging = Staging(settings, metrics=metrics, builder=builder, tier=tier, flows=flows)
+        shared = Shared(
+            settings, live, metrics, builder, flows, self.size, self.tokenizer, self.queued_turns
+        )
         self.dispatch = Dispatch(
-            settings,
-            live,
+            shared,
             llm,
-            size=self.size,
             limiter=limiter,
-            metrics=metrics,
-            builder=builder,
             probe=probe,
             worker=worker,
             staging=self.staging,
-            queued_turns=self.queued_turns,
-            flows=flows,
             second=second,
         )
-        self.admission = Admission(
-            settings,
-            live,
-            metrics=metrics,
-            builder=builder,
-            size=self.size,
-            tokenizer=self.tokenizer,
-            queued_turns=self.queued_turns,
-            flows=flows,
-        )
+        self.admission = Admission(shared)
         self.windower: Windower[Staged] = Windower(
             size=self.size,
             max_wait_s=spec.window.max_wait_ms / 1000,
