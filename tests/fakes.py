@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import ConsumerRecord
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
 from instanced_stream.core.instance import Instance
@@ -195,6 +196,28 @@ class FakeConsumer:
         self.sought: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self.stopped = False
+        self.waiting: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
+
+    def put(self, tp: TopicPartition, value: bytes, key: bytes | None = None) -> None:
+        """A record the next `getmany` hands out, at the position after the last one."""
+        offset = self.sought.get(tp, 0) + len(self.waiting.get(tp, []))
+        rec: ConsumerRecord[bytes, bytes] = ConsumerRecord(
+            tp.topic, tp.partition, offset, 0, 0, key, value, None, len(key or b""), len(value), []
+        )
+        self.waiting.setdefault(tp, []).append(rec)
+
+    async def getmany(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """What `put` left on the partitions not paused, each handed out once."""
+        out = {tp: recs for tp, recs in self.waiting.items() if recs and tp not in self._paused}
+        for tp, recs in out.items():
+            self.waiting[tp] = []
+            self.sought[tp] = recs[-1].offset + 1
+        return out
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.sought.get(tp, 0)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)

@@ -15,13 +15,14 @@ from typing import Any
 import orjson
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.messages import Call
+from instanced_stream.core.model import Model
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.state import InstanceState
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.kafka.publish import home_partition
 from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, metrics_for
 from instanced_stream.runtime.pipeline.answers import instance_of
-from instanced_stream.runtime.pipeline.windows.intake import source_of
+from instanced_stream.runtime.pipeline.intake import source_of
 from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.state.transaction import Transaction
@@ -65,7 +66,8 @@ def tickets_turn(instance: str = "t1") -> list[tuple[str, Call]]:
 
 class Rig:
     """`limits`: the broker's record limit per topic (bytes), below `max_output_bytes` to
-    make it refuse records the stager let through. `partitions`: the input topic's."""
+    make it refuse records the stager let through. `partitions`: the input topic's. `llm`:
+    the model the pipeline asks (the in-process fake unless given)."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class Rig:
         max_record_bytes: int = 256_000,
         partitions: int = 1,
         limits: dict[str, int] | None = None,
+        llm: Model | None = None,
     ) -> None:
         self.settings = Settings(
             bootstrap_servers="unused:9092",
@@ -91,13 +94,14 @@ class Rig:
         self.topics = self.settings.topics
         self.metrics = metrics_for(spec)
         self.llm = FakeLLM()
+        self.model: Model = self.llm if llm is None else llm  # the one the pipeline asks
         self.worker = "rig"
         self.stores = stores if stores is not None else Stores()
         # The product's wiring (runtime/assembly.py) on the fake model and these stores.
         built = assemble_pipeline(
             self.settings,
             spec,
-            self.llm,
+            self.model,
             limiter=limiter_for(spec, self.metrics),
             metrics=self.metrics,
             worker=self.worker,
@@ -212,7 +216,7 @@ class Rig:
 
     async def turns(self, ready: list[tuple[Unit, Instance]]) -> None:
         for unit, inst in ready:
-            if unit.alive and not self.stager.draining:
+            if unit.held and not self.stager.draining:
                 await self.stager.offer_turn(unit, inst)
 
     async def revoke(self, partition: int) -> None:
@@ -253,7 +257,7 @@ class Rig:
 
     async def commit(self) -> None:
         for unit in list(self.units.values()):
-            if unit.alive:
+            if unit.held:
                 await unit.commit()
 
     @property

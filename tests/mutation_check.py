@@ -353,21 +353,17 @@ MUTATIONS = [
     ),
     Mutation(
         "context_kind_recognised",
-        "runtime/pipeline/windows/intake.py",
+        "runtime/pipeline/intake.py",
         "    if declared is not None:\n        raise _context_on_input(declared, payload, source, context_topic)\n",
         "",
-        (
-            "runtime/pipeline/windows/test_intake.py::test_a_context_kind_on_the_input_topic_is_no_item",
-        ),
+        ("runtime/pipeline/test_intake.py::test_a_context_kind_on_the_input_topic_is_no_item",),
     ),
     Mutation(
         "keyed_input_stays_an_item",
         "core/context_kind.py",
         '    if kind == "input" and (payload.get("_instance") is not None or key is not None):\n        return None\n',
         "",
-        (
-            "runtime/pipeline/windows/test_intake.py::test_a_record_without_a_context_kind_stays_an_item",
-        ),
+        ("runtime/pipeline/test_intake.py::test_a_record_without_a_context_kind_stays_an_item",),
     ),
     Mutation(
         "context_forwarded",

@@ -24,10 +24,10 @@ LIMIT = 4096
 async def _committed(unit: Unit, commits: int, wait_s: float = 30) -> None:
     """Until the unit's own commit loop has committed `commits` times (or it failed)."""
     deadline = asyncio.get_running_loop().time() + wait_s
-    while unit.alive and unit.commits < commits:
+    while unit.held and unit.commits < commits:
         assert asyncio.get_running_loop().time() < deadline, "no commit"
         await asyncio.sleep(0.05)
-    assert unit.alive, f"the unit failed: {unit.failed!r}"
+    assert unit.held, f"the unit failed: {unit.failed!r}"
 
 
 async def test_a_refused_record_does_not_break_its_partition_for_later_sends(

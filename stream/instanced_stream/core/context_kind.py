@@ -5,7 +5,7 @@ The seeds write one request as a list of messages of kinds `input`, `state`, `to
 `advisor` and `plan`, an input without `_instance` being global. The product takes
 context (everything but an instance's own input and state) from the spec and the
 compacted context topic; a producer who sends one to the input topic instead is told so
-(runtime/pipeline/windows/intake.py), never has it read as one instance's data.
+(runtime/pipeline/intake.py), never has it read as one instance's data.
 """
 
 from __future__ import annotations

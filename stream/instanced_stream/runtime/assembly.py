@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from instanced_stream.core.instance import Instance
 from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.model import Model
 from instanced_stream.core.overrides import Messages, apply_overrides
@@ -37,6 +38,7 @@ from instanced_stream.runtime.batch_api.submissions import Submissions
 from instanced_stream.runtime.pipeline.answers import Answers
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
+from instanced_stream.runtime.pipeline.replies import Replies
 from instanced_stream.runtime.pipeline.restore import Restores
 from instanced_stream.runtime.pipeline.stager import Stager
 from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
@@ -44,7 +46,7 @@ from instanced_stream.runtime.pipeline.workflows import Flows
 from instanced_stream.runtime.state.recall import Recall
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.units.lanes import Lanes
-from instanced_stream.runtime.units.membership import Fetched, Membership
+from instanced_stream.runtime.units.membership import Membership
 from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.unit import Unit, uncommitted
 from instanced_stream.settings import Settings
@@ -155,8 +157,9 @@ class Routes(Protocol):
         """A unit closed: what this member kept of its partition let go."""
         ...
 
-    async def other(self, got: Fetched) -> None:
-        """A result or an approval, applied by its partition's lane."""
+    def ready(self, unit: Unit, ready: list[Instance]) -> None:
+        """The next turns of these instances are ready at `unit` (results, approvals and
+        restores make them): offered to the windows."""
         ...
 
     def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:
@@ -221,7 +224,16 @@ def assemble(
     )
     restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
     stager = parts.stager
-    lanes = Lanes(routes.other)
+    # Results and approvals: routed by their own room, each applied by its partition's lane.
+    replies = Replies(
+        stager.staging,
+        parts.answers,
+        routes.ready,
+        results=topics.results,
+        partitions=settings.partitions,
+        probe=probe,
+    )
+    lanes = Lanes(replies.take)
     group = settings.topic_prefix + settings.app_id
     membership = Membership(
         bootstrap,

@@ -25,18 +25,14 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.faultpoints import NO_PROBE, Probe, injector
-from instanced_stream.kafka.publish import forwarded, home_partition
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
 from instanced_stream.runtime.assembly import assemble
-from instanced_stream.runtime.pipeline.answers import instance_of
 from instanced_stream.runtime.pipeline.dispatch import orphaned
-from instanced_stream.runtime.pipeline.windows.intake import source_of
-from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
-from instanced_stream.runtime.units.membership import Fetched
-from instanced_stream.runtime.units.unit import Unit, oldest_open_since
+from instanced_stream.runtime.units.fetcher import Fetched
+from instanced_stream.runtime.units.unit import Unit, UnitGone, oldest_open_since
 from instanced_stream.settings import Settings
 
 __all__ = ["every", "run_processor"]
@@ -84,6 +80,7 @@ class _Service(mode.Service):
         self.restores = built.restores
         self.lanes = built.lanes
         self.membership = built.membership
+        self.fetcher = built.membership.fetcher  # the walk's first stage
         self.follower = built.follower
         self.web = built.web
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
@@ -106,7 +103,7 @@ class _Service(mode.Service):
             lines = await self.submissions.restore(self.bootstrap, unit.partition)
             log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
         if self.restores is not None:
-            self._ready(unit, await self.restores.restore(unit))
+            self.ready(unit, await self.restores.restore(unit))
 
     def closed(self, unit: Unit) -> None:
         self.lanes.drop(unit)
@@ -117,7 +114,7 @@ class _Service(mode.Service):
         if self.restores is not None:
             self.restores.keep(unit.partition)  # dropped from the owned stores
 
-    def _ready(self, unit: Unit, ready: list[Instance]) -> None:
+    def ready(self, unit: Unit, ready: list[Instance]) -> None:
         for inst in ready:
             self.turns.put_nowait((unit, inst))
 
@@ -181,10 +178,8 @@ class _Service(mode.Service):
         while not self.stopping.is_set():
             await self.membership.heal()
             held = self.queue.full()
-            self.membership.hold_input(held)
-            fetched = await self.membership.fetch(
-                _HELD_POLL_MS if held else _FETCH_MS, _FETCH_RECORDS
-            )
+            self.fetcher.hold_input(held)
+            fetched = await self.fetcher.fetch(_HELD_POLL_MS if held else _FETCH_MS, _FETCH_RECORDS)
             inputs: list[Fetched] = []
             for got in fetched:
                 if got.record.topic == self.membership.input:
@@ -200,50 +195,20 @@ class _Service(mode.Service):
         while True:
             chunk = await self.queue.get()
             for got in chunk:
-                if not got.unit.alive or self.stager.draining:
-                    continue  # its partition's next owner (or this one, reopened) redoes it
-                rec = got.record
-                source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
-                try:
-                    await self.stager.offer(got.unit, source, rec.key, rec.value, got.slot)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # a dependency refusing (a registry's 401), a bug:
-                    # this partition is reopened after a back-off, the others go on
-                    log.exception("partition %d: an input could not be taken", rec.partition)
-                    got.unit.fail(exc)
+                if self.stager.draining:
+                    continue  # the next owner redoes it
+                await self.stager.take(got.unit, got.record, got.slot)
 
     async def _next_turns(self) -> None:
         while True:
             unit, inst = await self.turns.get()
-            if unit.alive and not self.stager.draining:
+            if self.stager.draining:
+                continue
+            try:
+                unit.check()
                 await self.stager.offer_turn(unit, inst)
-
-    async def other(self, got: Fetched) -> None:
-        """A result or an approval: its change staged on its slot. A stateless spec has
-        nothing awaiting them: they are read and committed, never decided."""
-        if self.flows is None or self.answers is None:
-            self.metrics.count({"results_ignored": 1})
-            got.unit.finish(got.slot)
-            return
-        result = got.record.topic == self.settings.topics.results
-        instance = instance_of(got.record.value)
-        home = None if instance is None else home_partition(instance, self.settings.partitions)
-        if instance is not None and home is not None and home != got.unit.partition:
-            # Applied only where the instance's state is: sent on, in this unit's
-            # transaction with the offset, to the same topic's partition of its instance.
-            self.metrics.count({"forwarded": 1})
-            rec = got.record
-            origin = (rec.topic, rec.partition, rec.offset)
-            record = forwarded(origin, instance, rec.value or b"", home, tuple(rec.headers))
-            got.unit.finish(got.slot, [record])
-            return
-        if not await recalled(self.flows.stores, got.unit, instance):
-            return  # its unit failed: the partition is reopened and the record redone
-        ready = self.answers.answer(got.unit, got.slot, got.record.value, result=result)
-        self._ready(got.unit, ready)
-        # Staged on its unit, not yet committed.
-        self.probe.at("after_result" if result else "after_approval")
+            except UnitGone:
+                continue  # the partition's next unit offers the turn again
 
     async def _expire(self) -> None:
         if self.flows is None or self.membership.rebalancing:
@@ -256,7 +221,7 @@ class _Service(mode.Service):
         self.metrics.partitions.set_group(self.membership.group(), self.membership.partitions())
         if self.flows is not None:
             self.metrics.partitions.set_held(*self.flows.stores.held())
-        self.metrics.partitions.set_lag(await self.membership.lag())
+        self.metrics.partitions.set_lag(await self.fetcher.lag())
         opened = [oldest_open_since(u) for u in self.membership.units.values()]
         oldest = min((at for at in opened if at is not None), default=None)
         ages = self.submissions.in_flight() if self.submissions is not None else None

@@ -15,9 +15,9 @@ from instanced_stream.core.subjects import activity_schema, output_schemas, subj
 from instanced_stream.core.wire import frame, json_bytes, prefix, schema_id
 from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.registry import client_conf, registry_for, transport_error
+from instanced_stream.runtime.pipeline.intake import as_json
 from instanced_stream.runtime.pipeline.outcomes.letters import bad_record
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
-from instanced_stream.runtime.pipeline.windows.intake import as_json
 from instanced_stream.settings import DEFAULT_SPEC, Settings
 
 SRC = SourcePosition(topic="items", partition=0, offset=3, key="k")

@@ -269,4 +269,4 @@ async def test_finished_workflows_leave_memory_when_they_end() -> None:
     assert await rig.expire(time.time() + 10) == []
     tombstones = {r.key for r in rig.records if r.topic == changelog and not r.value}
     assert len(tombstones) == count and len(rig.stores.by_partition[0]) == 0
-    assert reopened.alive
+    assert reopened.held

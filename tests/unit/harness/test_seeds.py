@@ -17,8 +17,8 @@ from instanced_stream.core.prompt import Ask, PromptBuilder
 from instanced_stream.core.solve import Solver
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator, output_path_problem, scopes_problem
+from instanced_stream.runtime.pipeline.intake import parse_item
 from instanced_stream.runtime.pipeline.outcomes.scopes import imported
-from instanced_stream.runtime.pipeline.windows.intake import parse_item
 from instanced_stream.runtime.pipeline.windows.twins import Twins
 from instanced_stream.settings import EXAMPLES
 from instanced_stream_bench.harness.seeds import seed_items

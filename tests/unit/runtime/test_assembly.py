@@ -10,13 +10,13 @@ from types import FunctionType, MethodType
 from typing import Any
 
 import orjson
+from instanced_stream.core.instance import Instance
 from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import Advisor, AgentSpec, load_spec
 from instanced_stream.runtime.assembly import Processor, assemble
-from instanced_stream.runtime.pipeline.windows.intake import parse_item
-from instanced_stream.runtime.units.membership import Fetched
+from instanced_stream.runtime.pipeline.intake import parse_item
 from instanced_stream.runtime.units.unit import Unit
 from instanced_stream.settings import EXAMPLES, Settings
 from pydantic import BaseModel
@@ -34,7 +34,7 @@ class _Routes:
     def closed(self, unit: Unit) -> None:
         raise AssertionError("called while building")
 
-    async def other(self, got: Fetched) -> None:
+    def ready(self, unit: Unit, ready: list[Instance]) -> None:
         raise AssertionError("called while building")
 
     def reconfigure(self, spec: AgentSpec, refused: list[tuple[str, str]]) -> None:

@@ -68,8 +68,8 @@ class Submissions:
 
     def submitted(self, batch_id: str, lines: list[tuple[str, tuple[str, ...]]]) -> None:
         for partition, records in self.ledger.submitted(batch_id, lines).items():
-            unit = self.units(partition)
-            if unit is not None and unit.alive:
+            unit = self.units(partition)  # a running unit: held
+            if unit is not None:
                 unit.stage(records)
 
     async def park(self, item: Staged, windows: Windows) -> bool:
@@ -104,11 +104,11 @@ class Submissions:
             )
             # Their new line replaces it.
             for partition, tombstones in self.ledger.settled(list(group)).items():
-                unit = self.units(partition)
-                if unit is not None and unit.alive:
+                unit = self.units(partition)  # a running unit: held
+                if unit is not None:
                     unit.stage(tombstones)
             for item in group.values():
-                if item.unit.alive:
+                if item.unit.held:
                     await windows.add(item)
                     released += 1
         return released
@@ -123,14 +123,14 @@ class Submissions:
             slots = [
                 i
                 for i in items
-                if i.slot is not None and i.unit.alive and i.unit.partition == partition
+                if i.slot is not None and i.unit.held and i.unit.partition == partition
             ]
             if slots:
                 last = max(slots, key=lambda i: i.slot.offset if i.slot else -1)
                 out.setdefault(id(last), []).extend(tombstones)
                 continue
-            unit = self.units(partition)
-            if unit is not None and unit.alive:
+            unit = self.units(partition)  # a running unit: held
+            if unit is not None:
                 unit.stage(tombstones)
         return out
 

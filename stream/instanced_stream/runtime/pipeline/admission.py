@@ -1,21 +1,8 @@
-"""Admission: a consumed record read into an item for a window, or its outcome settled
-at once (a dead letter, a forwarded copy, a turn committed before); a workflow's next
-turn likewise, one at a time.
-
-The first stage of one item's walk, in runtime/pipeline/:
-
-- `Admission.record` reads the record (`read_item`, windows/intake.py), refuses one too
-  large for a request, forwards a context message to the context topic where the spec
-  allows (`accept_context_input`) and a stateful input to its home partition, recalls
-  and admits its instance (`Flows.admit`, workflows.py); it returns the `Staged` item, a
-  plain value, or None when the slot is settled already. `Admission.turn` does the same
-  for a workflow's next turn (`QueuedTurns`, queued_turns.py);
-- the stager (stager.py) hands the item to the tier (`Tier.offer`, tier.py) with the
-  windower (`Windower.add`, windows/windowing.py); a closed window goes to
-  `Dispatch.launch` (dispatch.py), the solved batch to `Staging.stage` (staging.py).
-
-Nothing here calls the stager back: it returns the item. A bad record's dead letter is
-counted by staging (`Staging.count`), the one counter of what records mean.
+"""Admission: a consumed record read into an item for a window, or its outcome known at
+once (a dead letter, a forwarded copy, a turn committed before) handed back as a value
+(`Settled`) for staging to write; a workflow's next turn likewise, one at a time. Its
+place in an item's walk: docs/architecture.md, "The walk of one item". Nothing here
+writes on a unit: what it decides, it returns.
 """
 
 from __future__ import annotations
@@ -24,23 +11,19 @@ import logging
 from typing import Any
 
 import orjson
+from aiokafka import ConsumerRecord
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
-from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.errors import BadRecord
-from instanced_stream.kafka.publish import forwarded, forwarded_context, home_partition
-from instanced_stream.observe.metrics import Metrics
-from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder, bad_record
-from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
-from instanced_stream.runtime.pipeline.staged import Staged, bound_of, tokens_of
-from instanced_stream.runtime.pipeline.staging import Staging
-from instanced_stream.runtime.pipeline.windows.intake import CONTEXT_ON_INPUT, read_item
-from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
-from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.kafka.publish import forwarded_context
+from instanced_stream.runtime.pipeline.forwarding import forward
+from instanced_stream.runtime.pipeline.intake import CONTEXT_ON_INPUT, read_item, source_of
+from instanced_stream.runtime.pipeline.outcomes.records import Planned, bad_record
+from instanced_stream.runtime.pipeline.shared import Shared
+from instanced_stream.runtime.pipeline.staged import Settled, Staged, bound_of, tokens_of
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.units.unit import Slot, Unit
-from instanced_stream.settings import Settings
 
 __all__ = ["Admission"]
 
@@ -72,35 +55,30 @@ def _log_letter(exc: BadRecord, source: SourcePosition) -> None:
 class Admission:
     """Reads consumed records and next turns into items for a window, or settles them."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        live: LiveSpec,
-        *,
-        metrics: Metrics,
-        builder: RecordBuilder,
-        staging: Staging,
-        size: WindowSize,
-        tokenizer: Tokenizer,
-        queued_turns: QueuedTurns,
-        flows: Flows | None,
-    ) -> None:
-        self.settings = settings
-        self.live = live  # the spec, read at each use
-        self.metrics = metrics
-        self.builder = builder
-        self.staging = staging
-        self.size = size
-        self.tokenizer = tokenizer
-        self.queued_turns = queued_turns
-        self.flows = flows
+    def __init__(self, shared: Shared) -> None:
+        self.settings = shared.settings
+        self.live = shared.live  # the spec, read at each use
+        self.metrics = shared.metrics
+        self.builder = shared.builder
+        self.size = shared.size
+        self.tokenizer = shared.tokenizer
+        self.queued_turns = shared.queued_turns
+        self.flows = shared.flows
+
+    async def fetched(
+        self, unit: Unit, record: ConsumerRecord[bytes, bytes], slot: Slot
+    ) -> Staged | Settled | None:
+        """A fetched input record: `record`, read where it was consumed."""
+        rec = record
+        source = source_of(rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
+        return await self.record(unit, source, rec.key, rec.value, slot)
 
     async def record(
         self, unit: Unit, source: SourcePosition, key: bytes | None, value: bytes | None, slot: Slot
-    ) -> Staged | None:
+    ) -> Staged | Settled | None:
         """One consumed input record, tracked on `slot` of its unit: the item for a window,
-        or None when its slot is already finished (a dead letter, a forwarded copy, a
-        turn committed before) or its unit failed recalling its instance."""
+        its outcome when it is known at once (`Settled`: a dead letter, a forwarded copy, a
+        turn committed before), or None when its unit failed recalling its instance."""
         self.metrics.items_in.inc()
         try:
             instance, text = await read_item(  # plain JSON, or Avro / JSON Schema (registry)
@@ -120,43 +98,51 @@ class Admission:
                     "(window.max_input_tokens less the instructions, tools and advisors)",
                 )
         except BadRecord as exc:
-            if exc.code == CONTEXT_ON_INPUT and self._forwards(exc):
-                # Written in this unit's transaction with the offset: once, or not at all.
-                self.metrics.count({"context_forwarded": 1})
-                origin = (source.topic, source.partition, source.offset)
-                copy = forwarded_context(
-                    origin,
-                    self.settings.topics.context,
-                    str(exc.data["context_key"]),
-                    bytes(exc.data["json"]),
-                    slot.headers,
-                )
-                unit.finish(slot, [copy])
-                return None
-            _log_letter(exc, source)
-            letter = self.builder.letter(bad_record(exc, source, value))
-            self.staging.count(letter)
-            unit.finish(slot, letter.records)
-            return None
+            return self._refused(exc, unit, source, value, slot)
         if self.flows is not None:
-            home = home_partition(instance.id, self.settings.partitions)
-            if home != source.partition:
-                # One instance's state lives in one unit: its input is forwarded, in this
-                # unit's transaction with the offset, to the partition its id keys to.
-                self.metrics.count({"forwarded": 1})
-                origin = (source.topic, source.partition, source.offset)
-                copy = forwarded(origin, instance.id, value or b"", home, slot.headers)
-                unit.finish(slot, [copy])
-                return None
+            # One instance's state lives in one unit: an input read elsewhere goes on.
+            origin = (source.topic, source.partition, source.offset)
+            moved = forward(
+                unit,
+                slot,
+                origin,
+                instance.id,
+                value,
+                partitions=self.settings.partitions,
+                headers=slot.headers,
+            )
+            if moved is not None:
+                return moved
             if not await recalled(self.flows.stores, unit, instance.id):
                 return None  # its unit failed: the partition is reopened and the input redone
             admitted, item.changes = self.flows.admit(instance)
             if admitted is None:  # its turn was committed before: nothing to redo
-                self.metrics.count({"redelivered_skipped": 1})
-                unit.finish(slot, item.changes)
-                return None
+                skipped = Planned(records=item.changes)
+                skipped.events["redelivered_skipped"] += 1
+                return Settled(unit, slot, skipped)
             item.instance = admitted
         return item
+
+    def _refused(
+        self, exc: BadRecord, unit: Unit, source: SourcePosition, value: bytes | None, slot: Slot
+    ) -> Settled:
+        """A record that is no item: a context message forwarded to the context topic
+        where the spec allows it, else its dead letter."""
+        if exc.code == CONTEXT_ON_INPUT and self._forwards(exc):
+            # Written in this unit's transaction with the offset: once, or not at all.
+            origin = (source.topic, source.partition, source.offset)
+            copy = forwarded_context(
+                origin,
+                self.settings.topics.context,
+                str(exc.data["context_key"]),
+                bytes(exc.data["json"]),
+                slot.headers,
+            )
+            planned = Planned(records=[copy])
+            planned.events["context_forwarded"] += 1
+            return Settled(unit, slot, planned)
+        _log_letter(exc, source)
+        return Settled(unit, slot, self.builder.letter(bad_record(exc, source, value)))
 
     def _forwards(self, refused: BadRecord) -> bool:
         """Whether a context message read on the input topic goes on to the context topic:

@@ -1,26 +1,18 @@
 """Dispatch: a closed window launched as one batch, solved (twins asked once, quality,
 the window's size learned), retried, and handed on as records to stage.
 
-The middle of one item's walk, in runtime/pipeline/:
-
-- `Admission.record` (admission.py) reads and admits the item, the stager (stager.py)
-  hands it to the tier (`Tier.offer`, tier.py), which adds it to the open window
-  (`Windower.add`, windows/windowing.py);
-- the windower closes the window and calls `Dispatch.launch` (its `on_close`), which
-  waits for a limiter slot and the spend pace, then runs the batch as a task
-  (`Dispatch._run`): `Dispatch._solved` asks each content once (`Dispatch._once`, with
-  the plain values of `Twins.split`, windows/twins.py), the solver through `Dispatch._ask`
-  (the quality sample and the window's size learn from each answer there), reads
-  workflow states back (`Dispatch._read_back`) and builds the batch's records
-  (`RecordBuilder.batch`), making its turns on a transaction of the stores
-  (`Flows.change`);
-- the solved batch (`Solved`, a plain value: the records and that transaction) goes
-  forward to `Staging.stage` (staging.py), which returns nothing. Nothing is awaited
-  between building a batch and staging it: the states its turns read are still the
-  stores' when staging stores them.
+Its place in an item's walk: docs/architecture.md, "The walk of one item". Inside it, a
+batch runs as a task (`Dispatch._run`): `Dispatch._solved` asks each content once
+(`Dispatch._once`, with the plain values of `Twins.split`, windows/twins.py), the solver
+through `Dispatch._ask` (the quality sample and the window's size learn from each answer
+there), reads workflow states back (`Dispatch._read_back`) and builds the batch's
+records, making its turns on a transaction of the stores (`Flows.change`); the solved
+batch (`Solved`, a plain value) goes forward to staging. Nothing is awaited between
+building a batch and staging it: the states its turns read are still the stores' when
+staging stores them.
 
 A batch's step that raises is retried (`retried`) and then dead-letters its items with
-the error: a bug costs a retry, never an item. A batch none of whose units is alive any
+the error: a bug costs a retry, never an item. A batch none of whose units is held any
 more is `orphaned`: the service cancels it.
 """
 
@@ -33,27 +25,23 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from instanced_stream.core.instance import Instance
-from instanced_stream.core.live_spec import Edition, LiveSpec
+from instanced_stream.core.live_spec import Edition
 from instanced_stream.core.model import Model
 from instanced_stream.core.solve import Outcome
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import Probe
 from instanced_stream.llm.limiter import Limiter
-from instanced_stream.observe.metrics import Metrics
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
-from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
-from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
+from instanced_stream.runtime.pipeline.shared import Shared
 from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.windows.spend import Spend
 from instanced_stream.runtime.pipeline.windows.twins import Twins, merge
-from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
-from instanced_stream.runtime.pipeline.workflows import Flows, recalled
+from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.quality.control import QualityControl
 from instanced_stream.runtime.state.transaction import Transaction
-from instanced_stream.settings import Settings
 
 __all__ = ["BATCH_TRIES", "Dispatch", "orphaned", "retried"]
 
@@ -86,10 +74,10 @@ async def retried(batch_id: str, what: str, step: Callable[[], Awaitable[_T]]) -
 
 
 def orphaned(tasks: Mapping[asyncio.Task[None], list[Staged]]) -> list[asyncio.Task[None]]:
-    """The batches in flight none of whose items' units is alive any more (their
+    """The batches in flight none of whose items' units is held any more (their
     partitions closed here): nothing they answer could be staged, so they are cancelled
     and their limiter slots freed, instead of waiting for the model."""
-    return [task for task, items in tasks.items() if not any(i.unit.alive for i in items)]
+    return [task for task, items in tasks.items() if not any(i.unit.held for i in items)]
 
 
 class Dispatch:
@@ -99,33 +87,29 @@ class Dispatch:
 
     def __init__(
         self,
-        settings: Settings,
-        live: LiveSpec,
+        shared: Shared,
         llm: Model,
         *,
-        size: WindowSize,
         limiter: Limiter,
-        metrics: Metrics,
-        builder: RecordBuilder,
         probe: Probe,
         worker: str,
         staging: Staging,
-        queued_turns: QueuedTurns,
-        flows: Flows | None = None,
         second: Model | None = None,  # model.escalate's client
     ) -> None:
+        settings, live, size = shared.settings, shared.live, shared.size
         self.settings = settings
         self.live = live
         self.llm = llm
         self.size = size
         self.limiter = limiter
-        self.metrics = metrics
-        self.builder = builder
+        self.metrics = shared.metrics
+        self.builder = shared.builder
         self.probe = probe
         self.worker = worker
         self.staging = staging
-        self.queued_turns = queued_turns
-        self.flows = flows
+        self.queued_turns = shared.queued_turns
+        self.flows = shared.flows
+        metrics = shared.metrics
         # quality.*: the shadow sample (its controller moves the size), second opinions.
         self.quality = QualityControl(live, llm, metrics, settings.max_attempts, size, second)
         self.twins = Twins(live)  # dedupe: twins asked once
@@ -158,7 +142,7 @@ class Dispatch:
 
     async def _run(self, batch_id: str, items: list[Staged], edition: Edition) -> None:
         try:
-            live = [i for i in items if i.unit.alive]
+            live = [i for i in items if i.unit.held]
             if not live:
                 return  # every item's partition moved on: its new owner redoes them
             with batch_span(batch_id, [context_of(i.slot.headers) for i in live if i.slot]):
@@ -224,7 +208,7 @@ class Dispatch:
         for item in items:
             if not await recalled(self.flows.stores, item.unit, item.instance.id):
                 gone.add(item.instance.id)
-        gone |= {i.instance.id for i in items if not i.unit.alive}
+        gone |= {i.instance.id for i in items if not i.unit.held}
         return _without(outcome, gone) if gone else outcome
 
     async def _once(self, instances: list[Instance], edition: Edition) -> Outcome:

@@ -21,10 +21,10 @@ class QueuedTurns:
         self.by_instance: dict[str, Unit] = {}
 
     def add(self, instance: str, unit: Unit) -> bool:
-        """Whether the turn is to be offered now: its unit is alive, and no turn of the
+        """Whether the turn is to be offered now: its unit is held, and no turn of the
         instance is on its way on a unit that is."""
         queued = self.by_instance.get(instance)
-        if not unit.alive or (queued is not None and queued.alive):
+        if not unit.held or (queued is not None and queued.held):
             return False
         self.by_instance[instance] = unit
         return True

@@ -1,16 +1,21 @@
 """An instance on its way through a window (`Staged`): what the stager batches, the tier
-it is given parks or windows, and the solved batch stages on the instance's unit."""
+it is given parks or windows, and the solved batch stages on the instance's unit; and a
+consumed record whose outcome is known before any window (`Settled`), which staging
+writes like any other."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.tokenizer import Tokenizer
 from instanced_stream.kafka.records import OutRecord
+from instanced_stream.runtime.pipeline.outcomes.records import Planned
+from instanced_stream.runtime.pipeline.windows.twins import Twins
 from instanced_stream.runtime.units.unit import Slot, Unit
 
-__all__ = ["Staged", "bound_of", "tokens_of"]
+__all__ = ["Settled", "Staged", "bound_of", "freeing", "tokens_of"]
 
 
 @dataclass(slots=True, eq=False)
@@ -23,6 +28,28 @@ class Staged:
     text: bytes
     tokens: int | None = None
     changes: list[OutRecord] = field(default_factory=list)  # its admission's state change
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A consumed record's outcome, known before any window (a dead letter, a forwarded
+    copy, a turn committed before, a result nothing awaits): `planned`'s records are
+    written on `slot` of `unit` by staging, the one writer of outcomes, and what they
+    mean is counted there."""
+
+    unit: Unit
+    slot: Slot
+    planned: Planned
+
+
+def freeing(twins: Twins) -> Callable[[Staged], bool]:
+    """What the windower asks of each item it adds: whether it is free (not asked, its
+    content's twin is: `Twins.free`)."""
+
+    def free(item: Staged) -> bool:
+        return twins.free(item.instance)
+
+    return free
 
 
 def tokens_of(tokenizer: Tokenizer, item: Staged) -> int:

@@ -1,23 +1,9 @@
 """The stager: the pipeline's stages built and connected, consumed records and next turns
-in (docs/architecture.md, exactly once). It holds no step of an item's walk itself.
-
-One item's walk, in runtime/pipeline/, each stage handing the next a plain value:
-
-- `Stager.offer` asks `Admission.record` (admission.py) for the item: read, refused when
-  too large, forwarded to its home partition, recalled and admitted, or its slot settled
-  at once (None); `Stager.offer_turn` asks `Admission.turn` for a workflow's next turn;
-- the stager hands the item to the tier (`Tier.offer`, tier.py) with the windower, which
-  adds it to the open window (`Windower.add`, windows/windowing.py);
-- the windower hands a closed window to `Dispatch.launch` (dispatch.py, its `on_close`):
-  solved, retried, read back, built into records (`Planned`);
-- dispatch hands the solved batch to `Staging.stage` (staging.py): each item's records
-  onto its own slot.
+in (docs/architecture.md, exactly once). It holds no step of an item's walk itself; the
+walk, module by module, is docs/architecture.md's "The walk of one item".
 
 Batches still span every partition this process owns (fewer, fuller LLM requests); what
-binds an item to exactly-once delivery is its slot on its partition's unit. The unit
-commits its finished, contiguous prefix in one transaction. An item whose unit was
-dropped meanwhile (revoked, fenced, failed) stages nothing: its partition's next owner
-redoes it, from the last commit.
+binds an item to exactly-once delivery is its slot on its partition's unit.
 """
 
 from __future__ import annotations
@@ -27,6 +13,8 @@ import contextlib
 import functools
 import logging
 import time
+
+from aiokafka import ConsumerRecord
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.live_spec import LiveSpec
@@ -43,13 +31,14 @@ from instanced_stream.runtime.pipeline.outcomes.records import (
     RecordBuilder,
 )
 from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
-from instanced_stream.runtime.pipeline.staged import Staged, bound_of, tokens_of
+from instanced_stream.runtime.pipeline.shared import Shared
+from instanced_stream.runtime.pipeline.staged import Settled, Staged, bound_of, freeing, tokens_of
 from instanced_stream.runtime.pipeline.staging import Staging
 from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
 from instanced_stream.runtime.pipeline.windows.window_size import WindowSize
 from instanced_stream.runtime.pipeline.windows.windowing import Windower
 from instanced_stream.runtime.pipeline.workflows import Flows
-from instanced_stream.runtime.units.unit import Slot, Unit
+from instanced_stream.runtime.units.unit import Slot, Unit, UnitGone
 from instanced_stream.settings import Settings
 
 __all__ = ["Stager"]
@@ -91,39 +80,26 @@ class Stager:
         # The one author of the window's size: spec, limiter, output budget, quality.
         self.size = WindowSize(live, self.tokenizer, limiter)
         self.staging = Staging(settings, metrics=metrics, builder=builder, tier=tier, flows=flows)
+        shared = Shared(
+            settings, live, metrics, builder, flows, self.size, self.tokenizer, self.queued_turns
+        )
         self.dispatch = Dispatch(
-            settings,
-            live,
+            shared,
             llm,
-            size=self.size,
             limiter=limiter,
-            metrics=metrics,
-            builder=builder,
             probe=probe,
             worker=worker,
             staging=self.staging,
-            queued_turns=self.queued_turns,
-            flows=flows,
             second=second,
         )
-        self.admission = Admission(
-            settings,
-            live,
-            metrics=metrics,
-            builder=builder,
-            staging=self.staging,
-            size=self.size,
-            tokenizer=self.tokenizer,
-            queued_turns=self.queued_turns,
-            flows=flows,
-        )
+        self.admission = Admission(shared)
         self.windower: Windower[Staged] = Windower(
             size=self.size,
             max_wait_s=spec.window.max_wait_ms / 1000,
             on_close=self.dispatch.launch,
             tokens_of=functools.partial(tokens_of, self.tokenizer),
             bound_of=functools.partial(bound_of, self.tokenizer),
-            free=lambda item: self.dispatch.twins.free(item.instance),
+            free=freeing(self.dispatch.twins),
         )
         self.draining = False
 
@@ -146,13 +122,34 @@ class Stager:
         await self.windower.stop()
         await self.dispatch.stop()
 
+    async def take(self, unit: Unit, record: ConsumerRecord[bytes, bytes], slot: Slot) -> None:
+        """One fetched input record, tracked on `slot` of its unit: admitted and handed
+        on, unless its unit no longer serves (its partition's next owner redoes it). An
+        error fails its unit only (a dependency refusing, a bug): the partition is
+        reopened after a back-off, the others go on."""
+        try:
+            unit.check()
+            await self._handed(await self.admission.fetched(unit, record, slot))
+        except UnitGone:
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("partition %d: an input could not be taken", record.partition)
+            unit.fail(exc)
+
     async def offer(
         self, unit: Unit, source: SourcePosition, key: bytes | None, value: bytes | None, slot: Slot
     ) -> None:
         """One consumed input record, tracked on `slot` of its unit. Awaits while every
         batch slot is busy (the caller pauses fetching meanwhile)."""
-        item = await self.admission.record(unit, source, key, value, slot)
-        if item is not None:
+        await self._handed(await self.admission.record(unit, source, key, value, slot))
+
+    async def _handed(self, item: Staged | Settled | None) -> None:
+        """What admission made of a record: its outcome written, or the item windowed."""
+        if isinstance(item, Settled):
+            self.staging.settle(item)
+        elif item is not None:
             await self.tier.offer(item, self.windower)
 
     async def offer_turn(self, unit: Unit, inst: Instance) -> None:

@@ -151,12 +151,12 @@ class Flows:
     def expired(
         self, units: Mapping[int, Unit], now: float | None = None
     ) -> list[tuple[Unit, Instance]]:
-        """`expire`, each partition's change staged on its unit (if still alive here);
+        """`expire`, each partition's change staged on its unit (if it still runs here);
         returns the next turns it made ready, with their units."""
         out = []
         for partition, change in self.expire(now).items():
-            unit = units.get(partition)
-            if unit is not None and unit.alive:
+            unit = units.get(partition)  # a running unit: held
+            if unit is not None:
                 out += [(unit, inst) for inst in self.stage(unit, None, change)]
         return out
 
@@ -197,7 +197,7 @@ async def recalled(stores: Stores, unit: Unit, instance: str | None) -> bool:
     error of the broker's client: a restart, a DNS blip), or `unit` is gone; a unit whose
     read-back failed fails with that (its partition is reopened after a back-off; nothing
     is decided on a state not read, and the process goes on)."""
-    if not unit.alive:
+    if not unit.held:
         return False
     if instance is not None:
         try:
@@ -205,4 +205,4 @@ async def recalled(stores: Stores, unit: Unit, instance: str | None) -> bool:
         except Exception as exc:
             unit.fail(exc if isinstance(exc, RecallFailed) else RecallFailed(repr(exc)))
             return False
-    return unit.alive
+    return unit.held

@@ -5,17 +5,23 @@ they broke renewed (`collector`); the producers the units are given and renewed 
 (`producers`); a unit's opening outside the assignment callback (`opening`) and the
 states each assigned partition goes through (`lifecycle`); the results and approvals
 applied in order per partition (`lanes`); the work not committed yet and its lag
-(`backlog`); and the group: which member owns which partition (`assignor`) and the
-processor's place in its consumer group with the units it owns (`membership`)."""
+(`backlog`); the records read for the running units (`fetcher`); the units' manager,
+which drives each partition's lifecycle and owns the units (`unit_manager`); and the
+group: which member owns which partition (`assignor`), its callbacks (`rebalance`) and
+the processor's place in its consumer group, the three built around one consumer
+(`membership`)."""
 
 __all__ = [
     "assignor",
     "backlog",
     "collector",
+    "fetcher",
     "lanes",
     "lifecycle",
     "membership",
     "opening",
     "producers",
+    "rebalance",
     "unit",
+    "unit_manager",
 ]

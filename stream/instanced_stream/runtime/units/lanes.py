@@ -16,8 +16,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from instanced_stream.runtime.units.membership import Fetched
-from instanced_stream.runtime.units.unit import Unit
+from instanced_stream.runtime.units.fetcher import Fetched
+from instanced_stream.runtime.units.unit import Unit, UnitGone
 
 __all__ = ["Lanes"]
 
@@ -46,14 +46,15 @@ class Lanes:
         return sum(queue.qsize() for queue, _task in self._lanes.values())
 
     async def _run(self, unit: Unit, queue: asyncio.Queue[Fetched]) -> None:
-        while unit.alive:
+        while True:
             got = await queue.get()
-            if not unit.alive:
-                break  # its partition is reopened (or gone): the record is redone there
             try:
+                unit.check()
                 await self.apply(got)
             except asyncio.CancelledError:
                 raise
+            except UnitGone:
+                return  # its partition is reopened (or gone): the record is redone there
             except Exception as exc:
                 log.exception("partition %d: a result or approval failed", unit.partition)
                 unit.fail(exc)

@@ -53,6 +53,10 @@ _NEXT: dict[UnitState, frozenset[UnitState]] = {
     UnitState.CLOSED: frozenset(),
 }
 
+# Where a unit that ran, or one an opening started, still serves.
+_SERVING = frozenset({UnitState.RUNNING, UnitState.SUSPENDED})
+_OPENING = frozenset({UnitState.RESTORING, UnitState.SUSPENDED})
+
 
 @dataclass(eq=False)
 class Opening:
@@ -143,6 +147,18 @@ class Lifecycle:
         """Returns once partition `p` is not suspended (at once if it is not)."""
         while self.state(p) is UnitState.SUSPENDED:
             await self._moved.wait()
+
+    def holds(self, unit: Unit) -> bool:
+        """Whether `unit` serves its partition here: the partition's running or suspended
+        unit, or the unit its opening (restoring, or suspended while restoring) started.
+        The one answer to whether a unit is void (`Unit.held` asks it)."""
+        task = self.tasks.get(unit.partition)
+        if task is None:
+            return False
+        if task.unit is unit:
+            return task.state in _SERVING
+        opening = task.opening
+        return opening is not None and opening.unit is unit and task.state in _OPENING
 
     def state(self, p: int) -> UnitState | None:
         task = self.tasks.get(p)

@@ -1,81 +1,32 @@
-"""Membership: the processor's place in its consumer group, and the units it owns.
-
-One aiokafka consumer (read_committed, no auto commit, the sticky co-partitioned assignor
-of runtime/units/assignor.py, so partition p of the input, results and approvals topics
+"""Membership: the processor's place in its consumer group, in three parts. One aiokafka
+consumer (read_committed, no auto commit, the sticky co-partitioned assignor of
+runtime/units/assignor.py, so partition p of the input, results and approvals topics
 goes to one member and stays there while the group's size does) subscribes to the three
-co-partitioned topics. The assignment callback only records what changed: each new
-input partition's topics are paused and its unit is opened by a task of its own, outside
-the callback, so the group's heartbeats go on however long a store takes to restore. A
-unit's producer is started first (with exactly once, that fences the partition's earlier
-owner and settles its open transaction), then its store is restored (`on_open`), then the
-consumer is sought to the committed offsets, read only now that no earlier transaction
-can still move them, and the partition resumes. Each partition opens on its own: one that
-fails (the broker refuses, a bug) is retried after a back-off, shown as failing, and holds
-no other back. A revocation commits each unit's finished prefix and suspends it (its
-producer, store and work in flight kept): the next assignment resumes it where it was if
-the partition stays here under the next epoch, else closes it. A unit that fails while it
-runs (fenced, a failed transaction, a bug while staging) moves its partition to FAILED at
-once (`Unit.on_failure`): nothing takes work to it from then on; it is closed, opened
-again after a back-off (`heal`), and everything staged on it is redone from the last
-commit.
+co-partitioned topics. Its rebalance listener (`Rebalance`, runtime/units/rebalance.py)
+takes the group's callbacks; the units' manager (`UnitManager`, runtime/units/unit_manager.py)
+drives each partition's lifecycle and owns the units (a revoked unit is suspended, not
+dropped; a failed one moves its partition at once); the fetcher (`Fetcher`,
+runtime/units/fetcher.py) reads the running units' records. This module builds the
+three around the one consumer, starts and stops them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
-from instanced_stream.kafka.tracing import traceparent_of
-from instanced_stream.runtime.units.assignor import CoPartitionedAssignor
-from instanced_stream.runtime.units.backlog import held, lag_of
-from instanced_stream.runtime.units.lifecycle import Lifecycle, Opening, UnitState
-from instanced_stream.runtime.units.opening import Openings
+from instanced_stream.runtime.units.fetcher import MAX_UNCOMMITTED, Fetcher
 from instanced_stream.runtime.units.producers import Producers
-from instanced_stream.runtime.units.unit import Slot, Unit
+from instanced_stream.runtime.units.rebalance import Rebalance
+from instanced_stream.runtime.units.unit import Unit
+from instanced_stream.runtime.units.unit_manager import OnOpen, UnitManager
 
-__all__ = ["MAX_UNCOMMITTED", "UNSTABLE_PER_MIN", "Fetched", "Membership", "assignors"]
-
-log = logging.getLogger("stream.membership")
-
-OnOpen = Callable[[Unit], Awaitable[None]]
-
-MAX_UNCOMMITTED = 20_000  # records a unit tracks, not committed, before its input is held
-# Rebalances a minute above which the group is unstable: a deploy or a scale-out costs a
-# few; more is a member that cannot get in (or keeps being put out), and readiness,
-# the metrics and an alert say so.
-UNSTABLE_PER_MIN = 6
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """A consumed record, the unit of its partition, and the slot it is tracked on."""
-
-    unit: Unit
-    record: ConsumerRecord[bytes, bytes]
-    slot: Slot
-
-
-def assignors(probe: Probe = NO_PROBE) -> tuple[CoPartitionedAssignor]:
-    """The group's assignment protocols, one object per consumer: exactly one. aiokafka
-    0.14 sends a JoinGroup per listed assignor, each after the previous one's answer (its
-    join loop sits inside the loop over assignors), so with two the first join lists one
-    protocol and the second two: the broker sees a member's metadata change while the
-    generation completes and starts another one. Under restarts that kept a group
-    rebalancing for minutes, two partitions unserved
-    (tests/unit/runtime/units/test_join.py). Earlier versions listed this protocol first,
-    so a rolling upgrade still finds it in common."""
-    return (CoPartitionedAssignor(probe),)
+__all__ = ["Membership"]
 
 
 def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
@@ -91,11 +42,11 @@ def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
     return options
 
 
-class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
+class Membership:
     """`topics`: the input topic first, then the co-partitioned ones (results,
     approvals). `producers`: the units' (`Producers`). `units`: the open units, taking
     work; `opening`: the assigned partitions whose unit is being opened or waits to be
-    opened again (`Openings`)."""
+    opened again; both views of `lifecycle`."""
 
     def __init__(
         self,
@@ -116,34 +67,58 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         max_uncommitted: int = MAX_UNCOMMITTED,
         probe: Probe = NO_PROBE,
     ) -> None:
-        self.producers, self.cap = producers, max_uncommitted
-        # Each partition's one state (runtime/units/lifecycle.py); `units` (the running
-        # ones, which the producers' renewal reads too) and `opening` are views of it.
-        self.lifecycle = Lifecycle()
-        self.units = producers.owned = self.lifecycle.running
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
-        self.on_open, self.on_close = on_open, on_close
         self.identity = _identity(client_id, group_instance_id)
-        self.on_rebalance, self.on_assigned = on_rebalance, on_assigned
-        abandon = functools.partial(self._close, commit=False)  # a unit that never served
-        self.openings = Openings(
-            self.lifecycle, self._open, self._opened, abandon, on_failed, progress
+        self.producers = producers
+        next_offsets: dict[TopicPartition, int] = {}  # the fetcher's; seeking writes it
+        self.manager = UnitManager(
+            topics,
+            producers,
+            next_offsets,
+            on_open=on_open,
+            on_close=on_close,
+            on_failed=on_failed,
+            progress=progress,
         )
-        self.opening = self.lifecycle.opening
-        self._failures = self.openings.failures
-        self.rebalancing = False
-        self.rebalances = 0
-        self._rebalanced: deque[float] = deque()  # when each rebalance began, last minute
-        self.started_at = time.monotonic()
-        self.assigned_at: float | None = None  # the last assignment taken
-        self.strategy = assignors(probe)
-        self.consumer: AIOKafkaConsumer | None = None
-        self._next: dict[TopicPartition, int] = {}  # the next offset each partition owes
-        self._closing: set[asyncio.Task[None]] = set()  # failed units being closed
+        self.lifecycle = self.manager.lifecycle
+        self.units, self.opening = self.manager.units, self.manager.opening
+        self.fetcher = Fetcher(
+            self.input, self.units, self.opening, max_uncommitted=max_uncommitted
+        )
+        self.fetcher.next = next_offsets
+        self.rebalance = Rebalance(
+            self.input,
+            self.manager,
+            on_rebalance=on_rebalance,
+            on_assigned=on_assigned,
+            probe=probe,
+        )
+        # The rebalance listener's, named here for the service and readiness.
+        self.strategy = self.rebalance.strategy
+        self.on_partitions_revoked = self.rebalance.on_partitions_revoked
+        self.on_partitions_assigned = self.rebalance.on_partitions_assigned
+        self.group, self.stable = self.rebalance.group, self.rebalance.stable
+        # The manager's.
+        self.heal, self.states = self.manager.heal, self.manager.states
 
-    # ------------------------------------------------------------------ lifecycle
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        """The group consumer (once started), which the manager and the fetcher use."""
+        return self.fetcher.consumer
+
+    @consumer.setter
+    def consumer(self, consumer: AIOKafkaConsumer | None) -> None:
+        self.fetcher.consumer = self.manager.consumer = consumer
+
+    @property
+    def rebalancing(self) -> bool:
+        return self.rebalance.rebalancing
+
+    @property
+    def rebalances(self) -> int:
+        return self.rebalance.rebalances
 
     async def start(self) -> None:
         await self.producers.start()
@@ -158,291 +133,28 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             max_poll_interval_ms=300_000,
             **self.identity,
         )
-        self.consumer.subscribe(self.topics, listener=self)
+        self.consumer.subscribe(self.topics, listener=self.rebalance)
         await self.consumer.start()
 
     def leaving(self) -> None:
         """The processor stops: from now on an assignment is not taken (no unit opens, no
         producer starts), even while it drains; what it owned goes to the members that
         stay once it has left."""
-        self.openings.stopping = True
+        self.manager.openings.stopping = True
 
     async def stop(self) -> None:
-        """Commits what every unit finished, drops them, leaves the group."""
+        """Commits what every running unit finished, closes every unit (running or
+        suspended) and every opening, leaves the group."""
         self.leaving()
         for last in (False, True):  # again after the consumer stopped: whatever came
-            await self._close_all(commit=not last)
+            await self.manager.close_all(commit=not last)
             if not last and self.consumer is not None:
                 await self.consumer.stop()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.manager.closing()
         await self.producers.stop()
-
-    async def _close_all(self, *, commit: bool) -> None:
-        held = self.lifecycle.in_state(*UnitState)
-        await self.openings.cancel([t.partition for t in held if t.opening is not None])
-        for task in self.lifecycle.in_state(UnitState.RUNNING, UnitState.SUSPENDED):
-            unit, running = task.unit, task.state is UnitState.RUNNING
-            self.lifecycle.move(task.partition, UnitState.CLOSED, unit=None)
-            if unit is not None:
-                # A suspended one committed when it was suspended.
-                await self._close(unit, commit=commit and running)
-
-    # ------------------------------------------------------------------ rebalances
-
-    def _epoch(self) -> int:
-        """The epoch of the assignment this member holds now (the assignor's stamp)."""
-        return self.strategy[0].claim.epoch
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Suspends every partition revoked: a running unit commits its finished prefix
-        and is kept; a restore under way goes on. The next assignment says which stay."""
-        self.rebalancing = True
-        self.rebalances += 1
-        self._rebalanced.append(time.monotonic())
-        self.on_rebalance()
-        gone = sorted({tp.partition for tp in revoked if tp.topic == self.input})
-        # Moved before the first wait: `heal` or an opening finishing meanwhile finds
-        # them suspended, never half there.
-        running = []
-        for p in gone:
-            task = self.lifecycle.get(p)
-            if task is None or task.state is UnitState.SUSPENDED:
-                continue
-            if task.state is UnitState.RUNNING and task.unit is not None:
-                running.append(task.unit)
-            self.lifecycle.move(p, UnitState.SUSPENDED)  # an opening seeks nothing now
-        for unit in running:
-            try:
-                await unit.commit()
-            except Exception as exc:  # the unit is void: replaced if its partition returns
-                log.warning("partition %d: commit on revocation failed: %r", unit.partition, exc)
-        if gone:
-            log.info("rebalance: partitions %s revoked; finished work committed", gone)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Resumes the suspended partitions assigned here again under the next epoch,
-        closes the others, and starts opening what is new, each partition in a task of its
-        own: the group waits for this callback, and a member that takes longer than its
-        session timeout is put out of the group. A stopping member takes nothing."""
-        try:
-            if self.openings.stopping:
-                log.info("rebalance: assignment not taken, the processor is stopping")
-                return
-            mine = {tp.partition for tp in assigned if tp.topic == self.input}
-            epoch = self._epoch()
-            self.assigned_at = time.monotonic()
-            self.on_assigned(len(mine))
-            self._next = {tp: o for tp, o in self._next.items() if tp.partition in mine}
-            resumed, restoring, closed = await self._settle(mine, epoch)
-            new = sorted(mine - set(self.lifecycle.tasks))
-            if new:
-                self._pause(new)  # nothing of theirs is fetched until their unit is sought
-                for p in new:
-                    self.openings.begin(Opening(p), epoch)
-            log.info(
-                "rebalance: partitions %s resumed, %s closed, %s opening; %s restoring on "
-                "(epoch %d)",
-                resumed,
-                closed,
-                new,
-                restoring,
-                epoch,
-            )
-        finally:
-            self.rebalancing = False
-
-    async def _settle(self, mine: set[int], epoch: int) -> tuple[list[int], list[int], list[int]]:
-        """Each suspended partition: resumed where it was if it is assigned here again
-        under the epoch after its own (nobody else can have held it in between), else
-        closed (what it had not committed is its next owner's, or this member's anew)."""
-        resumed: list[int] = []
-        restoring: list[int] = []
-        closed: list[int] = []
-        for task in self.lifecycle.in_state(UnitState.SUSPENDED):
-            p, unit, opening = task.partition, task.unit, task.opening
-            stays = p in mine and epoch == task.epoch + 1
-            if stays and unit is not None and unit.alive:
-                self.lifecycle.move(p, UnitState.RUNNING, epoch=epoch)
-                self._resumed(unit)
-                resumed.append(p)
-            elif stays and opening is not None and opening.task is not None:
-                self.lifecycle.move(p, UnitState.RESTORING, epoch=epoch)  # it seeks now
-                restoring.append(p)
-            else:
-                if opening is not None:
-                    await self.openings.cancel([p])
-                else:
-                    self.lifecycle.move(p, UnitState.CLOSED, unit=None)
-                    if unit is not None:
-                        self._failures.forget(p)
-                        await self._close(unit, commit=False)  # committed when suspended
-                closed.append(p)
-        return resumed, restoring, closed
-
-    def _resumed(self, unit: Unit) -> None:
-        """A suspended unit takes work again where it was: each of its topics is read on
-        from the record after the last one it tracked (what it had in flight stays in
-        flight), not from the committed offsets."""
-        assert self.consumer is not None
-        for tp in self._tps([unit.partition]):
-            if tp in self._next:
-                self.consumer.seek(tp, self._next[tp])
-
-    async def _open(self, opening: Opening) -> Unit:
-        """The unit of one partition: its producer first (fencing), its store
-        (`on_open`), then, once the partition is assigned here (not suspended), the
-        consumer sought to the committed offsets of its topics."""
-        p, after = opening.partition, opening.failed
-        unit = opening.unit = await self.producers.unit(p, self._commit, after)
-        if self.on_open is not None:
-            await self.on_open(unit)
-        await self.lifecycle.unsuspended(p)
-        await self._seek([opening.partition])
-        return unit
-
-    def _opened(self, unit: Unit) -> None:
-        unit.on_failure = self._failed
-        unit.start()
-        self._resume([unit.partition])
-
-    def _failed(self, unit: Unit) -> None:
-        """A running unit failed: its partition is FAILED from now on (no fetch, no
-        renewal, no readiness counts it as open), its input paused, the unit closed
-        without a commit, and the partition opened again after its back-off (`heal`). A
-        suspended one is left to the next assignment, which closes it."""
-        p, task = unit.partition, self.lifecycle.get(unit.partition)
-        if task is None or task.state is not UnitState.RUNNING or task.unit is not unit:
-            return
-        log.warning("partition %d: unit failed (%r); reopened from its last commit", p, unit.failed)
-        self._pause([p])
-        self.openings.failing(p, unit.failed)
-        closing = asyncio.create_task(self._close(unit, commit=False), name=f"close-{p}")
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
-
-    def _tps(self, partitions: list[int]) -> list[TopicPartition]:
-        assert self.consumer is not None
-        owned = self.consumer.assignment()
-        tps = [TopicPartition(t, p) for p in partitions for t in self.topics]
-        return [tp for tp in tps if tp in owned]
-
-    def _pause(self, partitions: list[int]) -> None:
-        assert self.consumer is not None
-        if tps := self._tps(partitions):
-            self.consumer.pause(*tps)
-
-    def _resume(self, partitions: list[int]) -> None:
-        assert self.consumer is not None
-        if tps := self._tps(partitions):
-            self.consumer.resume(*tps)
-
-    async def _seek(self, partitions: list[int]) -> None:
-        assert self.consumer is not None
-        tps = self._tps(partitions)
-        committed = await asyncio.gather(*(self.consumer.committed(tp) for tp in tps))
-        fresh = [tp for tp, offset in zip(tps, committed, strict=True) if offset is None]
-        starts = await self.consumer.beginning_offsets(fresh) if fresh else {}
-        for tp, offset in zip(tps, committed, strict=True):
-            at = starts[tp] if offset is None else offset
-            self.consumer.seek(tp, at)
-            self._next[tp] = at
-
-    async def _close(self, unit: Unit, *, commit: bool) -> None:
-        await unit.close(commit=commit)
-        if self.on_close is not None:
-            self.on_close(unit)
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        assert self.consumer is not None
-        await self.consumer.commit(offsets)
-
-    async def heal(self) -> None:
-        """Opens again each failed partition whose back-off is over (see `Failures`), once
-        the units that failed are closed; a running unit that committed since its last
-        failure starts its count again. Raises `PartitionFailing` for a partition that
-        kept failing."""
-        for task in self.lifecycle.in_state(UnitState.RUNNING):
-            if task.unit is not None:
-                self._failures.healthy(task.partition, task.unit)
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
-        self.openings.retry()
-
-    def states(self) -> dict[int, dict[str, Any]]:
-        """Per input partition held here, its unit's state: open, restoring, failing or
-        suspended."""
-        return self.openings.states()
-
-    def rebalances_last_min(self) -> int:
-        """Rebalances that began in the last 60 s."""
-        while self._rebalanced and self._rebalanced[0] < time.monotonic() - 60:
-            self._rebalanced.popleft()
-        return len(self._rebalanced)
-
-    def group(self) -> dict[str, Any]:
-        """This member's place in its group: `stable` once it holds an assignment and no
-        rebalance is under way, the epoch of its assignment (the leader's stamp), how long
-        it has waited for its first assignment, rebalances in the last minute."""
-        claim = self.strategy[0].claim
-        waited = None if self.assigned_at else round(time.monotonic() - self.started_at, 1)
-        per_min = self.rebalances_last_min()
-        return {
-            "stable": self.stable(),
-            "epoch": claim.epoch,
-            "waiting_for_assignment_s": waited,
-            "rebalances_last_min": per_min,
-            "storm": per_min > UNSTABLE_PER_MIN,
-        }
 
     def partitions(self) -> int:
         """Partitions of the input topic, as the consumer's metadata knows them."""
         if self.consumer is None:
             return 0
         return len(self.consumer.partitions_for_topic(self.input) or ())
-
-    def stable(self) -> bool:
-        return self.assigned_at is not None and not self.rebalancing
-
-    # ------------------------------------------------------------------ fetching
-
-    async def fetch(self, timeout_ms: int, max_records: int) -> list[Fetched]:
-        """The next records, each tracked on a slot of its partition's unit. A record
-        before where its partition was last sought (fetched before the seek) is left out."""
-        assert self.consumer is not None
-        found = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        out: list[Fetched] = []
-        for tp, records in found.items():
-            unit = self.units.get(tp.partition)
-            if unit is None or not unit.alive:
-                continue
-            expected = self._next.get(tp, -1)
-            for rec in records:
-                if rec.offset < expected:
-                    continue
-                slot = unit.track(tp.topic, rec.offset, traceparent_of(rec.headers))
-                out.append(Fetched(unit, rec, slot))
-                expected = rec.offset + 1
-            self._next[tp] = expected
-            # Tracked up to the position: markers and aborted records after the last
-            # record are passed too when nothing is open (see Unit.seen).
-            unit.seen(tp.topic, await self.consumer.position(tp))
-        return out
-
-    def hold_input(self, hold: bool) -> None:
-        """Backpressure: while held, fetches leave the input out (results and approvals
-        still flow), and the group does not think this member stalled. A unit holding
-        `max_uncommitted` records not committed yet has its own input held, not the
-        others'. A partition still opening stays paused."""
-        assert self.consumer is not None
-        paused = self.consumer.paused()
-        holding = held(self.input, self.units, hold, self.cap)
-        if tps := [tp for tp in holding if tp not in paused]:
-            self.consumer.pause(*tps)
-        mine = [tp for tp in paused if tp.topic == self.input and tp.partition in self.units]
-        if tps := [tp for tp in mine if tp not in holding]:
-            self.consumer.resume(*tps)
-
-    async def lag(self) -> dict[int, int]:
-        """Per assigned input partition, records not committed yet (see `lag_of`)."""
-        assert self.consumer is not None
-        return await lag_of(self.consumer, self.input, self.units, self.opening, self._next)

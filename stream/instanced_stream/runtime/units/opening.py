@@ -92,7 +92,7 @@ class Failures:
 
     def healthy(self, p: int, unit: Unit) -> None:
         """A unit that committed since its last failure starts the count again."""
-        if unit.alive and unit.commits:
+        if unit.held and unit.commits:
             self.forget(p)
 
     def failed(self, p: int, exc: BaseException | None, now: float) -> float:

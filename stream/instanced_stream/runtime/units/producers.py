@@ -17,7 +17,7 @@ from instanced_stream.kafka import clients
 from instanced_stream.kafka.topics import record_limits
 from instanced_stream.runtime.units.collector import Refusals, Replace
 from instanced_stream.runtime.units.opening import broken_producer
-from instanced_stream.runtime.units.unit import LINGER_S, CommitOffsets, Unit
+from instanced_stream.runtime.units.unit import LINGER_S, CommitOffsets, Owner, Unit
 
 __all__ = ["Producers", "SharedProducer"]
 
@@ -103,7 +103,12 @@ class Producers:
         await self._shared.stop()
 
     async def unit(
-        self, partition: int, commit_offsets: CommitOffsets, after: BaseException | None = None
+        self,
+        partition: int,
+        commit_offsets: CommitOffsets,
+        after: BaseException | None = None,
+        *,
+        owner: Owner | None = None,
     ) -> Unit:
         """The unit of `partition`, its producer started. At least once: the shared
         producer, and `commit_offsets` (the consumer's commit) after the sends. `after`:
@@ -123,6 +128,7 @@ class Producers:
             refusals=self._refusals(None if shared else partition),
             probe=self.probe,
             linger_s=self.commit_interval_s,
+            owner=owner,
         )
 
     async def _producer(self, partition: int | None, max_batch: int | None = None) -> Any:

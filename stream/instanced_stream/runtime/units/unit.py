@@ -16,6 +16,12 @@ records are sent and acknowledged, then its offsets are committed by the consume
 The unit is the commit protocol (begin, write, commit or abort; fenced, it is void);
 sending the records, the records the broker refuses and the producer a refusal broke
 are its record collector's (`collector.RecordCollector`), which owns the producer.
+
+Whether a unit still serves is not recorded on it: its `Owner` answers (the partition's
+lifecycle, runtime/units/lifecycle.py, for the units of a member; `Alone` for a unit
+that has no member). A unit that fails tells its owner at once, which moves its
+partition's state; whoever then stages on it gets `UnitGone`, as Kafka Streams' callers
+get `TaskMigratedException`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -42,7 +49,9 @@ from instanced_stream.runtime.units.collector import RecordCollector, Refusals, 
 
 __all__ = [
     "LINGER_S",
+    "Alone",
     "CommitOffsets",
+    "Owner",
     "Slot",
     "Unit",
     "UnitGone",
@@ -65,7 +74,45 @@ Written = Callable[[int, OutRecord, int], None]
 
 
 class UnitGone(Exception):
-    """The unit was dropped (revoked, fenced or failed): what was staged on it is void."""
+    """The unit no longer serves its partition here (moved away, fenced or failed: its
+    owner let it go): what was staged on it is void, and the partition's next unit redoes
+    it from the last commit. A revoked unit that is only suspended still serves."""
+
+
+class Owner(Protocol):
+    """Who holds a unit: the one record of whether it still serves its partition."""
+
+    def holds(self, unit: Unit) -> bool:
+        """Whether `unit` still serves its partition (takes work, commits)."""
+        ...
+
+    def failed(self, unit: Unit, exc: BaseException) -> None:
+        """`unit` can commit no more: its partition's state moves now (nothing waits for
+        a later look to find it void)."""
+        ...
+
+    def closed(self, unit: Unit) -> None:
+        """`unit` was closed (its producer stopped)."""
+        ...
+
+
+class Alone:
+    """The owner of a unit that belongs to no member (a tool, a test): it holds the unit
+    until the unit fails or is closed, and keeps what it failed with."""
+
+    def __init__(self) -> None:
+        self.gone: set[int] = set()  # id() of the units it let go
+        self.failures: dict[int, BaseException] = {}
+
+    def holds(self, unit: Unit) -> bool:
+        return id(unit) not in self.gone
+
+    def failed(self, unit: Unit, exc: BaseException) -> None:
+        self.gone.add(id(unit))
+        self.failures[id(unit)] = exc
+
+    def closed(self, unit: Unit) -> None:
+        self.gone.add(id(unit))
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +144,7 @@ class Unit:
         refusals: Refusals | None = None,
         probe: Probe = NO_PROBE,
         linger_s: float = LINGER_S,
+        owner: Owner | None = None,
     ) -> None:
         self.partition, self.linger_s = partition, linger_s
         self.probe = probe  # the fault campaign's points: mid_commit, after_commit
@@ -105,11 +153,10 @@ class Unit:
         self.group_id = group_id
         self.transactional = transactional
         self.commit_offsets = commit_offsets
-        self.alive = True
-        self.failed: BaseException | None = None
-        # Told once, at once, when the unit fails (its owner moves the partition's state:
-        # nothing waits for a later look to find it void).
-        self.on_failure: Callable[[Unit], None] | None = None
+        # Answers whether the unit serves, and is told at once when it fails (a member
+        # sets its lifecycle here when it takes the unit).
+        self.owner: Owner = owner if owner is not None else Alone()
+        self.failed: BaseException | None = None  # the cause, for the logs: not a state
         self.slots: dict[str, deque[Slot]] = {}
         # Per topic, the consumer's position after the records handed out so far: past
         # transaction markers and aborted records, which are never handed out.
@@ -125,7 +172,13 @@ class Unit:
         self.written: Written | None = None  # told of each committed state change
 
     def __repr__(self) -> str:
-        return f"Unit(p={self.partition}, alive={self.alive})"
+        return f"Unit(p={self.partition}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        """Whether its owner still holds it: asked of the owner (the partition's lifecycle)
+        each time, never kept here."""
+        return self.owner.holds(self)
 
     @property
     def producer(self) -> AIOKafkaProducer:
@@ -136,7 +189,7 @@ class Unit:
 
     def track(self, topic: str, offset: int, headers: Headers = ()) -> Slot:
         """A consumed record; its offset is committed only once its slot is finished."""
-        self._check()
+        self.check()
         slot = Slot(topic, offset, headers)
         self.slots.setdefault(topic, deque()).append(slot)
         return slot
@@ -149,7 +202,7 @@ class Unit:
 
     def finish(self, slot: Slot, records: Iterable[OutRecord] = ()) -> None:
         """The slot's outcome: these records are written with its offset, atomically."""
-        self._check()
+        self.check()
         slot.records.extend(_traced(records, slot.headers))
         slot.done = True
         self._wake.set()
@@ -157,7 +210,7 @@ class Unit:
     def stage(self, records: Iterable[OutRecord]) -> None:
         """Outputs tied to no consumed record here (a workflow's next turn): they go out
         with the next commit."""
-        self._check()
+        self.check()
         self._free.extend(records)
         self._wake.set()
 
@@ -178,17 +231,17 @@ class Unit:
             log.error("partition %d: staging failed, the unit is dropped: %r", self.partition, exc)
 
     def _void(self, exc: BaseException) -> bool:
-        """The unit can commit no more: its owner is told at once. False: it was void
-        already."""
-        if not self.alive:
+        """The unit can commit no more: its owner is told at once, and moves its
+        partition's state. False: it was void already."""
+        if not self.held:
             return False
-        self.failed, self.alive = exc, False
-        if self.on_failure is not None:
-            self.on_failure(self)
+        self.failed = exc
+        self.owner.failed(self, exc)
         return True
 
-    def _check(self) -> None:
-        if not self.alive:
+    def check(self) -> None:
+        """Raises `UnitGone` once its owner no longer holds it."""
+        if not self.held:
             raise UnitGone(f"partition {self.partition} is no longer owned here")
 
     # ------------------------------------------------------------------ commits
@@ -198,7 +251,7 @@ class Unit:
 
     async def _run(self) -> None:
         try:
-            while self.alive:
+            while self.held:
                 await self._wake.wait()
                 await asyncio.sleep(self.linger_s)
                 await self.commit()
@@ -233,10 +286,10 @@ class Unit:
 
     async def commit(self) -> int:
         """Commits what is finished; returns how many records it wrote. Raises when the
-        unit can no longer commit (fenced, or the transaction failed): the caller drops it,
+        unit can no longer commit (fenced, or the transaction failed): its owner was told,
         and the prefix is redone by whoever owns the partition next."""
         async with self._lock:
-            if not self.alive:
+            if not self.held:
                 return 0
             self._wake.clear()
             records, offsets = self._take()
@@ -249,7 +302,6 @@ class Unit:
                 self._void(exc)
                 raise
             except asyncio.CancelledError:  # closed meanwhile: its closer knows
-                self.alive = False
                 if self.transactional:
                     await self._abort()
                 raise
@@ -311,12 +363,12 @@ class Unit:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if commit and self.alive:
+        if commit and self.held:
             try:
                 await self.commit()
             except Exception as exc:
                 log.warning("partition %d: last commit failed: %r", self.partition, exc)
-        self.alive = False
+        self.owner.closed(self)
         self.slots.clear()
         self._free = []
         if self.transactional:
@@ -327,9 +379,9 @@ class Unit:
 
 
 def uncommitted(units: Mapping[int, Unit]) -> dict[str, int]:
-    """Per live unit, its consumed records whose offsets are not committed yet (the records
+    """Per unit held, its consumed records whose offsets are not committed yet (the records
     of a commit under way excepted): what a crash now would leave to be redone."""
-    return {str(p): sum(map(len, u.slots.values())) for p, u in sorted(units.items()) if u.alive}
+    return {str(p): sum(map(len, u.slots.values())) for p, u in sorted(units.items()) if u.held}
 
 
 def oldest_open_since(unit: Unit) -> float | None:

@@ -10,7 +10,7 @@ from instanced_stream.runtime.pipeline.queued_turns import QueuedTurns
 
 
 def _unit(alive: bool = True) -> Any:
-    return SimpleNamespace(alive=alive)
+    return SimpleNamespace(held=alive)
 
 
 def _item(instance: str, unit: Any) -> Any:
@@ -28,7 +28,7 @@ def test_one_turn_of_an_instance_at_a_time_until_its_batch_is_done() -> None:
 def test_a_turn_queued_on_a_dropped_unit_holds_nothing_back() -> None:
     turns, old, new = QueuedTurns(), _unit(), _unit()
     assert turns.add("a", old)
-    old.alive = False
+    old.held = False
     assert not turns.add("a", _unit(alive=False))  # a dead unit offers nothing
     assert turns.add("a", new)
     turns.done([_item("a", old)])  # the old batch ending leaves the new turn queued

@@ -112,7 +112,7 @@ async def test_a_batch_that_cannot_be_committed_at_all_voids_its_unit() -> None:
         await rig.offer(_item(i), 0, i)
     with pytest.raises(RuntimeError, match="the producer is broken"):
         await rig.drain()
-    assert not rig.units[0].alive
+    assert not rig.units[0].held
     assert rig.records == [] and rig.offsets() == {}
     assert ("abort",) in rig.producer.calls
 

@@ -22,7 +22,7 @@ from instanced_stream.settings import DEFAULT_SPEC, Settings
 
 class _Unit:
     def __init__(self, alive: bool = True) -> None:
-        self.alive = alive
+        self.held = alive
         self.finished: list[tuple[Any, list[OutRecord]]] = []
         self.staged: list[list[OutRecord]] = []
 
@@ -62,7 +62,7 @@ def test_each_item_s_records_go_onto_its_own_slot_and_a_dropped_unit_stages_noth
         "b-1", [a, b], Solved(Planned(records=[ra, rb, loose], events=Counter(no_action=2)))
     )
     assert kept.finished == [("slot-1", [ra])]
-    assert kept.staged == [[loose]]  # about the batch: onto a unit still alive
+    assert kept.staged == [[loose]]  # about the batch: onto a unit still held
     assert not dropped.finished and not dropped.staged
     assert metrics.counts().get("no_action") == 2, metrics.counts()
 

@@ -21,8 +21,8 @@ from instanced_stream.runtime.pipeline.staged import Staged
 from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
 from instanced_stream.runtime.state.store import Stores, UnitStore
+from instanced_stream.runtime.units.fetcher import Fetched
 from instanced_stream.runtime.units.lanes import Lanes
-from instanced_stream.runtime.units.membership import Fetched
 from instanced_stream.runtime.units.opening import Failures
 from instanced_stream.runtime.units.unit import Unit
 from instanced_stream_bench.testing.samples import tickets
@@ -60,7 +60,7 @@ async def test_a_client_error_at_a_read_back_fails_the_unit_not_the_process() ->
     stores = Stores(_Broken())
     unit = _retired(stores, 0, "t-1")
     assert await recalled(stores, unit, "t-1") is False
-    assert not unit.alive and isinstance(unit.failed, RecallFailed)
+    assert not unit.held and isinstance(unit.failed, RecallFailed)
     assert "KafkaConnectionError" in str(unit.failed)
     # counted as the broker's: waited out, not five strikes and the process stops
     failures = Failures()
@@ -92,7 +92,7 @@ async def test_a_lane_waiting_on_a_slow_read_back_holds_no_other_partition() -> 
     await slow.wait()
     await asyncio.sleep(0.01)
     assert applied == [1]  # partition 1 went on while partition 0 waits
-    assert not units[2].alive and units[0].alive  # an error fails its unit only
+    assert not units[2].held and units[0].held  # an error fails its unit only
     gate.set()
     await asyncio.sleep(0.01)
     assert applied == [1, 0]
@@ -125,7 +125,7 @@ async def test_a_batch_reads_back_a_state_retired_while_it_was_asked() -> None:
     kept = await rig.stager.dispatch._read_back([item], outcome)
     assert [a.instance.id for a in kept.answers] == [name]
     assert store.to_recall(name) is None and rig.stores.get(name) is not None
-    assert unit.alive
+    assert unit.held
 
 
 async def test_a_batch_leaves_out_only_the_item_whose_read_back_failed() -> None:
@@ -138,7 +138,7 @@ async def test_a_batch_leaves_out_only_the_item_whose_read_back_failed() -> None
     items = [Staged(a, ok_unit, None, b""), Staged(b, broken_unit, None, b"")]
     kept = await rig.stager.dispatch._read_back(items, outcome)
     assert [x.instance.id for x in kept.answers] == ["t-ok"]
-    assert ok_unit.alive and not broken_unit.alive
+    assert ok_unit.held and not broken_unit.held
 
 
 class _Slow(Recall):

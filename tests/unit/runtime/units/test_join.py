@@ -19,7 +19,7 @@ from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 from instanced_stream.runtime.units.assignor import CoPartitionedAssignor
-from instanced_stream.runtime.units.membership import assignors
+from instanced_stream.runtime.units.rebalance import assignors
 
 
 class _Answer:

@@ -13,10 +13,15 @@ import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 from aiokafka.structs import TopicPartition
 from instanced_stream.runtime.units.assignor import Claim
-from instanced_stream.runtime.units.lifecycle import IllegalTransition, Lifecycle, UnitState
+from instanced_stream.runtime.units.lifecycle import (
+    IllegalTransition,
+    Lifecycle,
+    Opening,
+    UnitState,
+)
 from instanced_stream.runtime.units.membership import Membership
 from instanced_stream.runtime.units.producers import Producers
-from instanced_stream.runtime.units.unit import Unit
+from instanced_stream.runtime.units.unit import Unit, UnitGone
 
 from tests.fakes import FakeConsumer, FakeProducer
 
@@ -91,7 +96,7 @@ async def test_one_partition_failing_to_open_holds_no_other_back() -> None:
     assert states[2]["state"] == "failing" and "cut-off" in states[2]["error"]
     assert consumer.paused() == _tps(2)
     assert len(producers.open()) == 2  # the failed unit's producer was closed
-    assert (await membership.lag())[2] == 60  # its backlog shows: end 100, committed 40
+    assert (await membership.fetcher.lag())[2] == 60  # its backlog shows: end 100, committed 40
     broken.clear()
     membership.opening[2].retry_at = 0.0  # its back-off is over
     await membership.heal()
@@ -192,7 +197,7 @@ async def test_a_suspended_unit_resumes_only_under_the_next_epoch() -> None:
     _epoch(membership, 7)  # epoch 6 went by without this member
     await membership.on_partitions_assigned(_tps(0))
     await _opened(membership)
-    assert not first.alive and membership.units[0] is not first
+    assert not first.held and membership.units[0] is not first
     assert len(producers.made) == 2 and len(producers.open()) == 1
     await membership.stop()
 
@@ -207,6 +212,29 @@ def test_the_lifecycle_refuses_a_transition_it_does_not_have() -> None:
     assert lifecycle.state(0) is None
     with pytest.raises(IllegalTransition, match="not held here"):
         lifecycle.move(0, UnitState.RUNNING)
+
+
+def test_the_lifecycle_alone_says_whether_a_unit_serves() -> None:
+    """Running or suspended, the partition's unit serves; the unit its opening started
+    serves while it restores; once the partition moves on (failed, closed), neither."""
+    lifecycle = Lifecycle()
+    opened, other = (
+        Unit(0, FakeProducer(), group_id="g", transactional=True),
+        Unit(0, FakeProducer(), group_id="g", transactional=True),
+    )
+    opening = Opening(0, unit=opened)
+    lifecycle.move(0, UnitState.ASSIGNED)
+    lifecycle.move(0, UnitState.RESTORING, opening=opening)
+    assert lifecycle.holds(opened) and not lifecycle.holds(other)
+    lifecycle.move(0, UnitState.RUNNING, unit=opened, opening=None)
+    assert lifecycle.holds(opened)
+    lifecycle.move(0, UnitState.SUSPENDED)
+    assert lifecycle.holds(opened)
+    lifecycle.move(0, UnitState.RUNNING)
+    lifecycle.move(0, UnitState.FAILED, unit=None, opening=Opening(0))
+    assert not lifecycle.holds(opened)
+    lifecycle.move(0, UnitState.CLOSED)
+    assert not lifecycle.holds(opened)
 
 
 async def test_a_stopping_member_takes_no_assignment_and_leaves_no_producer_open() -> None:
@@ -241,7 +269,10 @@ async def test_a_unit_that_fails_leaves_the_running_ones_at_once() -> None:
     assert not producers.open()
 
 
-async def test_a_unit_suspended_when_it_fails_is_left_to_the_next_assignment() -> None:
+async def test_a_unit_suspended_when_it_fails_is_closed_at_once_and_opened_anew() -> None:
+    """Its partition's state moves when it fails, not at the next assignment: suspended,
+    it is closed (nothing to reopen until the group says the partition stays); whoever
+    stages on it meanwhile is told so."""
     producers = _Producers()
     membership, _ = _membership(producers)
     _epoch(membership, 0)
@@ -249,8 +280,13 @@ async def test_a_unit_suspended_when_it_fails_is_left_to_the_next_assignment() -
     await _opened(membership)
     unit = membership.units[0]
     await membership.on_partitions_revoked(_tps(0, 1))
+    assert membership.states()[0]["state"] == "suspended" and unit.held
     unit.fail(RuntimeError("bug"))
-    assert membership.states()[0]["state"] == "suspended"  # not moved under the rebalance
+    assert 0 not in membership.states() and not unit.held  # closed, at once
+    with pytest.raises(UnitGone):
+        unit.stage([])
+    await membership.heal()  # its close finished: its producer stopped
+    assert ("stop",) in producers.made[0].calls
     _epoch(membership, 1)
     await membership.on_partitions_assigned(_tps(0, 1))
     assert membership.states()[0]["state"] == "restoring"  # closed, opened anew
@@ -274,7 +310,7 @@ async def test_a_failed_unit_is_reopened_from_its_last_commit(partition: int) ->
     membership.opening[partition].retry_at = 0.0
     await membership.heal()
     await _opened(membership)
-    assert membership.units[partition] is not failed and membership.units[partition].alive
+    assert membership.units[partition] is not failed and membership.units[partition].held
     await membership.stop()
     assert not producers.open()
 
@@ -291,16 +327,16 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
     finished, in_flight = before[0].track("items", 0), before[0].track("items", 1)
     before[0].finish(finished)
     items0 = TopicPartition("items", 0)
-    membership._next[items0] = 2  # two records fetched, as `fetch` tracks them
+    membership.fetcher.next[items0] = 2  # two records fetched, as `fetch` tracks them
     await membership.on_partitions_revoked(_tps(0, 1, 2))
-    assert before[0].alive and producers.made[0].committed == {items0: 1}  # finished: in
+    assert before[0].held and producers.made[0].committed == {items0: 1}  # finished: in
     consumer.assigned = _tps(0, 1)
     _epoch(membership, 1)
     await membership.on_partitions_assigned(_tps(0, 1))
     assert membership.units == {0: before[0], 1: before[1]}  # resumed, nothing reopened
     assert len(producers.made) == 3 and not membership.opening
     assert consumer.sought[items0] == 2  # read on after what it had in flight
-    assert not before[2].alive and len(producers.open()) == 2  # moved away: closed
+    assert not before[2].held and len(producers.open()) == 2  # moved away: closed
     before[0].finish(in_flight)
     await before[0].commit()
     assert producers.made[0].committed == {items0: 2}
@@ -311,16 +347,16 @@ async def test_a_revoked_unit_is_suspended_and_resumes_where_it_was() -> None:
 async def test_a_unit_over_its_uncommitted_cap_holds_its_own_input_only() -> None:
     producers = _Producers()
     membership, consumer = _membership(producers)
-    membership.cap = 3
+    membership.fetcher.cap = 3
     await membership.on_partitions_assigned(_tps(0, 1, 2))
     await _opened(membership)
     head, *rest = [membership.units[1].track("items", n) for n in range(3)]
-    membership.hold_input(False)
+    membership.fetcher.hold_input(False)
     assert consumer.paused() == {TopicPartition("items", 1)}  # not the process
     for slot in (head, *rest):
         membership.units[1].finish(slot)
     await membership.units[1].commit()
-    membership.hold_input(False)
+    membership.fetcher.hold_input(False)
     assert not consumer.paused()
     await membership.stop()
 
@@ -346,29 +382,6 @@ async def test_a_broken_shared_producer_is_renewed_before_its_unit_reopens() -> 
     assert membership.units[0].producer is producers.made[1]
     await membership.stop()
     assert not producers.open()
-
-
-async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storms_show() -> None:
-    """Readiness's view of the group: before its first assignment and while a rebalance
-    is under way a member is not stable; more than UNSTABLE_PER_MIN rebalances in a
-    minute is a storm (the livelock of issue 44 kept every member 'ready')."""
-    from instanced_stream.runtime.units.membership import UNSTABLE_PER_MIN
-
-    membership, _consumer = _membership(_Producers())
-    assert not membership.stable()
-    assert membership.group()["waiting_for_assignment_s"] is not None
-    await membership.on_partitions_assigned(_tps(0, 1, 2))
-    await _opened(membership)
-    assert membership.stable() and not membership.group()["storm"]
-    for _ in range(UNSTABLE_PER_MIN + 1):
-        await membership.on_partitions_revoked(_tps(0, 1, 2))
-        assert not membership.stable()
-        await membership.on_partitions_assigned(_tps(0, 1, 2))
-    group = membership.group()
-    assert membership.stable() and group["storm"]
-    assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
-    assert group["waiting_for_assignment_s"] is None
-    await membership.stop()
 
 
 async def test_a_stop_commits_what_each_running_unit_finished() -> None:

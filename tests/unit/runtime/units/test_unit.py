@@ -92,7 +92,7 @@ async def test_a_failed_transaction_aborts_and_voids_the_unit() -> None:
     with pytest.raises(KafkaTimeoutError):
         await unit.commit()
     assert ("abort",) in producer.calls and ("commit",) not in producer.calls
-    assert not unit.alive
+    assert not unit.held
     with pytest.raises(UnitGone):
         unit.track(IN, 1)
 
@@ -103,7 +103,7 @@ async def test_a_fenced_unit_is_dropped_without_an_abort() -> None:
     unit.finish(unit.track(IN, 0), [_rec(b"a")])
     with pytest.raises(ProducerFenced):
         await unit.commit()
-    assert not unit.alive and ("abort",) not in producer.calls
+    assert not unit.held and ("abort",) not in producer.calls
 
 
 async def test_at_least_once_commits_offsets_after_the_sends() -> None:
@@ -130,7 +130,7 @@ async def test_close_commits_what_is_finished_and_stops_its_producer() -> None:
     await unit.close(commit=True)
     assert producer.offsets()[-1] == {TopicPartition(IN, 3): 1}
     assert producer.calls[-1] == ("stop",)
-    assert not unit.alive
+    assert not unit.held
 
 
 async def test_an_empty_value_goes_out_as_a_tombstone() -> None:
@@ -251,3 +251,48 @@ async def test_uncommitted_counts_consumed_records_until_their_commit() -> None:
     assert uncommitted({3: unit}) == {"3": 1}  # offset 2 still open
     unit.fail(RuntimeError("gone"))
     assert uncommitted({3: unit}) == {}  # a dropped unit owns nothing
+
+
+class _Owner:
+    """An owner that lets the test say whether it holds the unit."""
+
+    def __init__(self) -> None:
+        self.holding = True
+        self.told: list[BaseException] = []
+        self.closed_units: list[Unit] = []
+
+    def holds(self, unit: Unit) -> bool:
+        return self.holding
+
+    def failed(self, unit: Unit, exc: BaseException) -> None:
+        self.told.append(exc)
+        self.holding = False  # as a lifecycle moves the partition
+
+    def closed(self, unit: Unit) -> None:
+        self.closed_units.append(unit)
+
+
+async def test_whether_a_unit_serves_is_its_owners_answer_not_a_flag_of_its_own() -> None:
+    owner = _Owner()
+    unit = Unit(3, FakeProducer(), group_id="g", transactional=True, owner=owner)
+    slot = unit.track(IN, 0)
+    owner.holding = False  # its partition moved on (revoked and closed elsewhere)
+    assert not unit.held
+    with pytest.raises(UnitGone):
+        unit.finish(slot)
+    assert await unit.commit() == 0  # nothing is written for a partition not held
+
+
+async def test_a_failure_is_told_to_the_owner_once_and_at_once() -> None:
+    owner = _Owner()
+    unit = Unit(
+        3, FakeProducer(fail_send=ProducerFenced()), group_id="g", transactional=True, owner=owner
+    )
+    unit.finish(unit.track(IN, 0), [_rec(b"a")])
+    with pytest.raises(ProducerFenced):
+        await unit.commit()
+    assert len(owner.told) == 1 and isinstance(owner.told[0], ProducerFenced)
+    unit.fail(RuntimeError("later"))  # void already: not told again
+    assert len(owner.told) == 1
+    await unit.close(commit=True)
+    assert owner.closed_units == [unit]

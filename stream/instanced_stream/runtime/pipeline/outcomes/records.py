@@ -1,7 +1,7 @@
 """From a solved batch to the records that say what became of each of its items.
 
 Pure: nothing here publishes, counts or stores. A `Planned` holds the records in the order
-they are to be published, the events they mean (counted by `Staging.count`) and the
+they are to be published, the events they mean (counted by `Tally`, outcomes/tally.py) and the
 decisions the live page shows. A stateful batch's turns are made on the workflow over a
 change of its stores (`Workflow.over`) while its records are built: building stores
 nothing, however often it is retried; staging stores each item's change, once, on the slot

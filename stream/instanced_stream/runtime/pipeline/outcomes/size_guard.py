@@ -1,7 +1,8 @@
 """The size guard of the records workflows write outside a batch (done records, approved
 calls): a record over the broker's limit is replaced by a `too_large` dead letter before
 it is staged, so it can neither crash the handler that made it nor be redelivered into
-the same crash. Batches have theirs in `Staging.stage`."""
+the same crash. Batches have theirs in `Staging.stage`; a record the broker refuses
+at commit is replaced by `Replacement`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import base64
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.pipeline.outcomes.records import Planned, RecordBuilder, oversized
+from instanced_stream.runtime.pipeline.outcomes.tally import Tally
 
-__all__ = ["fit", "refused"]
+__all__ = ["Replacement", "fit", "refused"]
 
 
 _BATCH = "coordinator"  # the letters' batch id: these records come from no batch
@@ -54,3 +56,17 @@ def refused(
 
 def _size(record: OutRecord) -> int:
     return len(record.value) + len(record.key or b"")
+
+
+class Replacement:
+    """The units' `Replace` (runtime/units/collector.py): its item's dead letter, written
+    instead of a record the broker refused, counted on `tally`. Built here, below the
+    units, so a refusal found while a unit commits goes no further up than this."""
+
+    def __init__(self, limit: int, builder: RecordBuilder, tally: Tally) -> None:
+        self.limit, self.builder, self.tally = limit, builder, tally
+
+    def __call__(self, record: OutRecord, said: str) -> list[OutRecord]:
+        letters = refused([record], self.limit, self.builder, said)
+        self.tally(letters)
+        return letters.records

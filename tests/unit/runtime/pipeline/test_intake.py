@@ -6,7 +6,7 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.spec import AgentSpec, load_spec
 from instanced_stream.core.validate import Validator
 from instanced_stream.errors import BadRecord
-from instanced_stream.runtime.pipeline.windows.intake import MAX_DEPTH, parse_item
+from instanced_stream.runtime.pipeline.intake import MAX_DEPTH, parse_item
 from instanced_stream.settings import DEFAULT_SPEC
 
 SRC = SourcePosition(topic="items", partition=1, offset=5)

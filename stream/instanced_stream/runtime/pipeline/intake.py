@@ -1,4 +1,6 @@
-"""The input edge: turns one Kafka record into an Instance, or says exactly why not."""
+"""The input edge: turns one consumed Kafka record into an Instance, or says exactly why
+not. It is read here, beside admission (the stage that reads records into items), not in
+windows/: nothing of it is windowing."""
 
 from __future__ import annotations
 

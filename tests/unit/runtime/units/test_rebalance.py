@@ -1,0 +1,75 @@
+"""The rebalance listener (runtime/units/rebalance.py): a revocation commits each running
+unit's finished prefix and suspends it (still held); a member is stable only in a
+generation it was assigned, and more than UNSTABLE_PER_MIN rebalances a minute is a
+storm."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+from instanced_stream.runtime.units.lifecycle import UnitState
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.rebalance import UNSTABLE_PER_MIN, Rebalance
+from instanced_stream.runtime.units.unit_manager import UnitManager
+
+from tests.fakes import FakeConsumer, FakeProducer
+
+TOPICS = ["items", "stream.results", "stream.approvals"]
+
+
+def _listener() -> tuple[Rebalance, list[FakeProducer]]:
+    made: list[FakeProducer] = []
+
+    def make(_bootstrap: str, **_options: Any) -> FakeProducer:
+        made.append(FakeProducer())
+        return made[-1]
+
+    producers = Producers("b:9092", "g", transactional=True, transactional_prefix="g", make=make)
+    manager = UnitManager(TOPICS, producers, {})
+    manager.consumer = FakeConsumer({TopicPartition(t, 0) for t in TOPICS}, {})
+    return Rebalance("items", manager), made
+
+
+def _tps() -> set[TopicPartition]:
+    return {TopicPartition(t, 0) for t in TOPICS}
+
+
+async def _opened(listener: Rebalance) -> None:
+    tasks = [o.task for o in listener.manager.opening.values() if o.task is not None]
+    await asyncio.gather(*tasks)
+
+
+async def test_a_revocation_commits_the_finished_prefix_and_suspends_the_unit() -> None:
+    listener, made = _listener()
+    await listener.on_partitions_assigned(_tps())
+    await _opened(listener)
+    unit = listener.manager.units[0]
+    unit.finish(unit.track("items", 0))
+    await listener.on_partitions_revoked(_tps())
+    assert made[0].committed == {TopicPartition("items", 0): 1}
+    assert listener.manager.lifecycle.state(0) is UnitState.SUSPENDED and unit.held
+    assert not listener.stable()
+    await listener.manager.close_all(commit=False)
+
+
+async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storms_show() -> None:
+    """Readiness's view of the group: before its first assignment and while a rebalance
+    is under way a member is not stable; more than UNSTABLE_PER_MIN rebalances in a
+    minute is a storm (the livelock of issue 44 kept every member 'ready')."""
+    listener, _ = _listener()
+    assert not listener.stable()
+    assert listener.group()["waiting_for_assignment_s"] is not None
+    await listener.on_partitions_assigned(_tps())
+    await _opened(listener)
+    assert listener.stable() and not listener.group()["storm"]
+    for _ in range(UNSTABLE_PER_MIN + 1):
+        await listener.on_partitions_revoked(_tps())
+        assert not listener.stable()
+        await listener.on_partitions_assigned(_tps())
+    group = listener.group()
+    assert listener.stable() and group["storm"]
+    assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
+    assert group["waiting_for_assignment_s"] is None
+    await listener.manager.close_all(commit=False)
