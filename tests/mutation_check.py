@@ -456,6 +456,54 @@ MUTATIONS = [
         "",
         ("ops/test_spec_lint.py::test_a_plan_naming_an_undeclared_tool_is_warned_of",),
     ),
+    Mutation(
+        "idea_counts_commits",
+        "runtime/state/idea_tally.py",
+        "        self.tally.apply(self._pending)\n",
+        "",
+        (
+            "runtime/state/test_idea_tally.py::test_each_commit_counts_on_what_the_commits_before_it_counted",
+        ),
+    ),
+    Mutation(
+        "idea_restore",
+        "runtime/state/store.py",
+        "                self.ideas.apply({key: None if parsed is None else share_of(parsed)})",
+        "                pass",
+        ("runtime/state/test_idea_tally.py::test_a_restore_counts_what_the_changelog_holds",),
+    ),
+    Mutation(
+        "idea_rides_the_commit",
+        "runtime/units/unit.py",
+        "                records = [*records, *self.annex.staged(records)]",
+        "                self.annex.staged(records)",
+        (
+            "runtime/state/test_idea_tally.py::test_the_record_rides_the_commit_of_the_changes_it_counts",
+        ),
+    ),
+    Mutation(
+        "idea_buckets",
+        "core/idea_process.py",
+        '    "due": "running",',
+        '    "due": "waiting",',
+        ("core/test_idea_process.py::test_every_step_status_has_its_bucket",),
+    ),
+    Mutation(
+        "idea_edges",
+        "core/idea_process.py",
+        "        for p in depends_on(graph, k)\n",
+        "        for p in depends_on(graph, k)[:0]\n",
+        (
+            "core/test_idea_process.py::test_a_share_names_nodes_by_tool_and_output_and_links_reader_to_producer",
+        ),
+    ),
+    Mutation(
+        "idea_partition_once",
+        "core/idea_process.py",
+        "        if rec.partition not in newest or rec.at > newest[rec.partition].at:",
+        "        if True:",
+        ("core/test_idea_process.py::test_partitions_are_summed_and_each_partition_counts_once",),
+    ),
 ]
 
 

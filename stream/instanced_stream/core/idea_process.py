@@ -104,6 +104,9 @@ class IdeaNode(BaseModel):
         default_factory=list, description="The nodes whose output it reads (its edges)"
     )
     counts: StepCounts = Field(description="Instances' steps at this node, by where they are")
+    turn: int = Field(
+        1, description="The earliest turn an instance counted here wrote it at (the page's column)"
+    )
 
 
 class IdeaProcessRecord(BaseModel):
@@ -139,6 +142,7 @@ class Contribution(NamedTuple):
     status: str
     steps: tuple[tuple[str, Bucket], ...]  # (node, bucket) per step of its plan
     edges: frozenset[tuple[str, str]]  # (reader node, producer node)
+    turns: tuple[tuple[str, int], ...]  # (node, the turn that wrote the step) per step
     shapes: tuple[tuple[str, _NodeShape], ...]
 
 
@@ -155,6 +159,7 @@ def contribution(status: str, graph: list[Step]) -> Contribution:
         status=status,
         steps=tuple((ids[k], bucket_of(s.status)) for k, s in enumerate(graph)),
         edges=edges,
+        turns=tuple((ids[k], s.turn) for k, s in enumerate(graph)),
         shapes=tuple((ids[k], _NodeShape(s.tool, s.kind, s.output)) for k, s in enumerate(graph)),
     )
 
@@ -176,12 +181,14 @@ def summed(records: list[IdeaProcessRecord]) -> IdeaProcessRecord:
     counts: dict[str, Counter[str]] = {}
     shapes: dict[str, IdeaNode] = {}
     reads: dict[str, set[str]] = {}
+    turns: dict[str, int] = {}
     for rec in records:
         status.update(rec.by_status)
         for node in rec.nodes:
             counts.setdefault(node.id, Counter()).update(node.counts.model_dump())
             shapes.setdefault(node.id, node)
             reads.setdefault(node.id, set()).update(node.reads)
+            turns[node.id] = min(turns.get(node.id, node.turn), node.turn)
     nodes = [
         shapes[n].model_copy(update={"reads": sorted(reads[n]), "counts": StepCounts(**counts[n])})
         for n in sorted(shapes, key=lambda n: list(shapes).index(n))

@@ -83,5 +83,5 @@ def test_partitions_are_summed_and_each_partition_counts_once() -> None:
     total = summed([_share(0, 2), _share(1, 3)])
     assert (total.partition, total.instances, total.nodes[0].counts.done) == (-1, 5, 5)
     # partition 0 moved to a new edition: its old record is history, not counted twice
-    now = current([_share(0, 2, "e1", 1.0), _share(1, 3, "e1", 1.0), _share(0, 4, "e2", 2.0)])
+    now = current([_share(0, 4, "e2", 2.0), _share(1, 3, "e1", 1.0), _share(0, 2, "e1", 1.0)])
     assert [(r.edition, r.instances) for r in now] == [("e2", 4), ("e1", 3)]

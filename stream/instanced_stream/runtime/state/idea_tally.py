@@ -51,18 +51,42 @@ def idea_key(edition: str, partition: int) -> bytes:
 class IdeaTally:
     """The committed states' shares of one partition, summed."""
 
-    def __init__(self) -> None:
+    def __init__(self, counted: IdeaTally | None = None) -> None:
+        """`counted`: a tally whose counters this one starts from (copied; its instances'
+        shares are not: this one is only read, `after`)."""
         self._by: dict[str, Contribution] = {}
         self._steps: Counter[tuple[str, str]] = Counter()
         self._status: Counter[str] = Counter()
         self._edges: Counter[tuple[str, str]] = Counter()
+        self._turns: Counter[tuple[str, int]] = Counter()
         self._shapes: dict[str, tuple[str, str, str | None]] = {}
+        if counted is not None:
+            self._steps, self._status = counted.steps(), Counter(counted.by_status())
+            self._edges, self._turns = counted.edges(), counted.turns()
+            self._shapes = counted.shapes()
+
+    def steps(self) -> Counter[tuple[str, str]]:
+        return Counter(self._steps)
+
+    def by_status(self) -> dict[str, int]:
+        return dict(self._status)
+
+    def edges(self) -> Counter[tuple[str, str]]:
+        return Counter(self._edges)
+
+    def turns(self) -> Counter[tuple[str, int]]:
+        return Counter(self._turns)
+
+    def shapes(self) -> dict[str, tuple[str, str, str | None]]:
+        return dict(self._shapes)
 
     def __len__(self) -> int:
         return len(self._by)
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self._by.clear()
+        for held in (self._steps, self._status, self._edges, self._turns, self._shapes):
+            held.clear()
 
     def set(self, instance: str, raw: bytes | None) -> None:
         """The committed state of `instance` is `raw` (None or empty: deleted)."""
@@ -72,37 +96,37 @@ class IdeaTally:
         for instance, share in changes.items():
             old = self._by.pop(instance, None)
             if old is not None:
-                self._count(old, -1)
+                self.count(old, -1)
             if share is not None:
                 self._by[instance] = share
-                self._count(share, 1)
+                self.count(share, 1)
 
-    def _count(self, share: Contribution, sign: int) -> None:
+    def count(self, share: Contribution, sign: int) -> None:
+        """Adds (1) or takes away (-1) one instance's share of the counters."""
         self._status[share.status] += sign
         for step in share.steps:
             self._steps[step] += sign
         for edge in share.edges:
             self._edges[edge] += sign
+        for turn in share.turns:
+            self._turns[turn] += sign
         for node, shape in share.shapes:
             self._shapes.setdefault(node, (shape.tool, shape.kind, shape.output))
         # what no instance counts any more is forgotten (a record names only live nodes)
-        for counter in (self._status, self._steps, self._edges):
+        for counter in (self._status, self._steps, self._edges, self._turns):
             for key in [k for k, v in counter.items() if v <= 0]:
                 del counter[key]
 
     def after(self, changes: _Changes) -> IdeaTally:
-        """The tally these changes would make, this one unchanged (its counters copied,
-        its instances' shares not: only the changed ones are looked up)."""
-        out = IdeaTally()
-        out._steps, out._status = Counter(self._steps), Counter(self._status)
-        out._edges, out._shapes = Counter(self._edges), dict(self._shapes)
+        """The tally these changes would make, this one unchanged (only its counters are
+        copied: the changed instances' shares are looked up here)."""
+        out = IdeaTally(self)
         for instance, share in changes.items():
             old = self._by.get(instance)
             if old is not None:
-                out._count(old, -1)
+                out.count(old, -1)
             if share is not None:
-                out._count(share, 1)
-        out._by = {}  # counters only: it is read (`record`), never applied to
+                out.count(share, 1)
         return out
 
     def record(self, plan: Plan, partition: int, at: float | None = None) -> IdeaProcessRecord:
@@ -112,6 +136,9 @@ class IdeaTally:
             per_node.setdefault(node, Counter())[bucket] += n
         named = sorted(per_node, key=lambda n: list(self._shapes).index(n))
         kept, rest = named[:MAX_NODES], named[MAX_NODES:]
+        first: dict[str, int] = {}
+        for node, turn in self._turns:
+            first[node] = min(first.get(node, turn), turn)
         nodes = []
         for node in kept:
             tool, kind, output = self._shapes[node]
@@ -124,6 +151,7 @@ class IdeaTally:
                     output=output,
                     reads=reads,
                     counts=StepCounts(**per_node[node]),
+                    turn=first.get(node, 1),
                 )
             )
         if rest:

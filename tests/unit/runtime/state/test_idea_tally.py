@@ -6,6 +6,7 @@ commit; a restore counts what the changelog holds."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from instanced_stream.core.plan_graph import Step
 from instanced_stream.core.spec import Plan
 from instanced_stream.core.state import InstanceState
@@ -106,3 +107,31 @@ def test_a_tally_forgets_a_deleted_state_and_the_nodes_nobody_counts() -> None:
     tally.set("t-1", None)
     record = tally.record(PLAN, 3)
     assert (len(tally), record.instances, record.nodes) == (0, 0, [])
+
+
+async def test_each_commit_counts_on_what_the_commits_before_it_counted() -> None:
+    producer, unit, stores, _ = _wired()
+    for name in ("t-1", "t-2", "t-3"):
+        with stores.change() as tx:
+            tx.put(_state(name, "running"))
+        unit.stage(tx.records)
+        await unit.commit()
+    assert [r["instances"] for r in _ideas(producer)] == [1, 2, 3]
+
+
+async def test_a_restore_counts_what_the_changelog_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = UnitStore("changelog", 3, 1_000_000)
+    latest = {
+        "t-1": (0, _state("t-1", "done", status="done").model_dump_json().encode()),
+        "t-2": (1, _state("t-2", "running").model_dump_json().encode()),
+        "t-3": (2, None),  # deleted: not counted
+    }
+
+    async def read(*_: object) -> dict[str, tuple[int, bytes | None]]:
+        return dict(latest)
+
+    monkeypatch.setattr(store.changelog, "read", read)
+    await store.restore("unused:9092")
+    record = store.ideas.record(PLAN, 3)
+    assert record.instances == 2 and record.by_status == {"done": 1, "pending": 1}
+    assert (record.nodes[0].counts.done, record.nodes[0].counts.running) == (1, 1)
