@@ -504,6 +504,22 @@ MUTATIONS = [
         "        if True:",
         ("core/test_idea_process.py::test_partitions_are_summed_and_each_partition_counts_once",),
     ),
+    Mutation(
+        "thought_first",
+        "core/prompt.py",
+        '        for tool in sorted(self.tools, key=lambda t: not (t.kind == "latent" and not t.paths)):',
+        "        for tool in self.tools:",
+        ("core/test_plan_rules.py::test_the_compact_answer_writes_thoughts_before_the_steps",),
+    ),
+    Mutation(
+        "thought_on_planning",
+        "core/validate.py",
+        '        if planning and self._tools[tool].kind == "latent" and not thought:',
+        '        if planning and self._tools[tool].kind == "latent":',
+        (
+            "core/test_plan_rules.py::test_a_thought_on_a_lazy_planning_turn_is_kept_not_a_reason_to_ask_again",
+        ),
+    ),
 ]
 
 
