@@ -284,11 +284,22 @@ MUTATIONS = [
         ),
     ),
     Mutation(
-        "latent_branch_refused",
-        "core/call_paths.py",
-        '    if tool.kind == "latent" and len(paths) > 1:',
-        "    if False:",
-        ("harness/test_seeds.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+        "latent_branch_collapses",
+        "core/plan_graph.py",
+        "    return chosen if chosen in paths else paths[0]",
+        '    return step.output or ""',
+        (
+            "core/test_plan_graph.py::test_a_latent_branch_collapses_to_its_first_path_on_the_eager_turn",
+        ),
+    ),
+    Mutation(
+        "latent_branch_later_turn",
+        "core/plan_graph.py",
+        "    return chosen if chosen in paths else paths[0]",
+        "    return paths[0]",
+        (
+            "core/test_plan_graph.py::test_a_later_turn_answering_a_due_latent_branch_names_the_path_it_takes",
+        ),
     ),
     Mutation(
         "declared_paths",

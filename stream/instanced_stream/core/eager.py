@@ -103,8 +103,8 @@ def _answer_due(st: InstanceState, calls: list[tuple[str, Call]]) -> list[tuple[
     state (their steps done). Returns them, so they make no new step."""
     matched = plan_graph.answer_due(st.plan, calls)
     for step, call in matched:
-        if step.output:
-            write_path(st.state, step.output, call.arguments)
+        if step.wrote:  # the one path its branch collapsed to (plan_graph.collapse)
+            write_path(st.state, step.wrote, call.arguments)
     return [(step.call_id, call) for step, call in matched]
 
 
@@ -123,8 +123,9 @@ def advance(
             if step.kind == "latent":
                 call = given.get(step.call_id)
                 if call is not None and step.output:
-                    write_path(st.state, step.output, call.arguments)
-                    step.status, step.wrote = "done", step.output
+                    path = plan_graph.collapse(step, call)  # a branch: the first path
+                    write_path(st.state, path, call.arguments)
+                    step.status, step.wrote = "done", path
                 continue
             if step.output:
                 st.pending[step.call_id] = _pending(step, timeout)

@@ -61,7 +61,8 @@ like "†state.urgent || †state.routine" to let the activity choose; the next 
 the updated state. A tool without "paths" writes a path like "†state.customer"; an
 activity with neither "paths" nor "_output" keeps nothing: its "_outputPath" is null.
 A latent tool's "_outputPath" stores your own arguments: name one path, you choose the
-branch as you write it. Where a tool shows "_output", that is the schema of the result
+branch as you write it (alternatives are taken as the first: what reads the others is
+skipped). Where a tool shows "_output", that is the schema of the result
 the activity writes there.
 "_scopes" lists what the activity may read ("input", "†state" or a tool's declared
 path; nothing else): a call that reads what an earlier call writes names that path in
