@@ -55,9 +55,9 @@ MUTATIONS = [
     ),
     Mutation(
         "finish_stop",
-        "core/eager.py",
-        "    if not votes:\n        return False\n    council = aggregate(votes)",
-        "    return False\n    council = aggregate(votes)",
+        "core/finish.py",
+        "    if not votes:\n        return None\n    shares = aggregate(votes).distribution",
+        "    return None\n    shares = aggregate(votes).distribution",
         (
             "runtime/pipeline/outcomes/test_records.py::test_a_finish_stop_records_the_calls_it_does_not_run",
         ),
@@ -529,6 +529,31 @@ MUTATIONS = [
         '        if planning and self._tools[tool].kind == "latent":',
         (
             "core/test_plan_rules.py::test_a_thought_on_a_lazy_planning_turn_is_kept_not_a_reason_to_ask_again",
+        ),
+    ),
+    Mutation(
+        "finish_continue",
+        "core/workflow.py",
+        '        if say == "continue" and when == "no_call" and _ended_done(out, st):',
+        "        if False:",
+        (
+            "core/test_finish.py::test_continue_keeps_an_instance_whose_answer_proposes_no_call_going",
+        ),
+    ),
+    Mutation(
+        "finish_when_deciding",
+        "core/finish.py",
+        '    if not any(lazy.is_step(spec, c) for _, c in calls):\n        return "no_call"\n    return None',
+        '    return "limit"',
+        ("core/test_finish.py::test_stop_mid_plan_changes_nothing_and_at_the_limit_ends_it_unrun",),
+    ),
+    Mutation(
+        "finish_judged_only",
+        "core/finish.py",
+        "        judged = op.token is not None or alone",
+        "        judged = True",
+        (
+            "core/test_finish.py::test_a_request_wide_finish_advisor_never_judges_an_instance_of_a_larger_request",
         ),
     ),
 ]

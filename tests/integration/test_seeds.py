@@ -115,10 +115,11 @@ async def test_on_modes_across_three_turns_and_results_checked_against_output(
         stop.set()
         await worker
     assert done["o-1"]["status"] == "turn_limit" and done["o-1"]["turns"] == 3
-    # The finish advisor was told the options and, heard on every turn since a workflow
-    # can end on its first (#38), voted stop for o-2 on turn 1: that answer's call is not
-    # run, and is recorded as such.
-    assert done["o-2"]["status"] == "stopped" and done["o-2"]["turns"] == 1
+    # The finish advisor is heard every turn (one request holds the answer and its
+    # opinion) and consulted where the loop decides (core/finish.py): o-2's stop on turn
+    # 1, with turns to spare and a call proposed, changes nothing; on turn 2, the one
+    # before the last, it ends the workflow, and that answer's call is not run.
+    assert done["o-2"]["status"] == "stopped" and done["o-2"]["turns"] == 2
     spoke: dict[tuple[str, int], set[str]] = {}
     for rec in await dep.records(dep.settings.topics.advice):
         spoke[(rec["instance"], rec["turn"])] = {o["advisor"] for o in rec["opinions"]}
@@ -127,15 +128,17 @@ async def test_on_modes_across_three_turns_and_results_checked_against_output(
         ("o-1", 2): {"monitor", "closer"},
         ("o-1", 3): {"monitor", "closer"},
         ("o-2", 1): {"opener", "monitor", "closer"},
+        ("o-2", 2): {"monitor", "closer"},
     }
     letters = await dep.records(dep.settings.topics.dead_letter)
     (unrun,) = [d for d in letters if d["code"] == "stopped"]
     assert unrun["instance"] == "o-2" and unrun["call"]["_tool"] == "check"
+    assert unrun["turn"] == 2
     checks = await dep.records(dep.activity_topic("check"))
-    assert checks and not [c for c in checks if c["instance"] == "o-2"]
+    assert {c["turn"] for c in checks if c["instance"] == "o-2"} == {1}  # turn 2's: unrun
     # Every result broke `_output`: dead-lettered with a reason, the call's error in state.
     bad = [d for d in letters if d["code"] == "bad_result"]
-    assert {d["instance"] for d in bad} == {"o-1"} and len(bad) >= 3
+    assert {d["instance"] for d in bad} == {"o-1", "o-2"} and len(bad) >= 4
     assert all(d["scope"] == "call" and "ok" in d["reason"] for d in bad)
     errors = done["o-1"]["state"]["errors"]
     assert len(errors) == 3 and all("_output" in e for e in errors.values())
