@@ -479,3 +479,19 @@ async def test_the_tickets_plan_keeps_its_order_and_branches_on_the_real_model(
     # The runtime's count and the plans' skipped steps tell the same story.
     skipped = sum(v for k, v in seen.items() if k.startswith("skipped_branch:"))
     assert flows.plan_counts.get(SKIPPED_BRANCH, 0) >= skipped
+
+
+async def test_the_manager_example_runs_on_the_real_model(
+    bootstrap: str, local_model: tuple[str, str]
+) -> None:
+    """The Instancing seed's manager example (examples/seeds/manager.yaml: one global
+    instruction, two employees' state messages, no plan) as `stream demo --example seeds`
+    runs it, on the bundled model: every employee ends one way (a state update, a
+    no-action, a call or a dead letter), and a state update carries what the model wrote.
+    What it answered is printed: a 135M model's choice is its own."""
+    url, model = local_model
+    out = await run_example(bootstrap, Target("local", url, model), "manager", 400.0)
+    print("manager on the local model:", orjson.dumps(out).decode())
+    assert out["unaccounted"] == 0, out
+    assert set(out["state_updated"]) <= set(out["updated"]), out  # an update has its fields
+    assert set(out["state_updated"]) <= {"employee_A", "employee_B"}, out
