@@ -55,9 +55,9 @@ MUTATIONS = [
     ),
     Mutation(
         "finish_stop",
-        "core/eager.py",
-        "    if not votes:\n        return False\n    council = aggregate(votes)",
-        "    return False\n    council = aggregate(votes)",
+        "core/finish.py",
+        "    if not votes:\n        return None\n    shares = aggregate(votes).distribution",
+        "    return None\n    shares = aggregate(votes).distribution",
         (
             "runtime/pipeline/outcomes/test_records.py::test_a_finish_stop_records_the_calls_it_does_not_run",
         ),
@@ -284,11 +284,22 @@ MUTATIONS = [
         ),
     ),
     Mutation(
-        "latent_branch_refused",
-        "core/call_paths.py",
-        '    if tool.kind == "latent" and len(paths) > 1:',
-        "    if False:",
-        ("harness/test_seeds.py::test_output_paths_must_be_state_paths_the_tool_declares",),
+        "latent_branch_collapses",
+        "core/plan_graph.py",
+        "    return chosen if chosen in paths else paths[0]",
+        '    return step.output or ""',
+        (
+            "core/test_plan_graph.py::test_a_latent_branch_collapses_to_its_first_path_on_the_eager_turn",
+        ),
+    ),
+    Mutation(
+        "latent_branch_later_turn",
+        "core/plan_graph.py",
+        "    return chosen if chosen in paths else paths[0]",
+        "    return paths[0]",
+        (
+            "core/test_plan_graph.py::test_a_later_turn_answering_a_due_latent_branch_names_the_path_it_takes",
+        ),
     ),
     Mutation(
         "declared_paths",
@@ -451,6 +462,95 @@ MUTATIONS = [
         "    lint.warnings.extend(_plan_names(spec))\n",
         "",
         ("ops/test_spec_lint.py::test_a_plan_naming_an_undeclared_tool_is_warned_of",),
+    ),
+    Mutation(
+        "idea_counts_commits",
+        "runtime/state/idea_tally.py",
+        "        self.tally.apply(self._pending)\n",
+        "",
+        (
+            "runtime/state/test_idea_tally.py::test_each_commit_counts_on_what_the_commits_before_it_counted",
+        ),
+    ),
+    Mutation(
+        "idea_restore",
+        "runtime/state/store.py",
+        "                self.ideas.apply({key: None if parsed is None else share_of(parsed)})",
+        "                pass",
+        ("runtime/state/test_idea_tally.py::test_a_restore_counts_what_the_changelog_holds",),
+    ),
+    Mutation(
+        "idea_rides_the_commit",
+        "runtime/units/unit.py",
+        "                records = [*records, *self.annex.staged(records)]",
+        "                self.annex.staged(records)",
+        (
+            "runtime/state/test_idea_tally.py::test_the_record_rides_the_commit_of_the_changes_it_counts",
+        ),
+    ),
+    Mutation(
+        "idea_buckets",
+        "core/idea_process.py",
+        '    "due": "running",',
+        '    "due": "waiting",',
+        ("core/test_idea_process.py::test_every_step_status_has_its_bucket",),
+    ),
+    Mutation(
+        "idea_edges",
+        "core/idea_process.py",
+        "        for p in depends_on(graph, k)\n",
+        "        for p in depends_on(graph, k)[:0]\n",
+        (
+            "core/test_idea_process.py::test_a_share_names_nodes_by_tool_and_output_and_links_reader_to_producer",
+        ),
+    ),
+    Mutation(
+        "idea_partition_once",
+        "core/idea_process.py",
+        "        if rec.partition not in newest or rec.at > newest[rec.partition].at:",
+        "        if True:",
+        ("core/test_idea_process.py::test_partitions_are_summed_and_each_partition_counts_once",),
+    ),
+    Mutation(
+        "thought_first",
+        "core/prompt.py",
+        '        for tool in sorted(self.tools, key=lambda t: not (t.kind == "latent" and not t.paths)):',
+        "        for tool in self.tools:",
+        ("core/test_plan_rules.py::test_the_compact_answer_writes_thoughts_before_the_steps",),
+    ),
+    Mutation(
+        "thought_on_planning",
+        "core/validate.py",
+        '        if planning and self._tools[tool].kind == "latent" and not thought:',
+        '        if planning and self._tools[tool].kind == "latent":',
+        (
+            "core/test_plan_rules.py::test_a_thought_on_a_lazy_planning_turn_is_kept_not_a_reason_to_ask_again",
+        ),
+    ),
+    Mutation(
+        "finish_continue",
+        "core/workflow.py",
+        '        if say == "continue" and when == "no_call" and _ended_done(out, st):',
+        "        if False:",
+        (
+            "core/test_finish.py::test_continue_keeps_an_instance_whose_answer_proposes_no_call_going",
+        ),
+    ),
+    Mutation(
+        "finish_when_deciding",
+        "core/finish.py",
+        '    if not any(lazy.is_step(spec, c) for _, c in calls):\n        return "no_call"\n    return None',
+        '    return "limit"',
+        ("core/test_finish.py::test_stop_mid_plan_changes_nothing_and_at_the_limit_ends_it_unrun",),
+    ),
+    Mutation(
+        "finish_judged_only",
+        "core/finish.py",
+        "        judged = op.token is not None or alone",
+        "        judged = True",
+        (
+            "core/test_finish.py::test_a_request_wide_finish_advisor_never_judges_an_instance_of_a_larger_request",
+        ),
     ),
 ]
 

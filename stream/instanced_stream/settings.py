@@ -67,6 +67,7 @@ class Topics:
         self.dead_letter = prefix + "stream.deadletter"
         self.no_action = prefix + "stream.noaction"
         self.state_updates = prefix + "stream.stateupdates"
+        self.ideas = prefix + "stream.ideas"  # the plans' Idea Process (compacted)
         self.context = prefix + "stream.context"
         self.advice = prefix + "stream.advice"
         self.results = prefix + "stream.results"

@@ -257,6 +257,32 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _process_idea(args: argparse.Namespace, settings: Settings) -> int:
+    from instanced_stream.ops.idea_process import instance_standing, read_ideas, render
+
+    _, bootstrap = configured(settings)
+    if args.instance:
+        standing = asyncio.run(instance_standing(bootstrap, settings, args.instance))
+        if standing is None:
+            print(f"no state of instance {args.instance!r} on the changelog", file=sys.stderr)
+            return 1
+        print(orjson.dumps(standing, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    ideas = asyncio.run(read_ideas(bootstrap, settings))
+    if args.json:
+        print(
+            orjson.dumps(
+                [i.model_dump(mode="json") for i in ideas], option=orjson.OPT_INDENT_2
+            ).decode()
+        )
+    else:
+        print(
+            "\n".join(render(i) for i in ideas)
+            or "no Idea Process recorded (a spec with a plan writes one)"
+        )
+    return 0
+
+
 _COMMANDS: dict[str, Command] = {
     "process": _process,
     "activities": activities,
@@ -269,6 +295,7 @@ _COMMANDS: dict[str, Command] = {
     "approve": _approve,
     "audit": _audit,
     "redrive": _redrive,
+    "process-idea": _process_idea,
 }
 
 

@@ -179,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--list", action="store_true", help="only show the proposals pending now, as JSON lines"
     )
     ap.add_argument("--reject", metavar="REASON", help="reject instead, with this reason")
+    pi = add(
+        "process-idea",
+        help="the plans' Idea Process: each plan's steps across its instances, with how many "
+        "wait, run, are done, failed or were skipped",
+    )
+    pi.add_argument("--instance", metavar="ID", help="where one instance stands (its plan)")
+    pi.add_argument("--json", action="store_true", help="as JSON")
     au = add("audit", help="check that every input item has an outcome")
     au.add_argument("--json", action="store_true", help="the whole report as JSON")
     au.add_argument(

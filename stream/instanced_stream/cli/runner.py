@@ -28,7 +28,18 @@ Command = Callable[[argparse.Namespace, "Settings"], int]
 
 # They print their own summaries; library start-up chatter (a new topic's leader
 # election, group coordinator discovery) is retried noise there.
-_QUIET = ("demo", "produce", "tail", "topics", "audit", "bench", "eval", "check", "redrive")
+_QUIET = (
+    "demo",
+    "produce",
+    "tail",
+    "topics",
+    "audit",
+    "process-idea",
+    "bench",
+    "eval",
+    "check",
+    "redrive",
+)
 
 
 def configured(settings: Settings) -> tuple[AgentSpec, str]:

@@ -23,8 +23,9 @@ def output_path_problem(tool: Tool, output_path: str) -> str | None:
     """Why a call's `_outputPath` cannot be honoured, or None. Each alternative must be a
     †state path among the tool's declared paths (any †state.key path when it declares
     none: †state itself only when declared, since a result merged into the whole state
-    must be an object, and only a declared path is that promise); a latent call must
-    name one: the model writes the output, so it chooses. An activity that declares
+    must be an object, and only a declared path is that promise). A latent call may
+    name alternatives too: the model writes its output in the answer, so its branch
+    collapses to one path as it writes it (core/plan_graph.py `collapse`). An activity that declares
     neither paths nor `_output` is fire-and-forget (the spec's own definition): it keeps
     nothing."""
     if fire_and_forget(tool):
@@ -41,11 +42,6 @@ def output_path_problem(tool: Tool, output_path: str) -> str | None:
         return (
             f"_outputPath {output_path!r}: {tool.name} declares no {STATE} path, so its "
             f"result may not replace the whole state; write it to {STATE}.<key>"
-        )
-    if tool.kind == "latent" and len(paths) > 1:
-        return (
-            f"_outputPath {output_path!r}: a latent call writes its own output, so it names "
-            "one path: choose the branch now"
         )
     return None
 

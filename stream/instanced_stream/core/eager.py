@@ -14,9 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from instanced_stream.core import lazy, plan_graph
-from instanced_stream.core.advice import Vote as _Vote
-from instanced_stream.core.advice import aggregate, parse_votes
+from instanced_stream.core import finish, lazy, plan_graph
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.lazy import TurnEffects
 from instanced_stream.core.lazy import finish as _finish
@@ -103,8 +101,8 @@ def _answer_due(st: InstanceState, calls: list[tuple[str, Call]]) -> list[tuple[
     state (their steps done). Returns them, so they make no new step."""
     matched = plan_graph.answer_due(st.plan, calls)
     for step, call in matched:
-        if step.output:
-            write_path(st.state, step.output, call.arguments)
+        if step.wrote:  # the one path its branch collapsed to (plan_graph.collapse)
+            write_path(st.state, step.wrote, call.arguments)
     return [(step.call_id, call) for step, call in matched]
 
 
@@ -123,8 +121,9 @@ def advance(
             if step.kind == "latent":
                 call = given.get(step.call_id)
                 if call is not None and step.output:
-                    write_path(st.state, step.output, call.arguments)
-                    step.status, step.wrote = "done", step.output
+                    path = plan_graph.collapse(step, call)  # a branch: the first path
+                    write_path(st.state, path, call.arguments)
+                    step.status, step.wrote = "done", path
                 continue
             if step.output:
                 st.pending[step.call_id] = _pending(step, timeout)
@@ -202,18 +201,6 @@ def settled(spec: AgentSpec, st: InstanceState) -> DoneRecord | None:
     return None
 
 
-def finish_says_stop(spec: AgentSpec, opinions: list[Opinion]) -> bool:
-    """The finish advisors' say on stopping: the prompt tells them to score the options
-    "stop" and "continue"; the loop stops when "stop" leads with at least 50."""
-    votes = []
-    for op in opinions:
-        advisor = spec.advisor(op.advisor)
-        scores, _ = parse_votes(op.votes_raw)
-        if advisor and advisor.on == "finish" and scores and op.error is None:
-            votes.append(_Vote(op.advisor, advisor.weight, scores))
-    if not votes:
-        return False
-    council = aggregate(votes)
-    return council.distribution.get("stop", 0.0) >= max(
-        0.5, council.distribution.get("continue", 0.0)
-    )
+def finish_says_stop(spec: AgentSpec, opinions: list[Opinion], alone: bool = True) -> bool:
+    """The finish advisors that judged the instance say stop (core/finish.py `say`)."""
+    return finish.say(spec, opinions, alone) == "stop"

@@ -61,7 +61,8 @@ like "†state.urgent || †state.routine" to let the activity choose; the next 
 the updated state. A tool without "paths" writes a path like "†state.customer"; an
 activity with neither "paths" nor "_output" keeps nothing: its "_outputPath" is null.
 A latent tool's "_outputPath" stores your own arguments: name one path, you choose the
-branch as you write it. Where a tool shows "_output", that is the schema of the result
+branch as you write it (alternatives are taken as the first: what reads the others is
+skipped). Where a tool shows "_output", that is the schema of the result
 the activity writes there.
 "_scopes" lists what the activity may read ("input", "†state" or a tool's declared
 path; nothing else): a call that reads what an earlier call writes names that path in
@@ -143,9 +144,14 @@ only when consulted: where an instance is hard to decide, call ConsultAdvisor fo
 active and your question in "questions"."""
 
 # Only for specs with a finish advisor: the loop reads its votes, so it must know them.
-FINISH = """An advisor with "on": "finish" decides whether an instance's workflow stops:
-its "calls" scores the options "stop" and "continue"; "stop" at 50 or more, and not
-below "continue", ends the workflow now: the calls of that answer are not run."""
+FINISH = """An advisor with "on": "finish" is consulted where the loop decides whether an
+instance's workflow stops: its "calls" scores the options "stop" and "continue". Where
+your answer for the instance proposes no further call, "stop" (50 or more, not below
+"continue") ends it, and "continue" (50 or more, above "stop") gives it another turn
+while its plan's turns remain. On its plan's last turn or the one before (or a request
+without a plan), "stop" ends it now and the calls of that answer are not run. On other
+turns its opinion is recorded and changes nothing. An advisor for the whole request
+speaks for an instance only when the request holds that instance alone."""
 
 # Only for specs where silence is an answer (spec `silence: no_action`).
 SILENCE = """An instance that needs nothing may also get no call at all: silence is

@@ -103,8 +103,8 @@ def turn(
     if first_time:
         matched = answer_due(st.plan, calls)
         for step, call in matched:
-            if step.output:
-                write_path(st.state, step.output, call.arguments)
+            if step.wrote:  # the one path its branch collapsed to (plan_graph.collapse)
+                write_path(st.state, step.wrote, call.arguments)
         answered = {id(call) for _, call in matched}
         for cid, call in calls:
             if id(call) not in answered and is_step(spec, call):

@@ -20,7 +20,9 @@ Branches: a producer whose `_outputPath` is `†state.urgent || †state.routine
 of them. A step that reads only the branch not taken never runs: it is skipped, and so
 is every step that reads its output (`skipped_branch` counts them). A step reading a
 producer that failed (an error result, a deadline) is skipped too (`skipped_input`
-counts them). When a step starts, each input a step of its graph writes is looked up in
+counts them). A latent producer's branch collapses to one path as the model writes it
+(`collapse`: the seeds' update for the eager turn), and its readers follow the same rule.
+When a step starts, each input a step of its graph writes is looked up in
 the state as it is then: one missing is counted (`ran_on_missing_input`, which the rules
 above keep at 0, whatever the order of the answer).
 """
@@ -43,6 +45,7 @@ __all__ = [
     "Step",
     "advance",
     "answer_due",
+    "collapse",
     "depends_on",
     "due",
     "finished",
@@ -277,6 +280,18 @@ def mark(graph: list[Step], call_id: str, ok: bool, wrote: str | None = None) ->
             step.wrote = wrote if ok else None
 
 
+def collapse(step: Step, call: Call | None = None) -> str:
+    """The one path a latent step's answer is written to. The seeds' update: on an eager
+    turn planning is execution, so the model's reasoning collapses a latent call's
+    `a || b` into one concrete path for that turn: the first it wrote (what reads only
+    the others is skipped, as on an activity's branch). A later turn answering a due
+    latent step (its input came in meanwhile) may name the alternative it takes in its
+    own `_outputPath`; one it does not name (or the branch again) is the first."""
+    paths = _outputs(step)
+    chosen = (call.output_path or "").strip() if call is not None else ""
+    return chosen if chosen in paths else paths[0]
+
+
 def due(graph: list[Step]) -> list[Step]:
     return [s for s in graph if s.status == "due"]
 
@@ -294,7 +309,7 @@ def answer_due(graph: list[Step], calls: list[tuple[str, Call]]) -> list[tuple[S
         step = next((s for s in open_steps if s.tool == call.tool), None)
         if step is not None:
             open_steps.remove(step)
-            step.status, step.wrote = "done", step.output
+            step.status, step.wrote = "done", collapse(step, call) if step.output else None
             matched.append((step, call))
     return matched
 

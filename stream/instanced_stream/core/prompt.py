@@ -290,10 +290,14 @@ class PromptBuilder:
         return branches
 
     def _compact_calls(self, tokens: list[str], ask: Ask, loose: bool = False) -> dict[str, Any]:
-        """The compact answer's calls: one array per tool, each call a positional array."""
+        """The compact answer's calls: one array per tool, each call a positional array.
+        A thought's tool (latent, writing no path) comes first: strict output writes the
+        groups in this order, and a thought informs the steps written after it (the
+        seeds: it enriches "the later steps of the same solution"); the other tools keep
+        the spec's order, which the plan's graph makes irrelevant to when a step runs."""
         groups: dict[str, Any] = {}
         bounded = self.spec.model.bounded_answer
-        for tool in self.tools:
+        for tool in sorted(self.tools, key=lambda t: not (t.kind == "latent" and not t.paths)):
             if tool.name == CONSULT and not ask.consult:
                 continue
             props, _ = _planned_parameters(tool, ask)

@@ -344,7 +344,10 @@ class Validator:
             for k, v in raw.items()
             if not k.startswith("_") and (v is not None or k in required)
         }
-        if planning and self._tools[tool].kind == "latent":
+        # A latent call without `_outputPath` is a thought (ephemeral, no step of the
+        # plan): on a planning turn it is answered as on any turn, never a broken plan.
+        thought = self._tools[tool].kind == "latent" and not raw.get("_outputPath")
+        if planning and self._tools[tool].kind == "latent" and not thought:
             if any(v is not None for v in args.values()):
                 return Refusal(
                     LATENT_IN_LAZY_PLAN,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from instanced_stream.core import binding, eager, lazy, plan_graph
+from instanced_stream.core import binding, eager, finish, lazy, plan_graph
 from instanced_stream.core.binding import Unbound
 from instanced_stream.core.eager import REVIEW, finish_says_stop, unrun_by_stop
 from instanced_stream.core.expiry import DueIndex, forget_retired
@@ -58,6 +58,11 @@ class _Shared:
     launched: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     results_ignored: int = 0
     expired: int = 0
+
+
+def _ended_done(out: TurnEffects, st: InstanceState) -> bool:
+    """The turn ended the workflow as done (no more calls), not by a limit or a stop."""
+    return out.done is not None and st.ended is not None and st.ended.status == "done"
 
 
 class Workflow:
@@ -168,12 +173,18 @@ class Workflow:
             st.trace.append(
                 TraceEntry(turn=inst.turn, batch_id=batch.id, call_ids=[cid for cid, _ in calls])
             )
-        if self.iterative and finish_says_stop(self.spec, opinions):
+        # The finish advisors are consulted where the loop decides whether this instance
+        # stops (core/finish.py): a stop ends it; a continue keeps an answer of no call going.
+        say = finish.say(self.spec, opinions, alone=batch.size == 1) if self.iterative else None
+        when = finish.moment(self.spec, inst.turn, calls) if say is not None else None
+        if say == "stop" and when is not None:
             out = eager.stopped(self.spec, st, calls)
         elif self.lazy:
             out = lazy.turn(self.spec, st, inst, calls, batch, first_time, self.timeout)
         else:
             out = eager.turn(self.spec, st, inst, calls, first_time, self.timeout, reviews)
+        if say == "continue" and when == "no_call" and _ended_done(out, st):
+            st.status, st.ended, out.done = "ready", None, None  # another turn, as it asked
         self._put(st)
         return out
 

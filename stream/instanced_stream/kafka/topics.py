@@ -85,9 +85,11 @@ async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentS
     await ensure_topics(bootstrap, [settings.topics.context], 1, config=compact, **durable)
     # The state table's changelog, co-partitioned with the input topic: each instance's
     # state is written to its input's partition.
+    # The Idea Process topic too: each partition's unit writes its share to its own
+    # partition, keyed by the plan's edition and the partition (core/idea_process.py).
     await ensure_topics(
         bootstrap,
-        [state_changelog(settings), batch_changelog(settings)],
+        [state_changelog(settings), batch_changelog(settings), settings.topics.ideas],
         settings.partitions,
         config=compact,
         **durable,

@@ -56,6 +56,7 @@ class WebServer:
         partitions: Callable[[], dict[int, dict[str, Any]]] | None = None,
         units: Callable[[], dict[str, int]] | None = None,
         group: Callable[[], dict[str, Any]] | None = None,
+        ideas: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ready = ready
@@ -73,6 +74,8 @@ class WebServer:
         # (PodDisruptionBudgets then block drains, rollouts stall) while nothing a pod
         # restart or a reschedule could fix. It is a metric and an alert instead.
         self.model_ok = model_ok
+        # The plans' Idea Process (runtime/pipeline/idea_view.py): graphs and counts only.
+        self.ideas = ideas
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -85,6 +88,7 @@ class WebServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/live", self._live)
+        app.router.add_get("/api/ideas", self._ideas)
         app.router.add_get("/", self._page)
         return app
 
@@ -124,6 +128,11 @@ class WebServer:
         if self.group is not None:
             live["group"] = self.group()
         return web.Response(body=orjson.dumps(live), content_type="application/json")
+
+    async def _ideas(self, _: web.Request) -> web.Response:
+        """The Idea Process of each plan edition: its steps, their edges and counts."""
+        plans = self.ideas() if self.ideas is not None else []
+        return web.Response(body=orjson.dumps({"plans": plans}), content_type="application/json")
 
     async def _page(self, _: web.Request) -> web.Response:
         page = resources.files("instanced_stream.observe").joinpath("live.html").read_text()

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from instanced_stream import __version__
+from instanced_stream.core.idea_process import IdeaProcessRecord
 from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
@@ -55,6 +56,13 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str, str]] = {
         StateUpdateRecord,
         "processor",
         "State updates of a spec without a plan (latent calls writing †state)",
+    ),
+    "ideas": (
+        "stream.ideas",
+        IdeaProcessRecord,
+        "processor",
+        "Each plan's Idea Process: per plan edition and input partition, its steps' counts"
+        " (compacted)",
     ),
     "deadletter": ("stream.deadletter", DeadLetter, "processor", "Refused records, with why"),
     "advice": ("stream.advice", AdviceRecord, "processor", "Advisors' votes per instance"),

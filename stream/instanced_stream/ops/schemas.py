@@ -17,6 +17,7 @@ import orjson
 from pydantic import AliasChoices, BaseModel
 
 from instanced_stream.core import spec as spec_models
+from instanced_stream.core.idea_process import IdeaProcessRecord
 from instanced_stream.core.messages import (
     ActivityRecord,
     AdviceRecord,
@@ -43,6 +44,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "activity-record": ActivityRecord,
     "no-action-record": NoActionRecord,
     "state-update-record": StateUpdateRecord,
+    "idea-process-record": IdeaProcessRecord,
     "advice-record": AdviceRecord,
     "result-record": ResultRecord,
     "done-record": DoneRecord,

@@ -36,6 +36,7 @@ from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch_api.ledger import Ledger
 from instanced_stream.runtime.batch_api.submissions import Submissions
 from instanced_stream.runtime.pipeline.answers import Answers
+from instanced_stream.runtime.pipeline.idea_view import IdeaView
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.runtime.pipeline.replies import Replies
@@ -186,6 +187,7 @@ class Processor:
     membership: Membership
     follower: OverrideFollower
     web: WebServer
+    ideas: IdeaView | None = None  # a plan's Idea Process, followed for the live page
 
 
 def assemble(
@@ -257,6 +259,8 @@ def assemble(
     # given (what a rollout and a disruption budget need to know): a unit restoring or
     # failing to open is not served yet, and a group rebalancing more than a few
     # times a minute serves nothing for long. The model's state is only reported.
+    # A spec with a plan: its Idea Process topic, followed for the page (counts only).
+    ideas = IdeaView(bootstrap, topics.ideas) if spec.plan is not None else None
     web = WebServer(
         metrics,
         routes.ready_now,
@@ -266,9 +270,21 @@ def assemble(
         partitions=membership.states,
         units=lambda: uncommitted(membership.units),
         group=membership.group,
+        ideas=ideas.plans if ideas is not None else None,
     )
     return Processor(
-        metrics, worker, parts, llm, second, submissions, restores, lanes, membership, follower, web
+        metrics,
+        worker,
+        parts,
+        llm,
+        second,
+        submissions,
+        restores,
+        lanes,
+        membership,
+        follower,
+        web,
+        ideas,
     )
 
 

@@ -83,6 +83,7 @@ class _Service(mode.Service):
         self.fetcher = built.membership.fetcher  # the walk's first stage
         self.follower = built.follower
         self.web = built.web
+        self.ideas = built.ideas
         self.turns: asyncio.Queue[tuple[Unit, Instance]] = asyncio.Queue()
         self.serving = False
         self.queue: asyncio.Queue[list[Fetched]] = asyncio.Queue(maxsize=_QUEUED_FETCHES)
@@ -136,6 +137,8 @@ class _Service(mode.Service):
         if isinstance(self.llm, BatchModel):
             self.llm.start()
         await self.follower.start()
+        if self.ideas is not None:
+            self.ideas.start()
 
     async def on_started(self) -> None:
         self.serving = True
@@ -172,6 +175,8 @@ class _Service(mode.Service):
         await self.membership.stop()
         await self.follower.stop()
         await self.web.stop()
+        if self.ideas is not None:
+            await self.ideas.stop()
         await _closed(self.llm, self.escalate_llm, self.flows.stores if self.flows else None)
 
     async def _fetch_loop(self) -> None:

@@ -184,6 +184,62 @@ def test_a_latent_intermediary_waits_for_its_input_and_is_answered_again() -> No
     ]
 
 
+def _two_path_summary() -> AgentSpec:
+    """The tickets spec with a latent tool that may write either of two paths."""
+    spec = tickets_spec()
+    tools = [
+        t.model_copy(update={"paths": ["†state.summary", "†state.notes"]})
+        if t.name == "summarize"
+        else t
+        for t in spec.tools
+    ]
+    return spec.model_copy(update={"tools": tools})
+
+
+def test_a_latent_branch_collapses_to_its_first_path_on_the_eager_turn() -> None:
+    """The seeds' update: on the first eager turn a latent call's `a || b` collapses to
+    one path as the model writes it; a reader of the other is skipped as on a branch."""
+    flow, inst = _flow(_two_path_summary())
+    note = ("c-note", _call("summarize", summary="s", _outputPath="†state.summary || †state.notes"))
+    on_notes = (
+        "c-route",
+        _call("routeTicket", queue="standard", note="n", _scopes=["†state.notes"]),
+    )
+    effects = flow.turn(inst, [on_notes, note, LOOKUP], BATCH, [])
+    assert effects.run == ["c-look"]  # the route reads the path not taken: never run
+    st = flow.store.get("t1")
+    assert st is not None and st.state["summary"] == {"summary": "s"} and "notes" not in st.state
+    assert {s.tool: (s.status, s.skipped_for) for s in st.plan}["routeTicket"] == (
+        "skipped",
+        "branch",
+    )
+    assert st.counts[SKIPPED_BRANCH] == 1 and st.counts.get(RAN_ON_MISSING_INPUT, 0) == 0
+
+
+def test_a_later_turn_answering_a_due_latent_branch_names_the_path_it_takes() -> None:
+    """A latent branch step that waited for its input is answered on a later turn: the
+    answer's own `_outputPath` names the alternative taken there."""
+    flow, inst = _flow(_two_path_summary())
+    note = (
+        "c-note",
+        _call("summarize", summary="guess", _outputPath="†state.summary || †state.notes",
+              _scopes=["†state.customer"]),
+    )  # fmt: skip
+    on_summary = (
+        "c-route",
+        _call("routeTicket", queue="standard", note="n", _scopes=["†state.summary"]),
+    )
+    flow.turn(inst, [note, on_summary, LOOKUP], BATCH, [])
+    nxt, _ = flow.on_result(_result("c-look", "lookupCustomer", "†state.customer", {"vip": True}))
+    assert nxt is not None
+    answer = [("t2-note", _call("summarize", summary="vip", _outputPath="†state.notes"))]
+    effects = flow.turn(nxt, answer, BATCH, [])
+    assert effects.launch == []  # the route read the summary, which was not written
+    st = flow.store.get("t1")
+    assert st is not None and st.state["notes"] == {"summary": "vip"} and "summary" not in st.state
+    assert st.counts[SKIPPED_BRANCH] == 1
+
+
 def _approved(flow: Workflow, inst: Instance, answer: list[tuple[str, Call]]) -> list[str]:
     """A lazy turn proposed (nothing runs before approval), approved as a whole: the
     tools that start."""

@@ -143,6 +143,37 @@ def test_a_latent_result_in_a_lazy_plan_is_refused_and_the_plan_asked_again() ->
     ]
 
 
+def test_a_thought_on_a_lazy_planning_turn_is_kept_not_a_reason_to_ask_again() -> None:
+    spec = _tickets("protocol")
+    planning = PromptBuilder(spec).ask_for(1)
+    answer = {
+        "calls": [
+            {"_tool": "think", "_instance": "①", "thought": "VIP first: look them up"},
+            {"_tool": "lookupCustomer", "_instance": "①", "reason": "r",
+             "_outputPath": "†state.customer", "_scopes": ["input"]},
+        ]
+    }  # fmt: skip
+    verdict = Validator(spec).check(orjson.dumps(answer).decode(), ["①"], planning)
+    assert not verdict.refusals
+    calls = verdict.calls["①"]
+    assert [c.tool for c in calls] == ["think", "lookupCustomer"]  # in the model's order
+    # the proposal's graph holds the step, not the thought (which is never stored)
+    steps = steps_of(spec, [(str(k), c) for k, c in enumerate(calls)], "proposed")
+    assert [s.tool for s in steps] == ["lookupCustomer"]
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_the_compact_answer_writes_thoughts_before_the_steps(mode: str) -> None:
+    spec = _tickets("compact", mode)
+    builder = PromptBuilder(spec)
+    schema = builder.response_format(1, builder.ask_for(1))["json_schema"]["schema"]
+    calls = schema["properties"]["calls"]
+    order = list(calls["properties"])
+    assert order[0] == "think" and calls["required"] == order  # strict output: this order
+    declared = [t.name for t in spec.tools if t.name != "think"]
+    assert [t for t in order if t in declared] == declared  # the others as the spec has them
+
+
 def test_awaited_calls_without_a_plan_are_refused_at_spec_load() -> None:
     tool = {"name": "look", "description": "d", "paths": ["†state.a"]}
     with pytest.raises(ValueError, match="no plan: without a plan a request is one-shot"):

@@ -148,12 +148,18 @@ def test_turn_limit_and_a_finish_advisor_end_the_workflow() -> None:
     assert nxt is None and done is not None and done.status == "turn_limit"
 
     closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
-    stoppable = base.model_copy(update={"advisors": [closer]})
+    stop = Opinion(advisor="closer", token=None, fields={}, votes_raw='{"stop": 90, "go": 10}')
+    # turns to spare and a call proposed: the loop decides nothing here, the stop waits
+    store = MemoryStore()
+    flow = _started(base.model_copy(update={"advisors": [closer]}), store)
+    turn = flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop])
+    assert turn.done is None and store.get("t-1").status == "pending"  # type: ignore[union-attr]
+    near = base.plan.model_copy(update={"max_turns": 2})  # turn 1 is the one before the last
+    stoppable = base.model_copy(update={"advisors": [closer], "plan": near})
     store = MemoryStore()
     flow = _started(stoppable, store)
-    stop = Opinion(advisor="closer", token=None, fields={}, votes_raw='{"stop": 90, "go": 10}')
     turn = flow.turn(inst, [("c1", _call("lookupCustomer", "†state.customer"))], BATCH, [stop])
-    # it awaited a call, but the finish advisor voted stop: the loop ends here
+    # it awaited a call, but its turn limit nears and the finish advisor voted stop
     assert turn.done is not None and turn.done.status == "stopped"
     st = store.get("t-1")
     assert st is not None and st.pending == {} and st.status == "done"
@@ -179,7 +185,10 @@ def test_a_finish_advisor_from_the_context_topic_is_heard_by_the_workflow() -> N
     rig = Rig(load_spec(TICKETS))
     rig.unit(0)  # its store
     closer = Advisor.model_validate({"id": "closer", "role": "r", "on": "finish"})
-    rig.live.install(rig.workflow.spec.model_copy(update={"advisors": [closer]}))
+    spec = rig.workflow.spec
+    assert spec.plan is not None  # its last turn but one: where the loop decides
+    near = spec.plan.model_copy(update={"max_turns": 2})
+    rig.live.install(spec.model_copy(update={"advisors": [closer], "plan": near}))
     src = SourcePosition(topic="items", partition=0, offset=0)
     inst = rig.workflow.admit(Instance("t-1", {"customer": "acme"}, src, 10))
     assert inst is not None

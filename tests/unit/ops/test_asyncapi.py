@@ -46,6 +46,7 @@ def test_channels_are_the_product_topics() -> None:
         topics.dead_letter,
         topics.no_action,
         topics.state_updates,
+        topics.ideas,
         topics.context,
         topics.advice,
         topics.results,

@@ -24,6 +24,7 @@ import time
 from instanced_stream.core.instance import Instance
 from instanced_stream.runtime.pipeline.workflows import Flows
 from instanced_stream.runtime.state.changelog import AT_ONCE
+from instanced_stream.runtime.state.idea_tally import IdeaShare
 from instanced_stream.runtime.state.store import UnitStore
 from instanced_stream.runtime.units.unit import Unit
 
@@ -90,6 +91,14 @@ class Restores:
             if nxt is not None:
                 ready.append(nxt)
         unit.written = self.flows.stores.written
+        # Each commit's changes counted on the plan's Idea Process, in that commit.
+        unit.annex = IdeaShare(
+            store.ideas,
+            self.flows.changelog,
+            self.flows.builder.topics.ideas,
+            p,
+            lambda: self.flows.workflow.spec.plan,
+        )
         log.info(
             "partition %d: %d states restored in %.1fs (%s, %d records read, %d quarantined), "
             "%d workflows resume their next turn",

@@ -33,6 +33,7 @@ from instanced_stream.errors import BadRecord
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.runtime.state.changelog import ChangelogReader, Quarantined
 from instanced_stream.runtime.state.changes import next_change
+from instanced_stream.runtime.state.idea_tally import IdeaTally, share_of
 from instanced_stream.runtime.state.recall import Recall, RecallFailed
 from instanced_stream.runtime.state.transaction import Transaction
 
@@ -99,6 +100,9 @@ class UnitStore:
         # is restored again (its unit reopened), a key the changelog did not change since
         # goes back to that value: nothing uncommitted outlives its unit.
         self._base: dict[str, bytes | Retired | None] | None = {}
+        # The partition's Idea Process counts: of the committed states only, set by each
+        # restore from what it reads and by each commit (runtime/state/idea_tally.py).
+        self.ideas = IdeaTally()
 
     def __contains__(self, instance: str) -> bool:
         return instance in self._raw or instance in self._retired
@@ -136,6 +140,7 @@ class UnitStore:
         if self._base is None:  # too much changed to undo: everything read again
             self._raw, self._parsed, self._retired, self._base = {}, {}, {}, {}
             self._ending, self._recalled = {}, OrderedDict()
+            self.ideas.reset()
             self.changelog.rewind()
         undo, self._base = self._base, {}
         async with contextlib.AsyncExitStack() as gated:
@@ -155,11 +160,14 @@ class UnitStore:
                 await asyncio.sleep(0)
             self._forget(key)
             if raw is None:
+                self.ideas.apply({key: None})
                 continue
             if isinstance(raw, Retired):
                 self._retired[key] = raw
                 continue
             parsed = self.changelog.parse(key, offset, raw)
+            if offset >= 0:  # read from the changelog: committed (an undone key: as counted)
+                self.ideas.apply({key: None if parsed is None else share_of(parsed)})
             if parsed is None:  # unreadable: quarantined by the reader
                 continue
             ended = _ended_at(parsed)

@@ -50,6 +50,7 @@ from instanced_stream.runtime.units.collector import RecordCollector, Refusals, 
 __all__ = [
     "LINGER_S",
     "Alone",
+    "Annex",
     "CommitOffsets",
     "Owner",
     "Slot",
@@ -71,6 +72,15 @@ LINGER_S = 0.05
 CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 # A committed state change (a changelog record of the unit's partition) and its offset.
 Written = Callable[[int, OutRecord, int], None]
+
+
+class Annex(Protocol):
+    """Records a commit adds about its own records, in its own transaction (the Idea
+    Process share of the partition: runtime/state/idea_tally.py `IdeaShare`)."""
+
+    def staged(self, records: list[OutRecord]) -> list[OutRecord]: ...
+
+    def committed(self) -> None: ...
 
 
 class UnitGone(Exception):
@@ -170,6 +180,7 @@ class Unit:
         self.commits = 0
         self.committed_records = 0
         self.written: Written | None = None  # told of each committed state change
+        self.annex: Annex | None = None  # adds its records to each commit's
 
     def __repr__(self) -> str:
         return f"Unit(p={self.partition}, held={self.held})"
@@ -295,6 +306,8 @@ class Unit:
             records, offsets = self._take()
             if not records and not offsets:
                 return 0
+            if self.annex is not None:
+                records = [*records, *self.annex.staged(records)]
             tps = {TopicPartition(t, self.partition): o for t, o in offsets.items()}
             try:
                 records, offsets_written = await self._write(records, tps)
@@ -310,6 +323,8 @@ class Unit:
                 if self.transactional:
                     await self._abort()
                 raise
+            if self.annex is not None:
+                self.annex.committed()
             self.commits += 1
             self.committed_records += len(records)
             _tell(self.written, self.partition, records, offsets_written)

@@ -149,6 +149,11 @@ async def run_example(
     if example == "manager":
         updates = await read_json(bootstrap, topics.state_updates)
         out.update(_manager(items, no_action, updates, calls))
+        # what a real model's answers were refused for (the simulator's are none)
+        out["letters"] = [
+            {"instance": d.get("instance"), "code": d["code"], "reason": str(d["reason"])[:200]}
+            for d in letters
+        ]
     return out
 
 

@@ -225,7 +225,8 @@ class RecordBuilder:
             ordinals[call.tool] += 1
         if flow is None:
             effects = TurnEffects(run=[cid for cid, _ in calls])
-            if self.spec.plan is None and finish_says_stop(self.spec, answer.opinions):
+            alone = answer.size == 1  # a request-wide opinion judged this instance only then
+            if self.spec.plan is None and finish_says_stop(self.spec, answer.opinions, alone):
                 # No workflow to end, but the prompt's promise holds: a stop's calls do
                 # not run (each a dead letter `stopped`).
                 effects = TurnEffects(dropped=unrun_by_stop(self.spec, calls, "not run"))

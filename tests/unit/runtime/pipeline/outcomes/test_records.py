@@ -139,7 +139,9 @@ def test_a_finish_stop_records_the_calls_it_does_not_run() -> None:
     `stopped`, and the model was told they will not run."""
     spec = tickets_spec()
     finish = {"id": "closer", "role": "r", "on": "finish"}
-    spec = AgentSpec.model_validate({**spec.model_dump(by_alias=True), "advisors": [finish]})
+    data = spec.model_dump(by_alias=True)
+    data["plan"]["maxTurns"] = 2  # turn 1 is the one before the last: the loop decides
+    spec = AgentSpec.model_validate({**data, "advisors": [finish]})
     flow = Workflow(spec, MemoryStore(), pending_timeout_s=60)
     inst = flow.admit(Instance("a", {"text": "x"}, SRC, 10))
     assert inst is not None
