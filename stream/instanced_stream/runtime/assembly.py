@@ -25,7 +25,7 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE, Probe
-from instanced_stream.kafka.topics import batch_changelog, state_changelog
+from instanced_stream.kafka.topics import answer_journal, batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.factory import build_llm
@@ -35,6 +35,7 @@ from instanced_stream.observe.web import WebServer
 from instanced_stream.runtime.batch_api.ledger import Ledger
 from instanced_stream.runtime.batch_api.submissions import Submissions
 from instanced_stream.runtime.pipeline.answers import Answers
+from instanced_stream.runtime.pipeline.journal import AnswerJournal
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.runtime.pipeline.restore import Restores
@@ -100,6 +101,7 @@ def assemble_pipeline(
     probe: Probe = NO_PROBE,
     second: Model | None = None,
     tier: Tier = ONLINE,
+    journal: AnswerJournal | None = None,
 ) -> Pipeline:
     """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
     `stores` makes (asked only for a spec with a plan)."""
@@ -134,6 +136,7 @@ def assemble_pipeline(
         flows=flows,
         second=second,
         tier=tier,
+        journal=journal,
     )
     answers = Answers(flows) if flows is not None else None
     return Pipeline(live, builder, flows, answers, stager)
@@ -178,6 +181,7 @@ class Processor:
     llm: LLM | BatchModel
     second: LLM | None  # model.escalate's client
     submissions: Submissions | None  # the Batch API tier's record of what it submitted
+    journal: AnswerJournal | None  # the answers not committed yet (STREAM_ANSWER_JOURNAL)
     restores: Restores | None  # a stateful spec's restores of its units' stores
     lanes: Lanes
     membership: Membership
@@ -207,6 +211,11 @@ def assemble(
     metrics.context_refused.set(len(refused))
     worker = secrets.token_hex(3)
     second = _second(settings, merged, metrics, llm_url)
+    journal = (
+        AnswerJournal(bootstrap, answer_journal(settings), metrics)
+        if settings.answer_journal
+        else None
+    )
     parts = assemble_pipeline(
         settings,
         merged,
@@ -218,6 +227,7 @@ def assemble(
         probe=probe,
         second=second,
         tier=submissions or ONLINE,
+        journal=journal,
     )
     restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
     stager = parts.stager
@@ -236,7 +246,7 @@ def assemble(
         on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
         on_failed=lambda p, _exc: metrics.partitions.failed(p),
         progress=restores.progress if restores else lambda _p: 0,
-        on_open=routes.opened if parts.flows or submissions else None,
+        on_open=routes.opened if parts.flows or submissions or journal else None,
         on_close=routes.closed,
         probe=probe,
     )
@@ -256,7 +266,18 @@ def assemble(
         group=membership.group,
     )
     return Processor(
-        metrics, worker, parts, llm, second, submissions, restores, lanes, membership, follower, web
+        metrics,
+        worker,
+        parts,
+        llm,
+        second,
+        submissions,
+        journal,
+        restores,
+        lanes,
+        membership,
+        follower,
+        web,
     )
 
 

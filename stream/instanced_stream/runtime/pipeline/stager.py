@@ -39,6 +39,7 @@ from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.admission import Admission
 from instanced_stream.runtime.pipeline.dispatch import Dispatch
+from instanced_stream.runtime.pipeline.journal import AnswerJournal
 from instanced_stream.runtime.pipeline.outcomes.records import (
     RecordBuilder,
 )
@@ -76,6 +77,7 @@ class Stager:
         flows: Flows | None = None,
         second: Model | None = None,  # model.escalate's client
         tier: Tier = ONLINE,
+        journal: AnswerJournal | None = None,
     ) -> None:
         self.tier = tier
         self.flows = flows
@@ -105,6 +107,7 @@ class Stager:
             queued_turns=self.queued_turns,
             flows=flows,
             second=second,
+            journal=journal,
         )
         self.admission = Admission(
             settings,
