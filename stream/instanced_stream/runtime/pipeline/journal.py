@@ -109,9 +109,7 @@ class AnswerJournal:
     """The journal of one processor: its producer, and the entries of the partitions it
     restored, by partition and key, until they are taken."""
 
-    def __init__(
-        self, bootstrap: str, topic: str, metrics: Metrics, producer: Any = None
-    ) -> None:
+    def __init__(self, bootstrap: str, topic: str, metrics: Metrics, producer: Any = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.metrics = metrics

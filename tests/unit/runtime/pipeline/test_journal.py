@@ -69,9 +69,7 @@ def test_an_entry_gives_back_the_answer_it_was_made_of() -> None:
     assert again == answer
 
 
-async def test_each_answer_is_journaled_before_staging_and_its_tombstone_commits_with_it() -> (
-    None
-):
+async def test_each_answer_is_journaled_before_staging_and_its_tombstone_commits_with_it() -> None:
     rig = Rig(load_spec(DEFAULT_SPEC), max_record_bytes=1000)
     producer = FakeProducer()
     _journal(rig, producer)
