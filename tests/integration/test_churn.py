@@ -21,6 +21,8 @@ KEYS = {
     "rss_mb",
     "missing",
     "duplicate_outcomes",
+    "asks_saved",
+    "answers_paid_twice",
     "init_transactions",
 }
 
@@ -62,4 +64,6 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
     assert report["audit"]["outcome_copies"] == 0 and report["audit"]["duplicate_done"] == 0
     assert report["audit"]["inputs"] == churn["items"]
     assert report["requests_per_item_ratio"] is not None
+    # A move's redo takes the answers that came back from the journal (issue 55).
+    assert report["answers_paid_twice"] == 0, report["asks_saved"]
     assert report["init_transactions"]["rounds"][1]["fencing"]

@@ -45,6 +45,7 @@ from instanced_stream_bench.harness.coordinator import BrokerKiller
 from instanced_stream_bench.harness.fleet import Group, deploy, prepare_run
 from instanced_stream_bench.harness.kills import Kills
 from instanced_stream_bench.harness.owners import Owners
+from instanced_stream_bench.harness.paid_twice import answer_figures
 from instanced_stream_bench.harness.progress import (
     Member,
     decided_late,
@@ -186,6 +187,7 @@ async def _run(
             result["first_assignment_done"] = await wait_assigned(group, ready)
             result["all_open_at_start"] = await _all_open(owners, plan.partitions, ready)
             flow_start = storm.now()
+            asked_before = await sim.stats()
             result["flow_start_s"] = round(flow_start, 1)
             say(f"storm: every partition open at {flow_start:.0f} s; tickets flow")
             flow = _Flow(bootstrap, t.input, plan.rate, origin)
@@ -212,6 +214,7 @@ async def _run(
                 if flow.instances.get(pos) not in watch.ended
             ][:20]
             samples = list(owners.samples)
+            asked_after = await sim.stats()
             result["owner_polls_unanswered"] = owners.failed
     finally:
         say("storm: stopping the processors")
@@ -239,6 +242,9 @@ async def _run(
     result.update(join_times(members, stop_at))
     result.update(
         rebalances_per_min({g: at - wall_origin for g, at in generations.items()}, stop_at)
+    )
+    result.update(
+        answer_figures([life.proc.log_path for life in group.lives], asked_before, asked_after)
     )
     result["kills"] = storm.kills
     result["crashes"] = storm.crashes
@@ -295,6 +301,10 @@ async def run_storm(
         "crashes": len(run["crashes"]),
         "missing": audit_["missing"],
         "duplicate_outcomes": audit_["duplicate_outcomes"],
+        # The answer journal: redos that took an answer instead of asking, and answers
+        # the model was asked for again all the same (issue 55).
+        "asks_saved": run.pop("asks_saved"),
+        "answers_paid_twice": run.pop("answers_paid_twice"),
     }
     return {
         **figures,
@@ -345,6 +355,7 @@ BAR: dict[str, float] = {
     "crashes": 0,
     "missing": 0,
     "duplicate_outcomes": 0,
+    "answers_paid_twice": 0,  # issue 55
 }
 
 
