@@ -49,7 +49,7 @@ from instanced_stream_bench.harness.changelog_states import same_format, write_s
 from instanced_stream_bench.harness.fleet import Deploy, Group, deploy, prepare_run
 from instanced_stream_bench.harness.moves import init_transactions, processor_moves
 from instanced_stream_bench.harness.outcomes import per_input_outcomes
-from instanced_stream_bench.harness.paid_twice import answer_figures
+from instanced_stream_bench.harness.paid_twice import answer_figures, distinct
 from instanced_stream_bench.harness.rebalances import from_logs, rebalance_times, wait_assigned
 from instanced_stream_bench.harness.target import SimProcess
 from instanced_stream_bench.harness.timeline import Roll, Watch, produce_paced, resume
@@ -84,7 +84,7 @@ class ChurnPlan:
 
 
 def _items(n: int, tag: str) -> list[dict[str, str]]:
-    return [{**t, "_instance": f"{tag}{t['_instance']}"} for t in tickets(n)]
+    return distinct([{**t, "_instance": f"{tag}{t['_instance']}"} for t in tickets(n)])
 
 
 async def settle(watch: Watch, inputs: int, until: float, group: Group | None = None) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["answer_figures"]
+__all__ = ["answer_figures", "distinct"]
 
 _TAKEN = re.compile(rb"(\d+) answers taken from the journal")
 
@@ -27,3 +28,11 @@ def answer_figures(
             saved += sum(int(n) for n in _TAKEN.findall(path.read_bytes()))
     twice = after.get("items_asked_again", 0) - before.get("items_asked_again", 0)
     return {"asks_saved": saved, "answers_paid_twice": int(twice)}
+
+
+def distinct(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each item with a field of its own (`ref`, its id): the tickets sample draws its
+    subjects and bodies from a small pool and the example hides ids from the model, so
+    two tickets could be the same question to the simulator, and one answered twice
+    would look like a redo paid twice. With it, `answers_paid_twice` counts redos only."""
+    return [{**item, "ref": item["_instance"]} for item in items]

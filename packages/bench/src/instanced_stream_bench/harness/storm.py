@@ -45,7 +45,7 @@ from instanced_stream_bench.harness.coordinator import BrokerKiller
 from instanced_stream_bench.harness.fleet import Group, deploy, prepare_run
 from instanced_stream_bench.harness.kills import Kills
 from instanced_stream_bench.harness.owners import Owners
-from instanced_stream_bench.harness.paid_twice import answer_figures
+from instanced_stream_bench.harness.paid_twice import answer_figures, distinct
 from instanced_stream_bench.harness.progress import (
     Member,
     decided_late,
@@ -121,7 +121,9 @@ class _Flow:
         k = 0
         while not self._stopping:
             n = max(1, int(self.rate * 5))
-            items = [{**t, "_instance": f"s{k}-{t['_instance']}"} for t in tickets(n, seed=k)]
+            items = distinct(
+                [{**t, "_instance": f"s{k}-{t['_instance']}"} for t in tickets(n, seed=k)]
+            )
             sent = await produce_paced(
                 self.bootstrap, self.topic, items, self.rate, self.origin, float("inf")
             )
