@@ -206,6 +206,12 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
         "often a decision changes with the order (default 0: not measured)",
     )
     ev.add_argument(
+        "--variants",
+        default="",
+        help="model settings each run instead of the spec as it is, comma-separated; + joins "
+        "the settings of one variant, e.g. answer=protocol+reasoning=off,reasoning=brief",
+    )
+    ev.add_argument(
         "--llm",
         default=None,
         help="simulator, local (a real small model via llama.cpp) or an endpoint URL "
