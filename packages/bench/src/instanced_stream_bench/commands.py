@@ -19,7 +19,7 @@ from instanced_stream_bench.harness.report import Endpoint
 if TYPE_CHECKING:
     from instanced_stream.core.spec import AgentSpec
 
-__all__ = ["bench", "evaluate", "model_variants", "soak"]
+__all__ = ["bench", "evaluate", "model_variants", "soak", "with_model"]
 
 
 def bench(args: argparse.Namespace, settings: Settings) -> int:
@@ -175,7 +175,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
         # The spec as it is, or each variant of its model settings, one after another on
         # the same endpoint (the answer's tokens by form and reasoning: docs/performance.md).
         runs = [
-            (name, asyncio.run(run(_with_model(spec, changes))))
+            (name, asyncio.run(run(with_model(spec, changes))))
             for name, changes in (variants or [("", {})])
         ]
     if args.json:
@@ -231,7 +231,7 @@ def model_variants(text: str) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-def _with_model(spec: AgentSpec, changes: dict[str, str]) -> AgentSpec:
+def with_model(spec: AgentSpec, changes: dict[str, str]) -> AgentSpec:
     """`spec` with its model settings changed (validated as the spec file's would be)."""
     if not changes:
         return spec
