@@ -206,6 +206,12 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
         "often a decision changes with the order (default 0: not measured)",
     )
     ev.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="only the --windows asked, without window 1 (agreement is then against the "
+        "first of them): for a slow local model, whose window 1 is a request per item",
+    )
+    ev.add_argument(
         "--variants",
         default="",
         help="model settings each run instead of the spec as it is, comma-separated; + joins "

@@ -168,6 +168,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                     args.permutations,
                     show_progress=True,
                     counts=None if sim is None else (lambda: sim.stats),
+                    window_one=not getattr(args, "no_reference", False),
                 )
             finally:
                 await llm.close()
