@@ -56,7 +56,8 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
     assert report["missing"] == 0
     assert report["duplicate_outcomes"] == 0
     # The kills' redos took the answers that had come back from the journal: none was
-    # asked for again (the simulator's count), and some redo took one.
-    assert report["answers_paid_twice"] == 0, report["asks_saved"]
+    # journaled twice, and some redo took one (the simulator's own count of instances
+    # asked again also holds answers lost with a killed process before it read them).
+    assert report["answers_paid_twice"] == 0, (report["asks_saved"], report["items_asked_again"])
     assert report["asks_saved"] > 0
     assert report["audit"]["inputs"] == storm["items"]

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.kafka.topics import answer_journal, read_topic, state_changelog
 from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
 
@@ -49,7 +49,7 @@ from instanced_stream_bench.harness.changelog_states import same_format, write_s
 from instanced_stream_bench.harness.fleet import Deploy, Group, deploy, prepare_run
 from instanced_stream_bench.harness.moves import init_transactions, processor_moves
 from instanced_stream_bench.harness.outcomes import per_input_outcomes
-from instanced_stream_bench.harness.paid_twice import answer_figures, distinct
+from instanced_stream_bench.harness.paid_twice import answer_figures, distinct, journaled_twice
 from instanced_stream_bench.harness.rebalances import from_logs, rebalance_times, wait_assigned
 from instanced_stream_bench.harness.target import SimProcess
 from instanced_stream_bench.harness.timeline import Roll, Watch, produce_paced, resume
@@ -245,6 +245,7 @@ async def _churn(
     result["expulsions"] = max(result["expulsions"], len(expelled))
     rebalance_times(moves, group.lives, wall_origin)
     result["audit"] = await audit_run(bootstrap, d, len(sent))
+    result["answers_paid_twice"] = await journaled_twice(bootstrap, answer_journal(d.settings))
     return result
 
 
@@ -313,6 +314,7 @@ async def run_churn(
         # The answer journal (issue 55): a move's redo takes its answers, asks nothing.
         "asks_saved": churn.pop("asks_saved"),
         "answers_paid_twice": churn.pop("answers_paid_twice"),
+        "items_asked_again": churn.pop("items_asked_again"),
         "audit": audit_,
         "steady": steady,
         "churn": churn,

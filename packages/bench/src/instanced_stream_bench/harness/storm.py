@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 from instanced_stream.errors import StreamError
-from instanced_stream.kafka.topics import state_changelog
+from instanced_stream.kafka.topics import answer_journal, state_changelog
 from instanced_stream.settings import Settings
 
 from instanced_stream_bench.harness.changelog_states import write_states
@@ -45,7 +45,7 @@ from instanced_stream_bench.harness.coordinator import BrokerKiller
 from instanced_stream_bench.harness.fleet import Group, deploy, prepare_run
 from instanced_stream_bench.harness.kills import Kills
 from instanced_stream_bench.harness.owners import Owners
-from instanced_stream_bench.harness.paid_twice import answer_figures, distinct
+from instanced_stream_bench.harness.paid_twice import answer_figures, distinct, journaled_twice
 from instanced_stream_bench.harness.progress import (
     Member,
     decided_late,
@@ -254,6 +254,7 @@ async def _run(
         result["broker_kills"] = brokers.report(owned, plan.partitions, stop_at)
     result["processors"] = from_logs(group.lives, wall_origin)["processors"]
     result["audit"] = await audit_run(bootstrap, d, len(sent))
+    result["answers_paid_twice"] = await journaled_twice(bootstrap, answer_journal(d.settings))
     result["raw"] = {
         "sent": [[p, o, round(at, 3)] for (p, o), at in sorted(sent.items())],
         "first_outcome": [[p, o, round(at, 3)] for (p, o), at in sorted(first.items())],
@@ -307,6 +308,7 @@ async def run_storm(
         # the model was asked for again all the same (issue 55).
         "asks_saved": run.pop("asks_saved"),
         "answers_paid_twice": run.pop("answers_paid_twice"),
+        "items_asked_again": run.pop("items_asked_again"),
     }
     return {
         **figures,
