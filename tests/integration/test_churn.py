@@ -67,5 +67,4 @@ async def test_a_small_churn_run_reports_every_figure_and_loses_nothing(bootstra
     assert report["requests_per_item_ratio"] is not None
     # A move's redo takes the answers that came back from the journal (issue 55).
     assert report["answers_paid_twice"] == 0, report["asks_saved"]
-    assert report["items_asked_again"] == 0  # graceful moves: every answer was read
     assert report["init_transactions"]["rounds"][1]["fencing"]
