@@ -182,5 +182,7 @@ def test_a_row_is_billed_against_its_own_baseline_when_the_run_has_one() -> None
     assert base(rows[1], rows) is rows[0]
     assert base(rows[3], rows) is rows[2]
     assert base(rows[5], rows) is rows[4]
+    assert base(rows[2], rows) is rows[2]  # a baseline of its own is its own reference
     lines = "\n".join(report.rule_lines(rows))
     assert "1.00e-05 (1/5.0)" in lines and "2.00e-05 (1/3.0)" in lines
+    assert "5.00e-05 (1.0x)" in lines

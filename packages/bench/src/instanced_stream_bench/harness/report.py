@@ -166,6 +166,8 @@ def _baseline_of(r: Result, results: list[Result]) -> Result | None:
     "window 50, reasoning brief, prefix over 1,024" against "baseline (window 1),
     reasoning brief, prefix over 1,024"), else its spec variant's (a row named "...,
     advisors" against "baseline (window 1), advisors")."""
+    if r.window == 1 and r.name.startswith("baseline (window 1)"):
+        return r  # a baseline is its own
     head, sep, rest = r.name.partition(", ")
     if head.startswith("window ") and sep:
         own = next((b for b in results if b.name == f"baseline (window 1), {rest}"), None)
