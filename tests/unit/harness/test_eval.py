@@ -134,7 +134,7 @@ def test_eval_variants_name_each_run_s_model_settings() -> None:
     spec = load_spec(DEFAULT_SPEC)
     changed = commands.with_model(spec, found[0][1])
     assert (changed.model.answer, changed.model.reasoning) == ("protocol", "off")
-    assert changed.tools == spec.tools and spec.model.reasoning == "full"
+    assert changed.tools == spec.tools and spec.model.reasoning == "brief"
     with pytest.raises(StreamError, match="reasoning"):
         commands.with_model(spec, {"reasoning": "long"})
     with pytest.raises(StreamError, match="NAME=VALUE"):
