@@ -182,6 +182,12 @@ class Settings(BaseSettings):
         "outputs and the offsets (read_committed consumers see each outcome once); "
         "at_least_once: duplicates possible after a crash, deduplicated by call_id",
     )
+    answer_journal: bool = Field(
+        True,
+        description="Journal each validated answer (the answers journal topic) until its "
+        "outcome commits, so a redo after a crash, a fencing or a rebalance takes it from "
+        "there instead of asking the model again; false: a redo asks again",
+    )
     log_level: str = Field(
         "INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL, any case"
     )

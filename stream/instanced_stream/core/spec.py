@@ -220,10 +220,14 @@ class ModelEndpoint(_Strict):
         description="Bound the answer's arrays (maxItems) so a model cannot repeat calls "
         "without end; turn off for endpoints whose strict mode refuses maxItems",
     )
+    # brief by default (issue 55): the fewest answer tokens that keep the seeds' reason
+    # per call; its ten words are the length of the seeds' own examples, and only a cap
+    # on the reason lets a window's like calls share one entry (docs/performance.md).
     reasoning: Literal["full", "brief", "off"] = Field(
-        "full",
-        description="Each call's _reasoningForCall: full (the seeds' default), brief (ten "
-        "words at most), off (not asked: the cheapest answer)",
+        "brief",
+        description="Each call's _reasoningForCall: brief (the default: ten words at most, "
+        "as the seeds' examples), full (why the call, unbounded), off (not asked: the "
+        "cheapest answer, no reason per call)",
     )
     answer: Literal["compact", "protocol", "keyed"] = Field(
         "compact",

@@ -26,6 +26,7 @@ from instanced_stream.settings import Settings
 __all__ = [
     "PARTITIONS_PER_REQUEST",
     "activity_topics",
+    "answer_journal",
     "batch_changelog",
     "check_partitions",
     "ensure_product_topics",
@@ -43,6 +44,7 @@ __all__ = [
 log = logging.getLogger("stream.topics")
 
 _DEFAULT_RF = "default.replication.factor"
+_WEEK_MS = 7 * 24 * 3600 * 1000
 
 
 def state_changelog(settings: Settings) -> str:
@@ -54,6 +56,12 @@ def state_changelog(settings: Settings) -> str:
 def batch_changelog(settings: Settings) -> str:
     """The batch tier's record of submitted Batch API lines, co-partitioned with the input."""
     return f"{settings.topic_prefix}{settings.app_id}-batches-changelog"
+
+
+def answer_journal(settings: Settings) -> str:
+    """The journal of answers not yet committed (runtime/pipeline/journal.py),
+    co-partitioned with the input."""
+    return f"{settings.topic_prefix}{settings.app_id}-answers-journal"
 
 
 def activity_topics(settings: Settings, spec: AgentSpec) -> list[str]:
@@ -93,6 +101,12 @@ async def ensure_product_topics(bootstrap: str, settings: Settings, spec: AgentS
         settings.partitions,
         config=compact,
         **durable,
+    )
+    # Written outside the units' transactions; an entry nobody takes (its spec changed)
+    # goes with its retention, a week (runtime/pipeline/journal.py, RETENTION_MS).
+    journal = {**compact, "cleanup.policy": "compact,delete", "retention.ms": str(_WEEK_MS)}
+    await ensure_topics(
+        bootstrap, [answer_journal(settings)], settings.partitions, config=journal, **durable
     )
 
 

@@ -26,7 +26,7 @@ from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import NO_PROBE, Probe
-from instanced_stream.kafka.topics import batch_changelog, state_changelog
+from instanced_stream.kafka.topics import answer_journal, batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.factory import build_llm
@@ -37,6 +37,7 @@ from instanced_stream.runtime.batch_api.ledger import Ledger
 from instanced_stream.runtime.batch_api.submissions import Submissions
 from instanced_stream.runtime.pipeline.answers import Answers
 from instanced_stream.runtime.pipeline.idea_view import IdeaView
+from instanced_stream.runtime.pipeline.journal import AnswerJournal
 from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.runtime.pipeline.replies import Replies
@@ -103,6 +104,7 @@ def assemble_pipeline(
     probe: Probe = NO_PROBE,
     second: Model | None = None,
     tier: Tier = ONLINE,
+    journal: AnswerJournal | None = None,
 ) -> Pipeline:
     """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
     `stores` makes (asked only for a spec with a plan)."""
@@ -137,6 +139,7 @@ def assemble_pipeline(
         flows=flows,
         second=second,
         tier=tier,
+        journal=journal,
     )
     answers = Answers(flows) if flows is not None else None
     return Pipeline(live, builder, flows, answers, stager)
@@ -182,6 +185,7 @@ class Processor:
     llm: LLM | BatchModel
     second: LLM | None  # model.escalate's client
     submissions: Submissions | None  # the Batch API tier's record of what it submitted
+    journal: AnswerJournal | None  # the answers not committed yet (STREAM_ANSWER_JOURNAL)
     restores: Restores | None  # a stateful spec's restores of its units' stores
     lanes: Lanes
     membership: Membership
@@ -212,6 +216,11 @@ def assemble(
     metrics.context_refused.set(len(refused))
     worker = secrets.token_hex(3)
     second = _second(settings, merged, metrics, llm_url)
+    journal = (
+        AnswerJournal(bootstrap, answer_journal(settings), metrics)
+        if settings.answer_journal
+        else None
+    )
     parts = assemble_pipeline(
         settings,
         merged,
@@ -223,6 +232,7 @@ def assemble(
         probe=probe,
         second=second,
         tier=submissions or ONLINE,
+        journal=journal,
     )
     restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
     stager = parts.stager
@@ -250,7 +260,7 @@ def assemble(
         on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
         on_failed=lambda p, _exc: metrics.partitions.failed(p),
         progress=restores.progress if restores else lambda _p: 0,
-        on_open=routes.opened if parts.flows or submissions else None,
+        on_open=routes.opened if parts.flows or submissions or journal else None,
         on_close=routes.closed,
         probe=probe,
     )
@@ -279,6 +289,7 @@ def assemble(
         llm,
         second,
         submissions,
+        journal,
         restores,
         lanes,
         membership,

@@ -77,6 +77,7 @@ class _Service(mode.Service):
         self.llm = built.llm
         self.escalate_llm = built.second
         self.submissions = built.submissions
+        self.journal = built.journal
         self.restores = built.restores
         self.lanes = built.lanes
         self.membership = built.membership
@@ -100,6 +101,9 @@ class _Service(mode.Service):
         """A stateful unit: its store restored before it takes work (outside the
         assignment callback: see Membership); the workflows that wait for a turn resume.
         The batch tier: the lines its partition submitted."""
+        if self.journal is not None:  # before any redo of the partition is windowed
+            found = await self.journal.restore(unit.partition)
+            log.info("partition %d: %d journaled answers to reuse", unit.partition, found)
         if self.submissions is not None:
             lines = await self.submissions.restore(self.bootstrap, unit.partition)
             log.info("partition %d: %d submitted batch lines to poll", unit.partition, lines)
@@ -112,6 +116,8 @@ class _Service(mode.Service):
             task.cancel()  # its limiter slot is freed: no item of it is staged here
         if self.submissions is not None:
             self.submissions.drop(unit.partition)
+        if self.journal is not None:
+            self.journal.drop(unit.partition)
         if self.restores is not None:
             self.restores.keep(unit.partition)  # dropped from the owned stores
 
@@ -132,6 +138,8 @@ class _Service(mode.Service):
             await self.web.start()
         except OSError as exc:  # a busy port costs the page and probes, never the stream
             log.warning("web server not started on port %d: %s", self.web.port, exc)
+        if self.journal is not None:  # before the first unit opens: it restores from it
+            await self.journal.start()
         await self.membership.start()
         self.stager.start()
         if isinstance(self.llm, BatchModel):
@@ -173,6 +181,8 @@ class _Service(mode.Service):
         await self.stager.stop()
         await self.lanes.stop()
         await self.membership.stop()
+        if self.journal is not None:
+            await self.journal.stop()
         await self.follower.stop()
         await self.web.stop()
         if self.ideas is not None:

@@ -116,3 +116,26 @@ async def test_permutations_measure_how_often_the_order_changes_a_decision() -> 
     changed = moved[1].order_changed
     assert changed is not None and 0 < changed < 1
     assert "decision changed by order" in markdown(moved, "x", "fake")
+
+
+def test_eval_variants_name_each_run_s_model_settings() -> None:
+    """`stream eval --variants`: each comma-separated variant is one run, `+` joins its
+    settings, and each is checked as the spec file's model section would be."""
+    from instanced_stream.core.spec import load_spec
+    from instanced_stream.errors import StreamError
+    from instanced_stream.settings import DEFAULT_SPEC
+    from instanced_stream_bench import commands
+
+    found = commands.model_variants("answer=protocol+reasoning=off, reasoning=brief")
+    assert found == [
+        ("answer=protocol+reasoning=off", {"answer": "protocol", "reasoning": "off"}),
+        ("reasoning=brief", {"reasoning": "brief"}),
+    ]
+    spec = load_spec(DEFAULT_SPEC)
+    changed = commands.with_model(spec, found[0][1])
+    assert (changed.model.answer, changed.model.reasoning) == ("protocol", "off")
+    assert changed.tools == spec.tools and spec.model.reasoning == "brief"
+    with pytest.raises(StreamError, match="reasoning"):
+        commands.with_model(spec, {"reasoning": "long"})
+    with pytest.raises(StreamError, match="NAME=VALUE"):
+        commands.model_variants("answer")

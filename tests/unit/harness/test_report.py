@@ -150,3 +150,39 @@ def test_the_judge_is_named_and_the_simulator_refused_without_its_classifier(
     with pytest.raises(StreamError, match="not installed; its word rules alone"):
         report.judge_of("simulator")
     assert report.judge_of("http://vllm:8000/v1") == "model: http://vllm:8000/v1"
+
+
+def test_a_row_is_billed_against_its_own_baseline_when_the_run_has_one() -> None:
+    """A model setting run on the prefix variant has a baseline of its own (the setting
+    changes the baseline's answer too); a setting run only at the largest window falls
+    back to its spec variant's baseline."""
+
+    def row(name: str, usd: float) -> Result:
+        window = 1 if name.startswith("baseline") else 50
+        return Result(
+            name,
+            window,
+            items=10,
+            seconds=1.0,
+            items_per_s=10.0,
+            processes=1,
+            partitions=4,
+            cost_by_rule={"openai-0.1x": usd},
+        )
+
+    rows = [
+        row("baseline (window 1), prefix over 1,024", 6e-05),
+        row("window 50, prefix over 1,024", 2e-05),
+        row("baseline (window 1), reasoning brief, prefix over 1,024", 5e-05),
+        row("window 50, reasoning brief, prefix over 1,024", 1e-05),
+        row("baseline (window 1)", 9e-05),
+        row("window 50, reasoning brief", 1.5e-05),
+    ]
+    base = report._baseline_of
+    assert base(rows[1], rows) is rows[0]
+    assert base(rows[3], rows) is rows[2]
+    assert base(rows[5], rows) is rows[4]
+    assert base(rows[2], rows) is rows[2]  # a baseline of its own is its own reference
+    lines = "\n".join(report.rule_lines(rows))
+    assert "1.00e-05 (1/5.0)" in lines and "2.00e-05 (1/3.0)" in lines
+    assert "5.00e-05 (1.0x)" in lines

@@ -206,6 +206,18 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
         "often a decision changes with the order (default 0: not measured)",
     )
     ev.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="only the --windows asked, without window 1 (agreement is then against the "
+        "first of them): for a slow local model, whose window 1 is a request per item",
+    )
+    ev.add_argument(
+        "--variants",
+        default="",
+        help="model settings each run instead of the spec as it is, comma-separated; + joins "
+        "the settings of one variant, e.g. answer=protocol+reasoning=off,reasoning=brief",
+    )
+    ev.add_argument(
         "--llm",
         default=None,
         help="simulator, local (a real small model via llama.cpp) or an endpoint URL "

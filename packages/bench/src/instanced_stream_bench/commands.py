@@ -8,7 +8,7 @@ import asyncio
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from instanced_stream.errors import StreamError
@@ -16,7 +16,10 @@ from instanced_stream.settings import Settings
 
 from instanced_stream_bench.harness.report import Endpoint
 
-__all__ = ["bench", "evaluate", "soak"]
+if TYPE_CHECKING:
+    from instanced_stream.core.spec import AgentSpec
+
+__all__ = ["bench", "evaluate", "model_variants", "soak", "with_model"]
 
 
 def bench(args: argparse.Namespace, settings: Settings) -> int:
@@ -129,6 +132,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit:
         items = items[: args.limit]
     windows = list(args.windows)
+    variants = model_variants(getattr(args, "variants", ""))
     choice = args.llm or settings.llm_base_url or spec.model.base_url or "simulator"
     if choice == "simulator" and not args.llm:
         print(
@@ -139,7 +143,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
 
         sim = target.sim  # the simulator's counters: who wrote the answer's tokens
 
-        async def run() -> list[Any]:
+        async def run(spec: AgentSpec) -> list[Any]:
             llm = LLM(
                 base_url=target.url,
                 api_key=key,
@@ -164,14 +168,21 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                     args.permutations,
                     show_progress=True,
                     counts=None if sim is None else (lambda: sim.stats),
+                    window_one=not getattr(args, "no_reference", False),
                 )
             finally:
                 await llm.close()
 
-        reports = asyncio.run(run())
+        # The spec as it is, or each variant of its model settings, one after another on
+        # the same endpoint (the answer's tokens by form and reasoning: docs/performance.md).
+        runs = [
+            (name, asyncio.run(run(with_model(spec, changes))))
+            for name, changes in (variants or [("", {})])
+        ]
     if args.json:
         rows = [
             {
+                **({"variant": name} if name else {}),
                 "window": r.window,
                 "items": r.items,
                 "requests_per_item": r.per_item(r.requests),
@@ -193,10 +204,40 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 "latency_p50_s": r.latency(0.5),
                 "latency_p99_s": r.latency(0.99),
             }
+            for name, reports in runs
             for r in reports
         ]
         print(orjson.dumps(rows).decode())
     else:
-        print(markdown(reports, args.file, target.model, spec.model.price_output_per_million))
-        print(disagreements(reports, items))
+        for name, reports in runs:
+            if name:
+                print(f"\n## {name}\n")
+            print(markdown(reports, args.file, target.model, spec.model.price_output_per_million))
+            print(disagreements(reports, items))
     return 0
+
+
+def model_variants(text: str) -> list[tuple[str, dict[str, str]]]:
+    """`answer=protocol+reasoning=off,reasoning=brief` -> each variant's name and its
+    model settings (`+` joins the settings of one variant)."""
+    out: list[tuple[str, dict[str, str]]] = []
+    for variant in filter(None, (v.strip() for v in text.split(","))):
+        changes: dict[str, str] = {}
+        for setting in variant.split("+"):
+            key, eq, value = setting.partition("=")
+            if not eq or not key or not value:
+                raise StreamError(f"--variants: {setting!r} is not NAME=VALUE")
+            changes[key.strip()] = value.strip()
+        out.append((variant, changes))
+    return out
+
+
+def with_model(spec: AgentSpec, changes: dict[str, str]) -> AgentSpec:
+    """`spec` with its model settings changed (validated as the spec file's would be)."""
+    if not changes:
+        return spec
+    try:
+        model = type(spec.model).model_validate({**spec.model.model_dump(), **changes})
+    except ValueError as exc:
+        raise StreamError(f"--variants {changes}: {exc}") from exc
+    return spec.model_copy(update={"model": model})

@@ -27,12 +27,13 @@ from typing import TypeVar
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.live_spec import Edition
 from instanced_stream.core.model import Model
-from instanced_stream.core.solve import Outcome
+from instanced_stream.core.solve import Answer, Outcome
 from instanced_stream.core.workflow import Workflow
 from instanced_stream.faultpoints import Probe
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.telemetry import batch_span, context_of
 from instanced_stream.retry import RetryPolicy
+from instanced_stream.runtime.pipeline.journal import AnswerJournal
 from instanced_stream.runtime.pipeline.shared import Shared
 from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Staged
@@ -95,9 +96,11 @@ class Dispatch:
         worker: str,
         staging: Staging,
         second: Model | None = None,  # model.escalate's client
+        journal: AnswerJournal | None = None,
     ) -> None:
         settings, live, size = shared.settings, shared.live, shared.size
         self.settings = settings
+        self.journal = journal  # answers kept until committed: a redo does not ask again
         self.live = live
         self.llm = llm
         self.size = size
@@ -163,10 +166,16 @@ class Dispatch:
         """The batch's records; an unexpected error retries it, then dead-letters its
         items with the error, so nothing is committed without an outcome."""
         instances = [i.instance for i in items]
+        # A redo's answers that came back before its crash: taken once, outside the
+        # retries (runtime/pipeline/journal.py).
+        taken, asked = self._journaled(instances, edition)
 
         async def solve() -> Solved:
             # Each content asked once: twins and cached answers are not asked again.
-            outcome = await self._once(instances, edition)
+            outcome = await self._once(asked, edition) if asked else Outcome()
+            if self.journal is not None:  # durable before anything of it is staged
+                await self.journal.write(outcome.answers, edition)
+                outcome.answers += taken
             self.probe.at("solved")
             if self.flows is not None:
                 outcome = await self._read_back(items, outcome)
@@ -178,6 +187,8 @@ class Dispatch:
             )
             tx, flow = self._turns(edition)
             planned = self.builder.at(edition).batch(batch_id, outcome, flow)
+            if self.journal is not None:  # each entry leaves with its item's outcome
+                planned.records += self.journal.tombstones(outcome.answers)
             self.probe.at("after_llm")  # the batch's records built, none staged yet
             return Solved(planned, tx)
 
@@ -188,6 +199,14 @@ class Dispatch:
         return Solved(
             self.builder.internal_errors(batch_id, instances, solved, BATCH_TRIES, flow), tx
         )
+
+    def _journaled(
+        self, instances: list[Instance], edition: Edition
+    ) -> tuple[list[Answer], list[Instance]]:
+        """(the answers the journal holds for `instances`, those to ask)."""
+        if self.journal is None:
+            return [], instances
+        return self.journal.take(instances, edition)
 
     def _turns(self, edition: Edition) -> tuple[Transaction | None, Workflow | None]:
         """A transaction for a batch's turns, and the workflow over it on the batch's

@@ -27,6 +27,7 @@ from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.admission import Admission
 from instanced_stream.runtime.pipeline.dispatch import Dispatch
+from instanced_stream.runtime.pipeline.journal import AnswerJournal
 from instanced_stream.runtime.pipeline.outcomes.records import (
     RecordBuilder,
 )
@@ -65,6 +66,7 @@ class Stager:
         flows: Flows | None = None,
         second: Model | None = None,  # model.escalate's client
         tier: Tier = ONLINE,
+        journal: AnswerJournal | None = None,
     ) -> None:
         self.tier = tier
         self.flows = flows
@@ -91,6 +93,7 @@ class Stager:
             worker=worker,
             staging=self.staging,
             second=second,
+            journal=journal,
         )
         self.admission = Admission(shared)
         self.windower: Windower[Staged] = Windower(

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.kafka.topics import answer_journal, read_topic, state_changelog
 from instanced_stream.ops.audit import audit
 from instanced_stream.settings import Settings
 
@@ -49,6 +49,7 @@ from instanced_stream_bench.harness.changelog_states import same_format, write_s
 from instanced_stream_bench.harness.fleet import Deploy, Group, deploy, prepare_run
 from instanced_stream_bench.harness.moves import init_transactions, processor_moves
 from instanced_stream_bench.harness.outcomes import per_input_outcomes
+from instanced_stream_bench.harness.paid_twice import answer_figures, distinct, journaled_twice
 from instanced_stream_bench.harness.rebalances import from_logs, rebalance_times, wait_assigned
 from instanced_stream_bench.harness.target import SimProcess
 from instanced_stream_bench.harness.timeline import Roll, Watch, produce_paced, resume
@@ -83,7 +84,7 @@ class ChurnPlan:
 
 
 def _items(n: int, tag: str) -> list[dict[str, str]]:
-    return [{**t, "_instance": f"{tag}{t['_instance']}"} for t in tickets(n)]
+    return distinct([{**t, "_instance": f"{tag}{t['_instance']}"} for t in tickets(n)])
 
 
 async def settle(watch: Watch, inputs: int, until: float, group: Group | None = None) -> bool:
@@ -214,6 +215,7 @@ async def _churn(
         worker.stop()
     asked = after.get("completions", 0) - before.get("completions", 0)
     instances = after.get("instances", 0) - before.get("instances", 0)
+    result.update(answer_figures([life.proc.log_path for life in group.lives], before, after))
     result.update(
         items=len(sent),
         flow_s=round(flow_end, 1),
@@ -243,6 +245,7 @@ async def _churn(
     result["expulsions"] = max(result["expulsions"], len(expelled))
     rebalance_times(moves, group.lives, wall_origin)
     result["audit"] = await audit_run(bootstrap, d, len(sent))
+    result["answers_paid_twice"] = await journaled_twice(bootstrap, answer_journal(d.settings))
     return result
 
 
@@ -308,6 +311,10 @@ async def run_churn(
         "rss_mb": churn.pop("rss_mb"),
         "missing": audit_["missing"],
         "duplicate_outcomes": audit_["duplicate_outcomes"],
+        # The answer journal (issue 55): a move's redo takes its answers, asks nothing.
+        "asks_saved": churn.pop("asks_saved"),
+        "answers_paid_twice": churn.pop("answers_paid_twice"),
+        "items_asked_again": churn.pop("items_asked_again"),
         "audit": audit_,
         "steady": steady,
         "churn": churn,
@@ -351,6 +358,6 @@ def churn_command(args: Any, settings: Settings) -> int:
     text = orjson.dumps(report, option=orjson.OPT_INDENT_2)
     (out / "churn.json").write_bytes(text)
     keys = ("partitions", "states", "expulsions", "max_resume_s", "requests_per_item_ratio")
-    keys += ("missing", "duplicate_outcomes", "elapsed_s")  # type: ignore[assignment]
+    keys += ("missing", "duplicate_outcomes", "asks_saved", "answers_paid_twice", "elapsed_s")  # type: ignore[assignment]
     print(" ".join(f"{k}={report[k]}" for k in keys))
     return 0

@@ -189,14 +189,17 @@ async def evaluate(
     permutations: int = 0,
     show_progress: bool = False,
     counts: Callable[[], Mapping[str, float]] | None = None,
+    window_one: bool = True,
 ) -> list[SizeReport]:
-    """One report per window size; window 1 always runs first, as the reference.
+    """One report per window size; window 1 runs first, as the reference (unless not
+    `window_one`: on a slow local model its request per item is most of the run's time;
+    agreement is then against the first size asked).
     `permutations`: each window above 1 is asked that many more times with the items
     shuffled (fixed seeds), and reports how often an item's decision changed with the
     order (BatchPrompt's order effect). With `show_progress`, each size's items answered
     so far go to stderr (a real model takes minutes per size). `counts`: the endpoint's
     counters (the simulator's stats), read around each size for its answer's parts."""
-    sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]]
+    sizes = [1, *[w for w in dict.fromkeys(windows) if w != 1]] if window_one else list(windows)
     reports = []
     for window in sizes:
         before = dict(counts()) if counts else {}

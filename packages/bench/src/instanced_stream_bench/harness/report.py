@@ -162,8 +162,17 @@ def delivery_lines(by_name: dict[str, Result]) -> list[str]:
 
 
 def _baseline_of(r: Result, results: list[Result]) -> Result | None:
-    """The per-item baseline a row is compared with: of its own spec variant (a row
-    named "..., advisors" against "baseline (window 1), advisors")."""
+    """The per-item baseline a row is compared with: its own if the run has one (a row
+    "window 50, reasoning brief, prefix over 1,024" against "baseline (window 1),
+    reasoning brief, prefix over 1,024"), else its spec variant's (a row named "...,
+    advisors" against "baseline (window 1), advisors")."""
+    if r.window == 1 and r.name.startswith("baseline (window 1)"):
+        return r  # a baseline is its own
+    head, sep, rest = r.name.partition(", ")
+    if head.startswith("window ") and sep:
+        own = next((b for b in results if b.name == f"baseline (window 1), {rest}"), None)
+        if own is not None:
+            return own
     variant = next((v for v in _VARIANTS if r.name.endswith(v)), "")
     name = "baseline (window 1)" + variant
     return next((b for b in results if b.name == name), None)

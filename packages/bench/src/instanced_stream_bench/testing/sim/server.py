@@ -50,6 +50,7 @@ from instanced_stream_bench.testing.sim.provider import (
     refusal,
 )
 from instanced_stream_bench.testing.sim.quota import Quota
+from instanced_stream_bench.testing.sim.repeats import Repeats
 from instanced_stream_bench.testing.sim.request import SimRequest, read_request
 
 __all__ = [
@@ -82,6 +83,7 @@ class Simulator(Drifting):
     def __init__(self, config: SimConfig | None = None) -> None:
         super().__init__(config)
         self.prefix_cache = PrefixCache()
+        self.repeats = Repeats()  # answers asked for again: `items_asked_again`
         self._system_tokens: dict[bytes, int] = {}  # a system message's tokens, by its hash
         self._active = 0  # requests being answered now
         self.quota = Quota()  # the account's per-minute budget
@@ -271,6 +273,10 @@ class Simulator(Drifting):
         self.stats["reasoning_tokens"] += thinking
         if not probe and finish == "stop" and fault != "malformed":
             self.stats.update(answer_parts(content))
+            # The advisors that speak are the request's too: a consult's follow-up is
+            # another question about the same instance, not the same one again.
+            asked = f"{req.system}\n{req.active}\n{req.may_consult}"
+            self.stats["items_asked_again"] += self.repeats.answered(asked, req.items)
         self.stats[f"{tier}cached_tokens"] += cached
         return web.json_response(
             {
