@@ -37,6 +37,8 @@ async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy)
     await asyncio.to_thread(dep.proc.stop, 40)  # SIGTERM, then wait for the exit
     assert dep.proc.proc.returncode == 0, dep.proc.tail()
     assert "drain: every batch in flight was delivered" in dep.proc.tail(200)
+    stopped_log = dep.proc.log_path.read_text(errors="replace")
+    assert "Unclosed" not in stopped_log and "never retrieved" not in stopped_log
     answered = dep.sim.stats["completions"]
     assert answered > asked
     assert (
@@ -48,6 +50,22 @@ async def test_sigterm_drains_batches_in_flight_and_commits_them(deploy: Deploy)
     assert report.unaccounted == 0
     assert report.duplicate_calls == 0  # nothing was published twice
     assert dep.sim.stats["completions"] == answered  # and nothing asked twice
+
+
+async def test_sigterm_while_running_idle_exits_0_and_leaves_no_client_open(
+    deploy: Deploy,
+) -> None:
+    """The running phase: a processor that served its items and waits for more stops on
+    SIGTERM with exit 0, its every client closed (the log says nothing `Unclosed`)."""
+    dep = await deploy()
+    await dep.produce_items([{"_instance": f"r-{i}", "comment": "hello"} for i in range(5)])
+    await dep.settle(5)
+    assert dep.proc.proc is not None and dep.proc.proc.poll() is None
+    await asyncio.to_thread(dep.proc.stop, 40)
+    log = dep.proc.log_path.read_text(errors="replace")
+    assert dep.proc.proc.returncode == 0, log[-4000:]
+    assert "Unclosed" not in log and "never retrieved" not in log, log[-8000:]
+    assert "Traceback" not in log, log[-8000:]
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.0])
