@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from aiokafka.errors import (
@@ -81,12 +82,14 @@ async def test_a_cancellation_during_the_consumer_stop_still_stops_the_producer(
     from instanced_stream.settings import Settings
 
     consumer, publisher = _Closing(), _Closing()
-    monkeypatch.setattr(module.clients, "consumer", lambda *_, **__: consumer)
+    monkeypatch.setattr(
+        "instanced_stream.activities.worker.clients.consumer", lambda *_, **__: consumer
+    )
     monkeypatch.setattr(module, "Publisher", lambda *_, **__: publisher)
     registry = Activities()
 
     @registry.activity("moderateComment")
-    async def handle(_: object) -> None:
+    async def handle(*_: Any) -> None:
         return None
 
     spec = module.spec_of_handlers(registry)
