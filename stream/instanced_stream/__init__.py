@@ -18,10 +18,14 @@ Floors, each importing only from those below it (tests/unit/test_layout.py check
 - `cli`: the `stream` command.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
+
+__all__ = ["__version__"]
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     # The product, or the activity workers' thin distribution (packages/activities).
     for name in ("instanced-stream", "instanced-stream-activities"):
         try:
@@ -31,6 +35,10 @@ def _version() -> str:
     return "0+unknown"  # a source tree that was never installed
 
 
-__version__ = _version()
-
-__all__ = ["__version__"]
+def __getattr__(name: str) -> str:
+    # Looked up when asked, not at import: importlib.metadata is most of what importing
+    # the package costs, and every `stream` start imports it before it can catch SIGTERM
+    # (cli/entry.py).
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

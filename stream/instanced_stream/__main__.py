@@ -1,3 +1,3 @@
-from instanced_stream.cli.main import main
+from instanced_stream.cli.entry import main
 
 raise SystemExit(main())

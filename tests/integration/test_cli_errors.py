@@ -131,3 +131,60 @@ def test_a_processor_stopped_while_it_starts_exits_0_and_says_so() -> None:
     assert proc.returncode == 0, out
     assert "stopped by a signal before it started" in out
     assert "Traceback" not in out and "Unclosed" not in out
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (its SigCgt mask in
+    /proc): before it does, SIGTERM is Python's default action, death with 143."""
+    import signal
+
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.1, 0.3, 0.6, 1.0, 1.5, 2.5])
+def test_sigterm_at_any_moment_of_the_start_exits_0_and_says_so(after_s: float) -> None:
+    """SIGTERM `after_s` after the process can catch it at all (its own handler in
+    /proc/<pid>/status, the earliest moment a signal can be anything but death): while
+    it imports the commands, parses, reads its settings, loads the runtime, probes the
+    endpoint. Each ends with exit 0 and the line; the handler was installed only after
+    the imports before, and a SIGTERM while the runtime loaded ended it with 143."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as endpoint:  # accepts connections, never answers
+        endpoint.bind(("127.0.0.1", 0))
+        endpoint.listen(8)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
+            "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
+            "STREAM_WEB_PORT": "0",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "instanced_stream", "process"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            began = time.monotonic()
+            while not _catches_sigterm(proc.pid):
+                assert proc.poll() is None and time.monotonic() < began + 20
+                time.sleep(0.002)
+            caught_in = time.monotonic() - began
+            time.sleep(after_s)
+            assert proc.poll() is None, "it ended before the signal"
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    print(f"SIGTERM caught {caught_in:.3f} s after the spawn; sent {after_s} s later")
+    assert proc.returncode == 0, out
+    assert "stopped by a signal before it started" in out, out
+    assert "Traceback" not in out and "Unclosed" not in out, out

@@ -118,6 +118,29 @@ async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None
             calls = await page.text_content("#calls_out")
             rows = await page.locator("#decisions tr").count()
             divergent = await page.locator("#decisions tr.divergent").count()
+            # the charts of the last minutes: each gains a point per poll, and the rate
+            # chart rises while more items flow (the page polls; nothing else feeds it)
+            charts = page.locator("#history .chart")
+            first = await _chart_points(charts)
+            await dep.produce_items(
+                [{"_instance": f"m-more-{i}", "comment": f"another note {i}"} for i in range(9)]
+            )
+            await dep.settle(40)
+            more = dict(first)
+            for _ in range(100):
+                more = await _chart_points(charts)
+                if all(more[k] >= first[k] + 3 for k in first):
+                    break
+                await asyncio.sleep(0.1)
+            drawn = await page.eval_on_selector_all(
+                "#history polyline", "ls => ls.map(l => l.getAttribute('points').split(' ').length)"
+            )
+            rate_peak = await page.get_attribute("#history [data-series=items_per_s]", "data-max")
+            # the chart's latest point and the tile, read together (one poll's figures)
+            cost_last, cost_tile = await page.evaluate(
+                "[document.querySelector('#history [data-series=cost_per_item_usd]')"
+                ".dataset.last, document.getElementById('cost_per_item_usd').textContent]"
+            )
             await page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
         finally:
             await browser.close()
@@ -126,6 +149,22 @@ async def test_live_page_in_chromium_matches_the_metrics(deploy: Deploy) -> None
     assert rows == len(live["decisions"]) > 0
     assert divergent == sum(1 for d in live["decisions"] if d["divergent"])
     assert (ARTIFACTS / "live-page.png").stat().st_size > 10_000
+    assert set(first) == {"items_per_s", "llm_latency_p99_s", "cost_per_item_usd", "lag"}
+    assert all(more[k] >= first[k] + 3 for k in first), (first, more)
+    assert len(set(drawn)) == 1 and drawn[0] >= max(more.values()) - 1, drawn  # a vertex a point
+    assert rate_peak is not None and float(rate_peak) > 0  # the nine more items were seen
+    assert float(cost_last) == float(cost_tile) > 0
+    assert "lag" in live and live["lag"] >= 0
+
+
+async def _chart_points(charts: Any) -> dict[str, int]:
+    """Each chart of the live page's last minutes: how many points it holds now."""
+    found: dict[str, int] = {}
+    for k in range(await charts.count()):
+        chart = charts.nth(k)
+        series = await chart.get_attribute("data-series")
+        found[str(series)] = int(await chart.get_attribute("data-points") or 0)
+    return found
 
 
 async def test_activity_worker_serves_its_metrics(deploy: Deploy) -> None:

@@ -213,10 +213,16 @@ class Activities:
                 if batch:
                     await self._commit(consumer, sum(map(len, batch.values())))
         finally:
-            await consumer.stop()
-            await publisher.stop()
-            if web is not None:
-                await web.stop()
+            # Each closed even when the stop of the one before is cut short (a caller
+            # that cancels again while the worker closes, as the demo's Ctrl-C does).
+            try:
+                await consumer.stop()
+            finally:
+                try:
+                    await publisher.stop()
+                finally:
+                    if web is not None:
+                        await web.stop()
 
     async def _commit(self, consumer: Any, handled: int) -> None:
         """Commits a handled fetch; a group that moved under the worker is ridden out."""

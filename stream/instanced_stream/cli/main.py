@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ import orjson
 from instanced_stream.cli.activities import activities
 from instanced_stream.cli.parser import build_parser
 from instanced_stream.cli.runner import Command, configured, run
-from instanced_stream.cli.termination import Terminated
+from instanced_stream.cli.termination import Terminated, stopped_before_start
 from instanced_stream.errors import StreamError
 
 if TYPE_CHECKING:
@@ -26,10 +25,11 @@ __all__ = ["main"]
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
-    from instanced_stream.ops.check import preflight
-    from instanced_stream.runtime.service import run_processor
-
     try:
+        # imported inside: loading the runtime is a good part of the start
+        from instanced_stream.ops.check import preflight
+        from instanced_stream.runtime.service import run_processor
+
         spec, bootstrap = configured(settings)
         preflight(settings, spec)  # what `stream check` refuses, refused here the same way
         return run_processor(settings, spec, bootstrap)
@@ -37,10 +37,7 @@ def _process(_: argparse.Namespace, settings: Settings) -> int:
         # Before the service installs its own handlers (probe, topics, context): a pod
         # deleted while it starts. Nothing was consumed or committed, so it is a clean
         # stop, not the silent 143 it was.
-        logging.getLogger("instanced_stream.processor").info(
-            "stopped by a signal before it started: nothing consumed, nothing committed"
-        )
-        return 0
+        return stopped_before_start()
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:

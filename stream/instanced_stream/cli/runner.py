@@ -15,7 +15,12 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
 from instanced_stream.cli.parser import SETTING_FLAGS
-from instanced_stream.cli.termination import TERMINATED_EXIT, Terminated, unwind_on_sigterm
+from instanced_stream.cli.termination import (
+    TERMINATED_EXIT,
+    Terminated,
+    stopped_before_start,
+    unwind_on_sigterm,
+)
 from instanced_stream.errors import KafkaUnreachable, StreamError
 
 if TYPE_CHECKING:
@@ -95,6 +100,7 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
 def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:
     """Runs the parsed command; a user's mistake ends in one line and its exit code."""
     settings = None
+    dispatched = False
     unwind_on_sigterm()
     try:
         settings = _settings(args)
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:
         from instanced_stream.settings import warn_unknown_variables
 
         warn_unknown_variables(os.environ)
+        dispatched = True
         return int(commands[args.command](args, settings))
     except KafkaUnreachable as exc:
         print(f"stream: error: {exc.message}", file=sys.stderr)
@@ -119,6 +126,7 @@ def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:
         print(f"stream: error: {setting_problem(exc)}", file=sys.stderr)
         return 2
     except Terminated:
-        return TERMINATED_EXIT
+        # before the command began (settings, logging): nothing of it to undo
+        return TERMINATED_EXIT if dispatched else stopped_before_start()
     except KeyboardInterrupt:
         return 130

@@ -13,10 +13,18 @@ they run and take precedence.
 
 from __future__ import annotations
 
+import logging
 import signal
+import sys
 from types import FrameType
 
-__all__ = ["TERMINATED_EXIT", "Terminated", "unwind_on_sigterm"]
+__all__ = [
+    "BEFORE_START",
+    "TERMINATED_EXIT",
+    "Terminated",
+    "stopped_before_start",
+    "unwind_on_sigterm",
+]
 
 # What a shell reports for a process ended by SIGTERM (128 + 15).
 TERMINATED_EXIT = 128 + signal.SIGTERM
@@ -31,6 +39,21 @@ def _raise(signum: int, frame: FrameType | None) -> None:
     # own stops are bounded; SIGKILL still ends everything).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
+
+
+# What a command stopped before it started says (a pod deleted while it starts): nothing
+# to undo, so it is a clean stop, exit 0, not the silent 143 of Python's default action.
+BEFORE_START = "stopped by a signal before it started: nothing consumed, nothing committed"
+
+
+def stopped_before_start() -> int:
+    """Says that the command stopped before it started; its exit code (0)."""
+    log = logging.getLogger("instanced_stream.processor")
+    if logging.getLogger().handlers and log.isEnabledFor(logging.INFO):
+        log.info("%s", BEFORE_START)  # the command's logging is set up: in its format
+    else:
+        print(f"stream: {BEFORE_START}", file=sys.stderr)
+    return 0
 
 
 def unwind_on_sigterm() -> None:

@@ -20,6 +20,10 @@ __all__ = ["JsonFormatter", "json_handler", "quiet_library_chatter"]
 _CHATTER = {
     "aiokafka.producer.sender": ("Discovered coordinator",),
     "aiokafka.consumer.group_coordinator": ("Discovered coordinator",),
+    # The HTTP client under openai and the registry client: a line per request (each
+    # model request; 30 registry lookups at a start with STREAM_SCHEMA_REGISTRY_OUTPUTS)
+    # repeats what the product's own lines and metrics say.
+    "httpx2": ("HTTP Request:",),
 }
 
 

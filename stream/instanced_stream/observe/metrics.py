@@ -346,6 +346,7 @@ class Metrics:
             "batches_in_flight": 0,
             "batch_oldest_age_s": 0,
             "oldest_uncommitted_s": 0,
+            "lag": self.partitions.lag_total,
             **self.batch_live,
             "decisions": list(self.decisions)[::-1],
             "quality": self.agreement.live(),

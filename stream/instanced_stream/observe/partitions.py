@@ -20,6 +20,7 @@ class PartitionMetrics:
     def __init__(self, r: CollectorRegistry) -> None:
         self.lag = Gauge(f"{_P}consumer_lag", "Records not yet consumed", ["partition"], registry=r)
         self._lagging: set[int] = set()
+        self.lag_total = 0  # over the partitions assigned here, for the live page
         self.states = Gauge(
             f"{_P}partitions",
             "Input partitions assigned here, by their unit's state (open, restoring, failing)",
@@ -91,6 +92,7 @@ class PartitionMetrics:
         for partition, lag in lags.items():
             self.lag.labels(str(partition)).set(lag)
         self._lagging = set(lags)
+        self.lag_total = sum(lags.values())
 
     def set(self, states: Mapping[int, Mapping[str, Any]]) -> None:
         """Each assigned partition's unit state (`Membership.states`)."""

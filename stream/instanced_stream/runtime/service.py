@@ -25,6 +25,7 @@ from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.faultpoints import NO_PROBE, Probe, injector
+from instanced_stream.kafka.fenced import quiet_fenced_transactions
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
 from instanced_stream.observe.telemetry import setup_tracing, shutdown_tracing
@@ -331,7 +332,9 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         return 0
     pinned, overrides = prepared
     # asyncio.run closed its loop; mode's worker runs on the current one.
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    loop = asyncio.new_event_loop()
+    quiet_fenced_transactions(loop)  # a fenced member's stop: one line, not a dozen tracebacks
+    asyncio.set_event_loop(loop)
     service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
     # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
     # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a

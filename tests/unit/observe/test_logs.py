@@ -56,3 +56,16 @@ def test_coordinator_discoveries_are_debug_lines(caplog: pytest.LogCaptureFixtur
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("DEBUG", "Discovered coordinator 1 for transactional id stream-p0")
     ]
+
+
+def test_the_http_clients_request_lines_are_debug_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """openai's and the registry client's HTTP client logs each request at INFO: a line
+    per model request in the processor's log, 30 at a start with registry outputs."""
+    from instanced_stream.observe.logs import quiet_library_chatter
+
+    quiet_library_chatter()
+    http = logging.getLogger("httpx2")
+    with caplog.at_level(logging.INFO, logger="httpx2"):
+        http.info('HTTP Request: %s %s "%s"', "POST", "http://sim/v1/chat/completions", "200 OK")
+        http.warning("Retrying %s", "kept")
+    assert [r.getMessage() for r in caplog.records] == ["Retrying kept"]

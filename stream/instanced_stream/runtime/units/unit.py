@@ -376,7 +376,14 @@ class Unit:
         revocation or shutdown); otherwise, and for whatever is unfinished, the next owner
         redoes it. A transactional producer is closed with its unit."""
         if self._task is not None:
-            self._task.cancel()
+            if commit:
+                # A commit of its own under way is let finish first: cancelled, it aborted
+                # its transaction and voided the unit, and what the drain had just
+                # delivered was left for the next owner to ask the model again.
+                async with self._lock:
+                    self._task.cancel()
+            else:
+                self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if commit and self.held:
             try:

@@ -296,3 +296,31 @@ async def test_a_failure_is_told_to_the_owner_once_and_at_once() -> None:
     assert len(owner.told) == 1
     await unit.close(commit=True)
     assert owner.closed_units == [unit]
+
+
+class _SlowCommit(FakeProducer):
+    """Its transaction's commit takes a while: the window a stop lands in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committing = asyncio.Event()
+
+    async def commit_transaction(self) -> None:
+        self.committing.set()
+        await asyncio.sleep(0.2)
+        await super().commit_transaction()
+
+
+async def test_a_graceful_close_lets_the_commit_under_way_finish() -> None:
+    """The stop after a drain: the unit's own commit of what was just delivered is under
+    way when the unit is closed with `commit=True`. It finishes (it was cancelled, its
+    transaction aborted, and the drained work was redone by the next owner)."""
+    producer = _SlowCommit()
+    unit = Unit(3, producer, group_id="g", transactional=True, linger_s=0)
+    unit.start()
+    unit.finish(unit.track(IN, 0), [_rec(b"drained")])
+    await producer.committing.wait()
+    await unit.close(commit=True)
+    assert ("abort",) not in producer.calls
+    assert producer.committed == {TopicPartition(IN, 3): 1}
+    assert [r.value for r in producer.records] == [b"drained"]

@@ -238,6 +238,23 @@ async def _wait_done(bootstrap: str, settings: Settings, expected: int, wait_s: 
         await asyncio.sleep(1.0)
 
 
+async def _closed(worker: asyncio.Task[None], bound_s: float = 10.0) -> None:
+    """Waits for the activity worker, told to stop, to close its clients. A Ctrl-C
+    cancels the demo again each second while it stops (`until_signalled`): awaiting the
+    worker directly passed that cancellation on to it, mid-close, and its consumer and
+    producer were reported `Unclosed`. Here the worker is only waited for (bounded), never
+    cancelled; a cancellation meanwhile is taken up again by the next one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while not worker.done() and loop.time() < deadline:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({worker}, timeout=deadline - loop.time())
+    if worker.done() and not worker.cancelled():
+        worker.exception()  # retrieved: what the worker ended with was its own business
+    else:
+        worker.cancel()
+
+
 async def _demo(
     bootstrap: str,
     target: Target,
@@ -317,7 +334,7 @@ async def _demo(
         stop.set()
         for each in procs:
             each.stop()
-        await asyncio.gather(worker, return_exceptions=True)
+        await _closed(worker)
     if report.unaccounted:
         say(f"processor log (last lines):\n{proc.tail()}")
     letters = await read_json(bootstrap, settings.topics.dead_letter)

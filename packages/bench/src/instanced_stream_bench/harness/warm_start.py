@@ -7,7 +7,7 @@ them. With `STREAM_BENCH_WARM_START=1` (the tests set it) the bench starts one
 multiprocessing forkserver that has imported the processor's modules once, and forks each
 processor from it: its own OS process, its own session and process group (so a test can
 SIGKILL or SIGSTOP it as ops would), its own environment, working directory and log,
-running the product's own `main(["process"])`. Nothing of a processor's state is shared:
+running the product's own entry point (`cli/entry.py`) with `process`. Nothing of a processor's state is shared:
 the server imports modules and never runs one. What a fork cannot show, the start-up of
 a fresh interpreter itself (the command line, an import that fails), the CLI tests run
 with `subprocess` as users do.
@@ -33,6 +33,7 @@ ENV = "STREAM_BENCH_WARM_START"
 
 # What `stream process` imports before it reads a record: imported once, in the server.
 _PRELOAD = [
+    "instanced_stream.cli.entry",
     "instanced_stream.cli.main",
     "instanced_stream.ops.check",
     "instanced_stream.runtime.service",
@@ -129,7 +130,7 @@ def _processor(env: dict[str, str], log_path: str, cwd: str) -> None:
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["stream", "process"]
-    from instanced_stream.cli.main import main
+    from instanced_stream.cli.entry import main
 
     code = main(["process"])
     logging.shutdown()

@@ -44,6 +44,7 @@ __all__ = [
     "free_ports",
     "kafka_bootstrap",
     "new_cluster_id",
+    "remove_tree",
     "run_foreground",
 ]
 
@@ -365,7 +366,7 @@ class LocalKafka:
             self._proc = None
         atexit.unregister(self._reap_at_exit)
         if self._given_dir is None and self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            remove_tree(self._dir)
             self._dir = None
 
     def discard(self) -> None:
@@ -405,6 +406,18 @@ def docker_available() -> bool:
             client.close()
     except Exception:
         return False
+
+
+def remove_tree(root: Path, workers: int = 16) -> None:
+    """Removes a broker's data folder, its partition folders in parallel. One after the
+    other, the unlinks of a demo broker's few hundred partition files took 2.5-4 s on a
+    busy disk (most of the demo's exit after Ctrl-C); in parallel the file system
+    commits them together, several times faster."""
+    parts = [e.path for top in (root, root / "logs") if top.is_dir() for e in os.scandir(top)]
+    dirs = [p for p in parts if os.path.isdir(p) and not p.endswith(os.sep + "logs")]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda d: shutil.rmtree(d, ignore_errors=True), dirs))
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @contextlib.contextmanager
