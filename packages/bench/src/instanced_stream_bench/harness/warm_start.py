@@ -7,8 +7,8 @@ them. With `STREAM_BENCH_WARM_START=1` (the tests set it) the bench starts one
 multiprocessing forkserver that has imported the processor's modules once, and forks each
 processor from it: its own OS process, its own session and process group (so a test can
 SIGKILL or SIGSTOP it as ops would), its own environment, working directory and log,
-running the product's own entry point (`cli/entry.py`) with `process`. Nothing of a processor's state is shared:
-the server imports modules and never runs one. What a fork cannot show, the start-up of
+running the product's own entry point (`cli/entry.py`) with `process`. Nothing of a
+processor's state is shared: the server imports modules and never runs one. What a fork cannot show, the start-up of
 a fresh interpreter itself (the command line, an import that fails), the CLI tests run
 with `subprocess` as users do.
 """
