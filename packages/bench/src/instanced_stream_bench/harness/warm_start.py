@@ -8,9 +8,9 @@ multiprocessing forkserver that has imported the processor's modules once, and f
 processor from it: its own OS process, its own session and process group (so a test can
 SIGKILL or SIGSTOP it as ops would), its own environment, working directory and log,
 running the product's own entry point (`cli/entry.py`) with `process`. Nothing of a
-processor's state is shared: the server imports modules and never runs one. What a fork cannot show, the start-up of
-a fresh interpreter itself (the command line, an import that fails), the CLI tests run
-with `subprocess` as users do.
+processor's state is shared: the server imports modules and never runs one. What a fork
+cannot show, the start-up of a fresh interpreter itself (the command line, an import that
+fails, a SIGTERM while it imports), the CLI tests run with `subprocess` as users do.
 """
 
 from __future__ import annotations
