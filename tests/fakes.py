@@ -14,6 +14,8 @@ from instanced_stream.core.messages import SourcePosition
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import Completion
 from instanced_stream.runtime.state.recall import Recall
+from instanced_stream.runtime.units.producers import Producers
+from instanced_stream.runtime.units.unit_manager import UnitManager
 from instanced_stream_bench.testing.sim.request import SimRequest, read_request
 from instanced_stream_bench.testing.sim.server import Simulator
 
@@ -309,3 +311,21 @@ class FakeChangelog:
         end = len(self.records) if self.per_fetch is None else self.at + self.per_fetch
         found, self.at = self.records[self.at : end], min(end, len(self.records))
         return {tp: found}
+
+
+UNIT_TOPICS = ["items", "stream.results", "stream.approvals"]
+
+
+def fake_unit_manager() -> tuple[UnitManager, list[FakeProducer]]:
+    """A units' manager on fake clients (partition 0 of the three co-partitioned topics
+    assigned), and the transactional producers it makes, in order."""
+    made: list[FakeProducer] = []
+
+    def make(_bootstrap: str, **_options: Any) -> FakeProducer:
+        made.append(FakeProducer())
+        return made[-1]
+
+    producers = Producers("b:9092", "g", transactional=True, transactional_prefix="g", make=make)
+    manager = UnitManager(UNIT_TOPICS, producers, {})
+    manager.consumer = FakeConsumer({TopicPartition(t, 0) for t in UNIT_TOPICS}, {})
+    return manager, made

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -97,29 +98,34 @@ def test_commands_that_read_the_topics_refuse_a_prefix_that_matches_nothing(
     assert f"{prefix}items" in audit and f"{prefix}stream.deadletter" in audit
 
 
+def _starting_against(endpoint: socket.socket) -> subprocess.Popen[str]:
+    """`stream process` spawned as a user starts it, its model `endpoint` (a socket that
+    accepts and never answers, so the start-up waits at its probe) and no broker."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
+        "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
+        "STREAM_WEB_PORT": "0",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "instanced_stream", "process"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def test_a_processor_stopped_while_it_starts_exits_0_and_says_so() -> None:
     """SIGTERM while the processor probes its endpoint (a pod deleted as it starts) ended
     it with 143 and not a line in its log."""
     import signal
-    import socket
 
     with socket.socket() as endpoint:  # accepts connections, never answers
         endpoint.bind(("127.0.0.1", 0))
         endpoint.listen(8)
         endpoint.settimeout(40)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
-            "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
-            "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
-            "STREAM_WEB_PORT": "0",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "instanced_stream", "process"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = _starting_against(endpoint)
         try:
             probe, _ = endpoint.accept()  # waited for: the start-up's probe request
             probe.close()
@@ -152,25 +158,12 @@ def test_sigterm_at_any_moment_of_the_start_exits_0_and_says_so(after_s: float) 
     endpoint. Each ends with exit 0 and the line; the handler was installed only after
     the imports before, and a SIGTERM while the runtime loaded ended it with 143."""
     import signal
-    import socket
     import time
 
     with socket.socket() as endpoint:  # accepts connections, never answers
         endpoint.bind(("127.0.0.1", 0))
         endpoint.listen(8)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("STREAM_", "OPENAI_"))},
-            "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
-            "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
-            "STREAM_WEB_PORT": "0",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "instanced_stream", "process"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = _starting_against(endpoint)
         try:
             began = time.monotonic()
             while not _catches_sigterm(proc.pid):

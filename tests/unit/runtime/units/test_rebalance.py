@@ -6,29 +6,18 @@ storm."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from aiokafka.structs import TopicPartition
 from instanced_stream.runtime.units.lifecycle import UnitState
-from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.rebalance import UNSTABLE_PER_MIN, Rebalance
-from instanced_stream.runtime.units.unit_manager import UnitManager
 
-from tests.fakes import FakeConsumer, FakeProducer
+from tests.fakes import UNIT_TOPICS, FakeProducer, fake_unit_manager
 
-TOPICS = ["items", "stream.results", "stream.approvals"]
+TOPICS = UNIT_TOPICS
 
 
 def _listener() -> tuple[Rebalance, list[FakeProducer]]:
-    made: list[FakeProducer] = []
-
-    def make(_bootstrap: str, **_options: Any) -> FakeProducer:
-        made.append(FakeProducer())
-        return made[-1]
-
-    producers = Producers("b:9092", "g", transactional=True, transactional_prefix="g", make=make)
-    manager = UnitManager(TOPICS, producers, {})
-    manager.consumer = FakeConsumer({TopicPartition(t, 0) for t in TOPICS}, {})
+    manager, made = fake_unit_manager()
     return Rebalance("items", manager), made
 
 

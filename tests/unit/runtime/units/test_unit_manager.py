@@ -5,30 +5,20 @@ back-off); the unit is no longer held, whoever stages on it is told so."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from aiokafka.structs import TopicPartition
 from instanced_stream.runtime.units.lifecycle import UnitState
-from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.unit import UnitGone
 from instanced_stream.runtime.units.unit_manager import UnitManager
 
-from tests.fakes import FakeConsumer, FakeProducer
+from tests.fakes import UNIT_TOPICS, FakeProducer, fake_unit_manager
 
-TOPICS = ["items", "stream.results", "stream.approvals"]
+TOPICS = UNIT_TOPICS
 
 
 async def _manager() -> tuple[UnitManager, list[FakeProducer]]:
-    made: list[FakeProducer] = []
-
-    def make(_bootstrap: str, **_options: Any) -> FakeProducer:
-        made.append(FakeProducer())
-        return made[-1]
-
-    producers = Producers("b:9092", "g", transactional=True, transactional_prefix="g", make=make)
-    manager = UnitManager(TOPICS, producers, {})
-    manager.consumer = FakeConsumer({TopicPartition(t, 0) for t in TOPICS}, {})
+    manager, made = fake_unit_manager()
     manager.begin([0], epoch=0)
     opening = manager.opening[0]
     assert opening.task is not None
