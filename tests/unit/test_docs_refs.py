@@ -328,8 +328,14 @@ def _file(span: str, folder: Path) -> Path | None:
 @cache
 def _roots() -> frozenset[str]:
     """The first parts a path reference starts with: the repository's top-level folders
-    and the package's sub-packages."""
-    top = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    and the package's sub-packages. Not `artifacts/`: what the suite writes there (the
+    live page's screenshots) exists only once a browser test has run, and a unit test
+    beside it on the other worker would read a reference to it as broken."""
+    top = {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != "artifacts"
+    }
     subs = {
         p.name for root in (PACKAGE, BENCH) for p in root.iterdir() if (p / "__init__.py").exists()
     }
