@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from instanced_stream_bench.harness.warm_start import ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -72,6 +73,15 @@ def _started(demo: subprocess.Popen[bytes], log: Path, wants: list[str]) -> dict
         time.sleep(0.5)
 
 
+def _as_users_run_it() -> dict[str, str]:
+    """The demo's environment as a user's: its own broker (no bootstrap address) and
+    processors spawned as `stream process` (not forked warm, harness/warm_start.py): these
+    tests find the demo's children by their command lines, as ops would."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAM_BOOTSTRAP_SERVERS"}
+    env[ENV] = "0"
+    return env
+
+
 @pytest.mark.parametrize(
     ("sig", "llm"),
     [
@@ -83,7 +93,7 @@ def _started(demo: subprocess.Popen[bytes], log: Path, wants: list[str]) -> dict
     ids=["sigterm", "sigint", "sigkill", "sigterm-local-model"],
 )
 def test_demo_stops_its_children(sig: signal.Signals, llm: str, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "STREAM_BOOTSTRAP_SERVERS"}
+    env = _as_users_run_it()
     log = tmp_path / "demo.log"
     # A slow model: the demo is still at work when the signal comes.
     args = ["--items", "200", "--llm", llm, "--latency-ms", "60000", "--timeout", "600"]
@@ -134,7 +144,7 @@ def ctrl_c_after_publishing(
     """`stream demo` on a slow model, Ctrl-C'd (SIGINT) `after_s` after its `publishing`
     line: its exit code, how long the exit took, what it left running, and its
     processors' logs."""
-    env = {k: v for k, v in os.environ.items() if k != "STREAM_BOOTSTRAP_SERVERS"}
+    env = _as_users_run_it()
     args = ["--items", "200", "--llm", "simulator", "--latency-ms", "60000", "--timeout", "600"]
     with log.open("wb") as out:
         demo = subprocess.Popen(
