@@ -18,7 +18,7 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from instanced_stream.activities.worker import load_activities
 from instanced_stream.kafka.security import options_for
-from instanced_stream.kafka.topics import read_topic, state_changelog
+from instanced_stream.kafka.topics import answer_journal, read_topic, state_changelog
 from instanced_stream.settings import EXAMPLES
 from instanced_stream_bench.harness.seeds import approve_until_ended, seed_items
 from instanced_stream_bench.testing.samples import tickets
@@ -189,11 +189,19 @@ async def test_an_eager_plan_written_readers_first_runs_in_graph_order(
         counts.update(st.get("counts", {}))
     assert counts["skipped_branch"] == len(done) - len(urgent)
     assert counts["ran_on_missing_input"] == 0 and counts["skipped_input"] == 0
-    # Thoughts (two per instance before routing) are on no topic at all, and two of them
-    # for one instance are no duplicate_call.
+    # Thoughts (two per instance before routing) are on no topic of the outputs, and two
+    # of them for one instance are no duplicate_call. The answer journal held each answer
+    # whole, thoughts too, until its commit (a redo takes it instead of asking again): the
+    # processor's own topic, each entry's last record there its tombstone.
     everything = await _every_topic(dep)
+    journal = answer_journal(dep.settings)
     assert dep.settings.topics.done in everything  # the reader saw the topics
-    assert not [t for t, data in everything.items() if THOUGHT.encode() in data]
+    assert not [t for t, data in everything.items() if THOUGHT.encode() in data and t != journal]
+    last: dict[bytes, bytes | None] = {}
+    async for rec in read_topic(dep.bootstrap, journal):
+        assert rec.key is not None
+        last[rec.key] = rec.value
+    assert last and all(v is None for v in last.values()), "an answer left in the journal"
     assert not await dep.records(dep.settings.topics.dead_letter)
 
 

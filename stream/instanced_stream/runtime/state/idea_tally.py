@@ -55,6 +55,10 @@ class IdeaTally:
         """`counted`: a tally whose counters this one starts from (copied; its instances'
         shares are not: this one is only read, `after`)."""
         self._by: dict[str, Contribution] = {}
+        # Equal shares kept once: every instance holds its share (to take it away when its
+        # state changes), and most are alike (a finished plan's, step by step), so a share
+        # costs a reference, not its tuples: 3,000 finished states cost 1,771 B each without.
+        self._alike: dict[Contribution, Contribution] = {}
         self._steps: Counter[tuple[str, str]] = Counter()
         self._status: Counter[str] = Counter()
         self._edges: Counter[tuple[str, str]] = Counter()
@@ -85,6 +89,7 @@ class IdeaTally:
 
     def reset(self) -> None:
         self._by.clear()
+        self._alike.clear()
         for held in (self._steps, self._status, self._edges, self._turns, self._shapes):
             held.clear()
 
@@ -98,6 +103,7 @@ class IdeaTally:
             if old is not None:
                 self.count(old, -1)
             if share is not None:
+                share = self._alike.setdefault(share, share)
                 self._by[instance] = share
                 self.count(share, 1)
 

@@ -3,7 +3,8 @@ Python's start-up each time.
 
 A processor spends most of its start importing (openai's types alone are hundreds of
 modules): 2-3 s of one core on this 2-core machine, and the suite starts hundreds of
-them. With `STREAM_BENCH_WARM_START=1` (the tests set it) the bench starts one
+them. With `INSTANCED_STREAM_BENCH_WARM_START=1` (the tests set it; not `STREAM_*`, which
+the processor reads as its own settings) the bench starts one
 multiprocessing forkserver that has imported the processor's modules once, and forks each
 processor from it: its own OS process, its own session and process group (so a test can
 SIGKILL or SIGSTOP it as ops would), its own environment, working directory and log,
@@ -29,7 +30,7 @@ from instanced_stream_bench.testing.broker import die_with_parent
 
 __all__ = ["ENV", "Forked", "Running", "enabled", "fork_processor"]
 
-ENV = "STREAM_BENCH_WARM_START"
+ENV = "INSTANCED_STREAM_BENCH_WARM_START"
 
 # What `stream process` imports before it reads a record: imported once, in the server.
 _PRELOAD = [
