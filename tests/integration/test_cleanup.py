@@ -82,6 +82,19 @@ def _as_users_run_it() -> dict[str, str]:
     return env
 
 
+def _slow_demo(llm: str, log: Path) -> subprocess.Popen[bytes]:
+    """`stream demo` as a user starts it, on a slow model (still at work when a signal
+    comes), its output in `log`."""
+    args = ["--items", "200", "--llm", llm, "--latency-ms", "60000", "--timeout", "600"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "instanced_stream", "demo", *args],
+            env=_as_users_run_it(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 @pytest.mark.parametrize(
     ("sig", "llm"),
     [
@@ -93,17 +106,8 @@ def _as_users_run_it() -> dict[str, str]:
     ids=["sigterm", "sigint", "sigkill", "sigterm-local-model"],
 )
 def test_demo_stops_its_children(sig: signal.Signals, llm: str, tmp_path: Path) -> None:
-    env = _as_users_run_it()
     log = tmp_path / "demo.log"
-    # A slow model: the demo is still at work when the signal comes.
-    args = ["--items", "200", "--llm", llm, "--latency-ms", "60000", "--timeout", "600"]
-    with log.open("wb") as out:
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "instanced_stream", "demo", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    demo = _slow_demo(llm, log)
     wants = ["kafka.Kafka", "instanced_stream process"]
     wants.append("instanced_stream llm-local" if llm == "local" else "")
     try:
@@ -144,15 +148,7 @@ def ctrl_c_after_publishing(
     """`stream demo` on a slow model, Ctrl-C'd (SIGINT) `after_s` after its `publishing`
     line: its exit code, how long the exit took, what it left running, and its
     processors' logs."""
-    env = _as_users_run_it()
-    args = ["--items", "200", "--llm", "simulator", "--latency-ms", "60000", "--timeout", "600"]
-    with log.open("wb") as out:
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "instanced_stream", "demo", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    demo = _slow_demo("simulator", log)
     try:
         deadline = time.monotonic() + 240
         while "publishing" not in log.read_text():
