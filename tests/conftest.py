@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Where the xdist controller tells its workers the broker it started for all of them.
+_SHARED_BROKER = "INSTANCED_STREAM_BENCH_SHARED_BROKER"
+_UNIT = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller starts one broker for all its workers: each worker
+    starting its own costs a JVM's start and its idle CPU per worker, on two cores. Not
+    for the unit tests alone (they need none), nor when a broker is configured."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    if Settings().bootstrap_servers or os.environ.get(_SHARED_BROKER):
+        return
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if paths and all(path.is_relative_to(_UNIT) for path in paths):
+        return
+    stack = ExitStack()
+    os.environ[_SHARED_BROKER] = stack.enter_context(kafka_bootstrap())
+    config.add_cleanup(stack.close)
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
-    """A real Kafka broker: configured, or started by the project. Never skipped."""
-    with kafka_bootstrap(Settings().bootstrap_servers) as address:
+    """A real Kafka broker: configured, the one the xdist controller started for every
+    worker, or started here. Never skipped."""
+    with kafka_bootstrap(Settings().bootstrap_servers or os.environ.get(_SHARED_BROKER)) as address:
         yield address
 
 

@@ -1,4 +1,4 @@
-"""The suite's xdist groups (`./dev test` runs `-n 2 --dist loadgroup`), kept apart from
+"""The suite's xdist groups (`./dev test` runs `-n 4 --dist loadgroup`), kept apart from
 tests/conftest.py so tests/unit/test_xdist_groups.py can load them without a broker's
 imports."""
 
@@ -13,13 +13,17 @@ __all__ = ["pytest_collection_modifyitems"]
 # on the items before it runs (tests/unit/test_xdist_groups.py pins it).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`./dev test` runs on two xdist workers (`--dist loadgroup`). The tests that load the
-    machine (the real model's llama.cpp, the fault campaigns' kills and rebalances) all
-    go to one worker, one at a time, so none of them shares the two cores with another
-    and a heartbeat or a model's answer is never starved by a second one; the light
-    tests run beside them. The install tests build in one source tree: one worker."""
+    """`./dev test` runs on four xdist workers (`--dist loadgroup`): most tests wait on a
+    broker or a model, so four keep the two cores busy. The tests that load the machine
+    keep to a worker each, one at a time: the real model's (llama.cpp takes both cores
+    while it answers) on one, the fault campaigns' kills and rebalances on another, so two
+    models or two campaigns never share the cores and a heartbeat or an answer is never
+    starved by a second one; the light tests run beside them. The install tests build in
+    one source tree: one worker."""
     for item in items:
-        if item.get_closest_marker("local_model") or item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("heavy"))
+        if item.get_closest_marker("local_model"):
+            item.add_marker(pytest.mark.xdist_group("model"))
+        elif item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("faults"))
         elif item.path.name == "test_install.py":
             item.add_marker(pytest.mark.xdist_group("install"))

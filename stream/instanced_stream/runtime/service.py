@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -20,6 +21,7 @@ from typing import Any
 
 import mode
 import orjson
+from mode.utils.logging import cry
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages
@@ -36,7 +38,7 @@ from instanced_stream.runtime.units.fetcher import Fetched
 from instanced_stream.runtime.units.unit import Unit, UnitGone, oldest_open_since
 from instanced_stream.settings import Settings
 
-__all__ = ["every", "run_processor"]
+__all__ = ["every", "run_processor", "run_until_signalled"]
 
 log = logging.getLogger("stream.processor")
 
@@ -152,7 +154,7 @@ class _Service(mode.Service):
     async def on_started(self) -> None:
         self.serving = True
         log.info("processor %s started (delivery %s)", self.worker, self.settings.delivery)
-        # Supervised by mode: a task that raises crashes the service, and the worker
+        # Supervised by mode: a task that raises crashes the service, and the process
         # exits non-zero (a partition that keeps failing, an intake bug).
         self.fetching = self.add_future(self._fetch_loop())
         self.add_future(self._intake())
@@ -167,7 +169,7 @@ class _Service(mode.Service):
             )
 
     async def on_stop(self) -> None:
-        """SIGTERM or SIGINT (mode's worker): fetching stops, the batches in flight get
+        """SIGTERM or SIGINT (`run_until_signalled`): fetching stops, the batches in flight get
         `drain_s` to be staged and committed, then every unit commits and leaves."""
         self.stopping.set()
         self.membership.leaving()  # a rebalance while draining gives this member nothing
@@ -331,27 +333,64 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
         log.info("stopped by a signal before it started: nothing consumed, nothing committed")
         return 0
     pinned, overrides = prepared
-    # asyncio.run closed its loop; mode's worker runs on the current one.
-    loop = asyncio.new_event_loop()
-    quiet_fenced_transactions(loop)  # a fenced member's stop: one line, not a dozen tracebacks
-    asyncio.set_event_loop(loop)
-    service = _Service(settings, pinned, bootstrap, llm_url, overrides, probe)
-    # faust-streaming's service library runs the processor: SIGTERM and SIGINT stop it
-    # (on_stop drains), SIGUSR1 logs every task's stack, a crashed task stops it with a
-    # non-zero exit. Logging stays as the CLI set it up.
-    worker = mode.Worker(
-        service,
-        loglevel=settings.log_level,
-        quiet=True,
-        override_logging=False,
-        redirect_stdouts=False,
-    )
     if setup_tracing("instanced-stream-processor"):
         log.info("tracing: spans go over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)")
     try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        return int(exc.code or 0)
+        return asyncio.run(_serve(settings, pinned, bootstrap, llm_url, overrides, probe))
     finally:
         shutdown_tracing()
+
+
+async def _serve(
+    settings: Settings,
+    spec: AgentSpec,
+    bootstrap: str,
+    llm_url: str,
+    overrides: tuple[Messages, dict[int, int]],
+    probe: Probe,
+) -> int:
+    quiet_fenced_transactions(asyncio.get_running_loop())  # a fenced stop: one line
+    return await run_until_signalled(_Service(settings, spec, bootstrap, llm_url, overrides, probe))
+
+
+async def run_until_signalled(service: mode.Service) -> int:
+    """Runs `service` (faust-streaming's service library) until SIGTERM or SIGINT, or until
+    one of its supervised tasks crashes it; the exit code is 1 after a crash, else 0.
+    SIGUSR1 writes every task's stack to stderr (mode's `cry`). Not `mode.Worker`: its
+    stop waits out a fixed one-second sleep of its own, paid by every stop and restart
+    (and by the tests, hundreds of times), and it owns logging and the loop, which the
+    CLI already set up."""
+    loop = asyncio.get_running_loop()
+    starting = asyncio.ensure_future(service.start())
+    stop_requested = asyncio.Event()
+
+    def stop() -> None:
+        stop_requested.set()
+        starting.cancel()  # a start still joining its group stops where it waits
+
+    stops = (signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in (*stops, signal.SIGUSR1)}
+    for sig in stops:
+        loop.add_signal_handler(sig, stop)
+    loop.add_signal_handler(signal.SIGUSR1, functools.partial(cry, sys.stderr))
+    try:
+        try:
+            await starting
+        except asyncio.CancelledError:
+            if not stop_requested.is_set():
+                raise
+        if not stop_requested.is_set():
+            stopped = asyncio.ensure_future(service.wait_until_stopped())
+            asked = asyncio.ensure_future(stop_requested.wait())
+            await asyncio.wait({stopped, asked}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (stopped, asked):
+                waiter.cancel()
+        await service.stop()  # once: mode's stop is idempotent, on_stop runs a single time
+    finally:
+        for sig, handler in before.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)  # asyncio leaves the default: the caller's back
+    if service.crashed:
+        log.error("processor crashed: %s", service.crash_reason)
+        return 1
     return 0

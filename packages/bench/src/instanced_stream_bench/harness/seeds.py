@@ -93,10 +93,11 @@ async def _usage(target: Target, before: float, port: int) -> int:
 
 
 async def run_example(
-    bootstrap: str, target: Target, example: str, wait_s: float
+    bootstrap: str, target: Target, example: str, wait_s: float, items: int | None = None
 ) -> dict[str, Any]:
-    """One seed example on its own processor and topics: its items in, every item
-    accounted for (lazy: every proposal approved and every workflow ended), its summary."""
+    """One seed example on its own processor and topics: its items in (the first `items`
+    of them, or all), every item accounted for (lazy: every proposal approved and every
+    workflow ended), its summary."""
     port = free_port()
     settings, spec, proc = await launch_processor(
         bootstrap,
@@ -109,15 +110,15 @@ async def run_example(
         # The exactly-once runtime (docs/architecture.md, exactly once), where plans run.
         STREAM_DELIVERY="exactly_once",
     )
-    items = seed_items(example)
+    inputs = seed_items(example)[:items]
     before = target.sim.stats["item_requests"] if target.sim is not None else 0.0
     try:
-        records = [(str(i["_instance"]).encode(), orjson.dumps(i)) for i in items]
+        records = [(str(i["_instance"]).encode(), orjson.dumps(i)) for i in inputs]
         await produce(bootstrap, settings.topics.input, list(records))
-        report = await report_when_accounted(bootstrap, settings, spec, len(items), wait_s, proc)
+        report = await report_when_accounted(bootstrap, settings, spec, len(inputs), wait_s, proc)
         approved = 0
         if example == "lazy":
-            approved = await approve_until_ended(bootstrap, settings, len(items), wait_s)
+            approved = await approve_until_ended(bootstrap, settings, len(inputs), wait_s)
         requests = await _usage(target, before, port)
     finally:
         proc.stop()
@@ -126,7 +127,7 @@ async def run_example(
     no_action = await read_json(bootstrap, topics.no_action)
     letters = await read_json(bootstrap, topics.dead_letter)
     out: dict[str, Any] = {
-        "items": len(items),
+        "items": len(inputs),
         "llm_requests": requests,
         "calls": report.calls_by_tool,
         "no_action": report.no_action,
@@ -148,7 +149,7 @@ async def run_example(
         out["plans"] = await _plans(bootstrap, settings, spec, approved, letters)
     if example == "manager":
         updates = await read_json(bootstrap, topics.state_updates)
-        out.update(_manager(items, no_action, updates, calls))
+        out.update(_manager(inputs, no_action, updates, calls))
         # what a real model's answers were refused for (the simulator's are none)
         out["letters"] = [
             {"instance": d.get("instance"), "code": d["code"], "reason": str(d["reason"])[:200]}
