@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any, Self
 
 import orjson
-from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.admin import NewTopic
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -25,6 +25,7 @@ from instanced_stream.settings import Settings
 
 __all__ = [
     "PARTITIONS_PER_REQUEST",
+    "TopicReader",
     "activity_topics",
     "answer_journal",
     "batch_changelog",
@@ -213,38 +214,82 @@ def _raise_refusals(response: Any) -> None:
         raise StreamError("the broker refused to create topics: " + "; ".join(refused))
 
 
-async def partitions(bootstrap: str, topic: str) -> list[int]:
-    """The topic's partition numbers, straight from the broker (none if it is missing)."""
-    admin = clients.admin(bootstrap)
-    await admin.start()
-    try:
-        # Asking about a missing topic by name would make the broker auto-create it with
-        # one partition, capping a later deployment at one processor: look first.
-        if topic not in set(await admin.list_topics()):
-            return []
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    return sorted(
-        p["partition"]
-        for d in described
-        if d.get("error_code") == 0
-        for p in d.get("partitions", [])
-    )
+class TopicReader:
+    """Reads many topics over one admin client and one consumer, each started on first
+    need and closed when the `async with` ends. A client start is a bootstrap and a few
+    round trips: an audit reads some nine topics, and tests poll audits about once a
+    second, so a pair of clients per topic was ~18 client starts a second.
 
+    The broker's topic metadata is fetched once and kept for the reader's life (asked
+    again only for a topic it did not list): a reader lives for one job, so a partition
+    added meanwhile is seen by the next reader. Reads share the consumer and so run one
+    at a time: a read started before the last one finished takes the consumer over, and
+    the older read fails rather than go on from partitions it no longer holds."""
 
-async def read_topic(
-    bootstrap: str, topic: str, since_ms: int | None = None, since_offset: int | None = None
-) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
-    """Yields every record on a topic up to its end at the call: from the beginning, or
-    from the first record at or after `since_ms` (epoch ms), or from `since_offset` on
-    every partition (so a scheduled reader need not hold what retention keeps)."""
-    tps = [TopicPartition(topic, p) for p in await partitions(bootstrap, topic)]
-    if not tps:
-        return
-    consumer = clients.consumer(bootstrap)
-    await consumer.start()
-    try:
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._admin: AIOKafkaAdminClient | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        # topic -> its partition numbers, for the topics the broker listed without error
+        self._partitions_by_topic: dict[str, list[int]] | None = None
+        # Counts reads begun: a read whose number is no longer the latest lost the consumer.
+        self._reads_begun = 0
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        admin, consumer = self._admin, self._consumer
+        self._admin = self._consumer = None
+        try:
+            if consumer is not None:
+                await consumer.stop()
+        finally:
+            if admin is not None:
+                await admin.close()
+
+    async def _started_admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            admin = clients.admin(self._bootstrap)
+            await admin.start()
+            self._admin = admin
+        return self._admin
+
+    async def _started_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = clients.consumer(self._bootstrap)
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers, from the broker (none if it is missing)."""
+        if self._partitions_by_topic is None or topic not in self._partitions_by_topic:
+            admin = await self._started_admin()
+            # Every topic's metadata, not the one asked for: asking about a missing topic
+            # by name would make the broker auto-create it with one partition, capping a
+            # later deployment at one processor. It is the request list_topics makes.
+            described = await admin.describe_topics()
+            self._partitions_by_topic = {
+                d["topic"]: sorted(p["partition"] for p in d.get("partitions", []))
+                for d in described
+                if d.get("error_code") == 0
+            }
+        return list(self._partitions_by_topic.get(topic, []))
+
+    async def read(
+        self, topic: str, since_ms: int | None = None, since_offset: int | None = None
+    ) -> AsyncGenerator[ConsumerRecord[bytes, bytes], None]:
+        """Yields every record on a topic up to its end at the call: from the beginning,
+        or from the first record at or after `since_ms` (epoch ms), or from
+        `since_offset` on every partition (so a scheduled reader need not hold what
+        retention keeps)."""
+        tps = [TopicPartition(topic, p) for p in await self.partitions(topic)]
+        if not tps:
+            return
+        consumer = await self._started_consumer()
+        self._reads_begun += 1
+        this_read = self._reads_begun
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -266,13 +311,37 @@ async def read_topic(
                 for rec in records:
                     if rec.offset < ends[tp]:
                         yield rec
+            # The caller may have started another read while this one was paused at a
+            # yield: the consumer now holds that read's partitions.
+            if this_read != self._reads_begun:
+                raise StreamError(
+                    f"reading {topic}: another read of this TopicReader took its consumer; "
+                    "finish one read before starting the next"
+                )
             # Every partition, not only those that returned records: an aborted transaction
             # at a partition's end moves the position past it with no record to show.
             for tp in list(todo):
                 if await consumer.position(tp) >= ends[tp]:
                     todo.discard(tp)
-    finally:
-        await consumer.stop()
+
+
+async def partitions(bootstrap: str, topic: str) -> list[int]:
+    """The topic's partition numbers, straight from the broker (none if it is missing)."""
+    async with TopicReader(bootstrap) as reader:
+        return await reader.partitions(topic)
+
+
+async def read_topic(
+    bootstrap: str, topic: str, since_ms: int | None = None, since_offset: int | None = None
+) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """TopicReader.read over a reader of its own, for a caller reading one topic."""
+    # aclosing: a caller that stops early closes the read before its reader's clients.
+    async with (
+        TopicReader(bootstrap) as reader,
+        contextlib.aclosing(reader.read(topic, since_ms, since_offset)) as records,
+    ):
+        async for rec in records:
+            yield rec
 
 
 async def read_json(bootstrap: str, topic: str) -> list[dict[str, Any]]:

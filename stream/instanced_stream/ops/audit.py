@@ -23,7 +23,7 @@ from instanced_stream.core.messages import ITEM_CODES
 from instanced_stream.core.wire import json_bytes
 from instanced_stream.errors import StreamError
 from instanced_stream.kafka.publish import forwarded_from
-from instanced_stream.kafka.topics import read_topic
+from instanced_stream.kafka.topics import TopicReader
 from instanced_stream.ops.redrive import attempt_of
 from instanced_stream.settings import Topics
 
@@ -116,6 +116,15 @@ async def audit(
     """Reads the input topic and every outcome topic (activity, review, no-action, dead
     letters) and reports which input items have no outcome. With `since`, only input
     records from there on, and outcomes from (a little before) their time."""
+    # One reader for every topic: a pair of Kafka clients per audit, not per topic read
+    # (audits are polled, about once a second in the tests).
+    async with TopicReader(bootstrap) as reader:
+        return await _audit(reader, topics, activity_topics, since)
+
+
+async def _audit(
+    reader: TopicReader, topics: Topics, activity_topics: list[str], since: Since | None
+) -> AuditReport:
     input_topic = topics.input
     inputs: set[Position] = set()
     later: dict[Position, tuple[Position, int]] = {}  # a re-drive -> (first attempt, count)
@@ -124,7 +133,7 @@ async def audit(
     oldest: int | None = None
     start_ms = since[1] if since and since[0] == "time" else None
     start_offset = since[1] if since and since[0] == "offset" else None
-    async for rec in read_topic(bootstrap, input_topic, start_ms, start_offset):
+    async for rec in reader.read(input_topic, start_ms, start_offset):
         inputs.add((input_topic, rec.partition, rec.offset))
         attempt = attempt_of(rec.headers)
         if attempt.root is not None:
@@ -140,7 +149,7 @@ async def audit(
     outcomes_ms = None if since is None else (oldest or int(time.time() * 1000)) - _SKEW_MS
 
     async def outcomes(topic: str) -> AsyncIterator[Any]:
-        async for raw in read_topic(bootstrap, topic, outcomes_ms):
+        async for raw in reader.read(topic, outcomes_ms):
             yield orjson.loads(json_bytes(raw.value))
 
     accounted: set[Position] = set()
@@ -237,7 +246,7 @@ async def audit(
     # A context message read on the input topic ends as its copy on the context topic,
     # marked with where it was first (kafka/publish.py `forwarded_context`).
     forwards = 0
-    async for raw in read_topic(bootstrap, topics.context, outcomes_ms):
+    async for raw in reader.read(topics.context, outcomes_ms):
         first_at = forwarded_from(raw.headers)
         if first_at is None or first_at[0] != input_topic:
             continue  # written there by ops, not forwarded

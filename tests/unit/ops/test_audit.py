@@ -28,6 +28,46 @@ class _Rec:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+class _FakeReader:
+    """Stands in for kafka.topics.TopicReader: each topic's records from a dict, no broker
+    (the real reader is exercised by the integration tests' audits)."""
+
+    def __init__(self, records_by_topic: dict[str, list[_Rec]]) -> None:
+        self.records_by_topic = records_by_topic
+        self.open = False
+
+    async def __aenter__(self) -> _FakeReader:
+        self.open = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.open = False
+
+    async def partitions(self, topic: str) -> list[int]:
+        return sorted({rec.partition for rec in self.records_by_topic.get(topic, [])})
+
+    async def read(
+        self, topic: str, since_ms: int | None = None, since_offset: int | None = None
+    ) -> AsyncIterator[_Rec]:
+        assert self.open, "read outside the reader's async with"
+        for rec in self.records_by_topic.get(topic, []):
+            yield rec
+
+
+def _patch_reader(
+    monkeypatch: pytest.MonkeyPatch, records_by_topic: dict[str, list[_Rec]]
+) -> list[_FakeReader]:
+    """The readers audits open from now on, in order: one per audit, closed by its end."""
+    readers: list[_FakeReader] = []
+
+    def reader(bootstrap: str) -> _FakeReader:
+        readers.append(_FakeReader(records_by_topic))
+        return readers[-1]
+
+    monkeypatch.setattr(audit_module, "TopicReader", reader)
+    return readers
+
+
 def _source(offset: int) -> dict[str, Any]:
     return {"topic": TOPICS.input, "partition": 0, "offset": offset}
 
@@ -63,13 +103,10 @@ async def _audit(
             for t, recs in outcomes.items()
         },
     }
-
-    async def read_topic(bootstrap: str, topic: str, *args: Any) -> AsyncIterator[_Rec]:
-        for rec in topics.get(topic, []):
-            yield rec
-
-    monkeypatch.setattr(audit_module, "read_topic", read_topic)
-    return await audit("unused:9092", TOPICS, [TOOL])
+    readers = _patch_reader(monkeypatch, topics)
+    report = await audit("unused:9092", TOPICS, [TOOL])
+    assert len(readers) == 1 and not readers[0].open  # every topic read through one reader
+    return report
 
 
 async def test_each_input_decided_once_is_one_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,12 +179,7 @@ async def test_a_context_message_forwarded_from_the_input_topic_is_its_outcome(
         TOOL: [_Rec(0, 0, orjson.dumps(_call(0, "w1-1")))],
         TOPICS.context: [forwarded, by_ops],
     }
-
-    async def read_topic(bootstrap: str, topic: str, *args: Any) -> AsyncIterator[_Rec]:
-        for rec in topics.get(topic, []):
-            yield rec
-
-    monkeypatch.setattr(audit_module, "read_topic", read_topic)
+    _patch_reader(monkeypatch, topics)
     report = await audit("unused:9092", TOPICS, [TOOL])
     assert report.unaccounted == 0 and report.context_forwarded == 1
     assert report.unexpected == 0 and report.outcomes_per_input_max == 1
