@@ -84,7 +84,7 @@ async def test_the_redo_after_a_kill_past_the_answer_asks_nothing_for_journaled_
     # journaled: the redo answers them all from the journal.
     assert 0 <= new <= len(dep.sim.seen)
     assert new > 0 or len(journaled) == ITEMS, (new, len(journaled))
-    redo = list(dep.sim.seen)[-new:]
+    redo = list(dep.sim.seen)[len(dep.sim.seen) - new :]  # [-0:] would be all of them
     asked_again = _asked(redo, {k: text_at[k] for k in journaled})
     assert asked_again == set(), sorted(asked_again)[:3]
     # Every other item was asked once more (the killed run's others, and those never asked).

@@ -106,6 +106,8 @@ def _starting_against(endpoint: socket.socket) -> subprocess.Popen[str]:
         "STREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1",
         "STREAM_LLM_BASE_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}/v1",
         "STREAM_WEB_PORT": "0",
+        # A crash in the start (a SIGSEGV seen once, with no output at all) shows its stack.
+        "PYTHONFAULTHANDLER": "1",
     }
     return subprocess.Popen(
         [sys.executable, "-m", "instanced_stream", "process"],
