@@ -290,9 +290,7 @@ async def test_the_lazy_plan_example_runs_on_the_real_model(
     `_outputPath` and `_scopes` as free strings the model wrote comment text into them:
     every call was refused and re-asked until the output caps (docs/plans.md)."""
     url, model = local_model
-    # Four of its ten comments: every item's plan is its own, so four show each rule the
-    # ten did (latent until approved, approved once, ended), in under half the model's time.
-    out = await run_example(bootstrap, Target("local", url, model), "lazy", 400.0, items=4)
+    out = await run_example(bootstrap, Target("local", url, model), "lazy", 400.0)
     assert out["unaccounted"] == 0, out
     plans = out["plans"]
     assert plans["latent_before_approval"] == 0, plans
