@@ -106,7 +106,11 @@ class Rig:
             metrics=self.metrics,
             worker=self.worker,
             stores=lambda: self.stores,
+            ready=lambda unit, ready: self.ready.extend((unit, inst) for inst in ready),
         )
+        # The next turns the batches' turns made ready, as the service's queue gets them;
+        # a test offers them (`turns`) when it wants them asked.
+        self.ready: list[tuple[Unit, Instance]] = []
         self.live = built.live  # the spec's one holder: a test changes it there
         self.builder = built.builder
         self.flows = built.flows

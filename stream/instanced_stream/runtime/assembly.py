@@ -105,9 +105,11 @@ def assemble_pipeline(
     second: Model | None = None,
     tier: Tier = ONLINE,
     journal: AnswerJournal | None = None,
+    ready: Callable[[Unit, list[Instance]], None] | None = None,
 ) -> Pipeline:
     """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
-    `stores` makes (asked only for a spec with a plan)."""
+    `stores` makes (asked only for a spec with a plan); `ready` takes the next turns a
+    batch's turns made ready (the service's `Routes.ready`)."""
     live = LiveSpec(spec)
     builder = RecordBuilder(live, settings.topics, llm.model)
     flows = None
@@ -140,6 +142,7 @@ def assemble_pipeline(
         second=second,
         tier=tier,
         journal=journal,
+        ready=ready,
     )
     answers = Answers(flows) if flows is not None else None
     return Pipeline(live, builder, flows, answers, stager)
@@ -233,6 +236,7 @@ def assemble(
         second=second,
         tier=submissions or ONLINE,
         journal=journal,
+        ready=routes.ready,
     )
     restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
     stager = parts.stager

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from aiokafka import ConsumerRecord
 
@@ -67,6 +68,7 @@ class Stager:
         second: Model | None = None,  # model.escalate's client
         tier: Tier = ONLINE,
         journal: AnswerJournal | None = None,
+        ready: Callable[[Unit, list[Instance]], None] | None = None,
     ) -> None:
         self.tier = tier
         self.flows = flows
@@ -81,7 +83,9 @@ class Stager:
         self.tokenizer = Tokenizer(spec.model.name)
         # The one author of the window's size: spec, limiter, output budget, quality.
         self.size = WindowSize(live, self.tokenizer, limiter)
-        self.staging = Staging(settings, metrics=metrics, builder=builder, tier=tier, flows=flows)
+        self.staging = Staging(
+            settings, metrics=metrics, builder=builder, tier=tier, flows=flows, ready=ready
+        )
         shared = Shared(
             settings, live, metrics, builder, flows, self.size, self.tokenizer, self.queued_turns
         )

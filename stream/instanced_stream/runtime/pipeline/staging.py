@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 
+from instanced_stream.core.instance import Instance
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.observe.metrics import Metrics
 from instanced_stream.runtime.pipeline.outcomes.records import (
@@ -23,6 +25,7 @@ from instanced_stream.runtime.pipeline.solved import Solved
 from instanced_stream.runtime.pipeline.staged import Settled, Staged
 from instanced_stream.runtime.pipeline.tier import Tier
 from instanced_stream.runtime.pipeline.workflows import Flows
+from instanced_stream.runtime.units.unit import Unit
 from instanced_stream.settings import Settings
 
 __all__ = ["Staging"]
@@ -41,8 +44,12 @@ class Staging:
         builder: RecordBuilder,
         tier: Tier,
         flows: Flows | None,
+        ready: Callable[[Unit, list[Instance]], None] | None = None,
     ) -> None:
         self.settings = settings
+        # Where the next turns a staged turn made go (the service's queue of turns, as
+        # for results and approvals); None: nobody takes them (a rig that looks itself).
+        self.ready = ready
         self.metrics = metrics
         self.builder = builder
         self.tier = tier
@@ -86,15 +93,19 @@ class Staging:
             if not item.unit.held:
                 continue  # its partition's store is gone too: the new owner redoes it
             records = [*item.changes, *owned.get(id(item), []), *lines.get(id(item), [])]
+            ready: list[Instance] = []
             if self.flows is not None and solved.change is not None:
                 change = self.flows.commit(solved.change, item.instance)
                 self.count(change.planned)
                 records += change.records
+                ready = change.ready
             if item.slot is None:
                 item.unit.stage(records)
             else:
                 item.unit.finish(item.slot, records)
             staged += 1
+            if ready and self.ready is not None:
+                self.ready(item.unit, ready)
         if loose:
             held = next((i.unit for i in items if i.unit.held), None)
             if held is not None:

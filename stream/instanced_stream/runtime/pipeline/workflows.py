@@ -111,7 +111,10 @@ class Flows:
 
     def commit(self, tx: Transaction, inst: Instance) -> Effects:
         """A batch's turn for `inst`, made on `tx` while its records were built, stored;
-        one its state cannot hold ends the workflow with a dead letter instead."""
+        one its state cannot hold ends the workflow with a dead letter instead. A turn
+        that leaves its workflow ready (steps due and nothing awaited: the model answered
+        none of them, or a finish advisor said continue) makes its next turn: no result,
+        approval or deadline is coming that would."""
         out = Effects()
         try:
             out.changes += tx.commit(inst.id)
@@ -120,6 +123,11 @@ class Flows:
             with self.change() as failed:
                 self.over(failed).fail(inst, exc.code, exc.message)
             out.changes += failed.records
+            return out
+        st = self.stores.get(inst.id)
+        nxt = self.workflow.next_turn(st) if st is not None else None
+        if nxt is not None:
+            out.ready.append(nxt)
         return out
 
     def _letter(self, inst: Instance, exc: BadRecord) -> Planned:
