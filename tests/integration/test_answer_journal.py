@@ -2,7 +2,8 @@
 processor that is a real OS process and the simulator over HTTP: a processor killed
 after its batch's answer came back and before anything of it committed leaves the
 answers in the journal, and its restart's redo asks the model nothing for those items,
-while every item still ends exactly once."""
+while every item still ends exactly once; and a partition that moves in a graceful
+rebalance while its items' request is in flight is not asked again by its new owner."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from typing import Any
 import orjson
 import pytest
 from instanced_stream.kafka.topics import answer_journal, partitions, read_changelog
+from instanced_stream_bench.harness.demo import ProcessorProcess
+from instanced_stream_bench.harness.paid_twice import journaled_twice
 
 from tests.conftest import Deployment, committed_offsets
+from tests.integration.test_rebalance import _port, _ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -94,3 +98,54 @@ async def test_the_redo_after_a_kill_past_the_answer_asks_nothing_for_journaled_
     assert sum(int(n) for n in taken) == len(journaled)
     # Each entry left with its outcome's transaction.
     assert await _journal(dep) == {}
+
+
+async def test_a_partition_moved_by_a_join_is_not_asked_again_while_its_answer_is_in_flight(
+    deploy: Deploy,
+) -> None:
+    """The old owner's batch in flight when a member joins: its answers must reach the
+    new owner (committed before the move, or journaled before the new owner reads the
+    journal), never be asked for again by it."""
+    dep = await deploy()
+    port = _port()
+    second = ProcessorProcess(
+        {**dep.proc.env, "STREAM_WEB_PORT": str(port)},
+        dep.proc.log_path.with_name("second.log"),
+    )
+    dep.extra = [second]
+    await _ready(dep.web, 4)
+    probes, asked_before = dep.sim.stats["probes"], dep.sim.stats["instances"]
+    again_before = dep.sim.stats["items_asked_again"]
+    second.start()
+    deadline = time.monotonic() + 60
+    while dep.sim.stats["probes"] == probes:  # its start-up probe, answered at once
+        assert time.monotonic() < deadline, second.tail()
+        await asyncio.sleep(0.05)
+    # From now on an answer takes longer than the second member needs to join: the
+    # first member's batch is in flight when the group revokes its partitions.
+    dep.sim.config.latency_ms = 6000
+    items = [
+        {"_instance": f"m-{i:03d}", "comment": f"A kind word, number {i}, about the move."}
+        for i in range(ITEMS)
+    ]
+    await dep.produce_items(items)
+    in_flight_at_revoke: int | None = None
+    while in_flight_at_revoke is None:
+        assert time.monotonic() < deadline + 30, dep.proc.tail()
+        # aiokafka's line, written before the revocation's callback runs (an empty
+        # `set()` at the first join).
+        if "Revoking previously assigned partitions frozenset" in dep.proc.log_path.read_text():
+            in_flight_at_revoke = dep.sim.seen_total - dep.sim.stats["completions"]
+        await asyncio.sleep(0.05)
+    await _ready(f"http://127.0.0.1:{port}", 2)
+    report = await dep.settle_quiet(ITEMS, wait_s=150)
+    assert report.unaccounted == 0 and report.unexpected == 0, report.summary()
+    assert report.duplicate_calls == 0 and report.outcomes_per_input_max == 1
+    # The precondition: the first member's request was in flight when it was revoked.
+    assert in_flight_at_revoke >= 1, dep.proc.tail(60)
+    twice = await journaled_twice(dep.bootstrap, answer_journal(dep.settings))
+    again = dep.sim.stats["items_asked_again"] - again_before
+    print(f"moved in flight: answers_paid_twice {twice}, items_asked_again {again}")
+    assert twice == 0 and again == 0, (twice, again, second.tail(40))
+    assert dep.sim.stats["instances"] - asked_before == ITEMS
+    assert await _journal(dep) == {}  # each entry left with its outcome's transaction

@@ -264,6 +264,13 @@ def assemble(
         on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
         on_failed=lambda p, _exc: metrics.partitions.failed(p),
         progress=restores.progress if restores else lambda _p: 0,
+        # A revocation waits for the batches in flight (runtime/units/rebalance.py): up
+        # to the drain's budget, what a stop gives them, and never past a session
+        # timeout, which the group already waits for a silent member. The rebalance
+        # timeout grows by it: 30 s at the default 15 s session, below the 40 s in which
+        # aiokafka's join request must be answered.
+        landed=stager.landed,
+        landing_s=min(settings.drain_s, settings.session_timeout_s),
         on_open=routes.opened if parts.flows or submissions or journal else None,
         on_close=routes.closed,
         probe=probe,

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from aiokafka import ConsumerRecord
 
@@ -124,6 +124,25 @@ class Stager:
             log.info("draining: %d batches in flight, up to %.0fs", len(pending), deadline_s)
             _, pending = await asyncio.wait(pending, timeout=max(0.0, end - time.monotonic()))
         return len(pending)
+
+    async def landed(self, units: Collection[Unit], deadline_s: float) -> int:
+        """Gives the batches in flight with items on `units` (suspended: their partitions
+        revoked) up to `deadline_s` to come back and be journaled and staged on them, so
+        the revocation's commit carries their outcomes; returns how many did not. A batch
+        launched meanwhile with items of theirs is waited for too: its answer would come
+        back as late."""
+        end = time.monotonic() + deadline_s
+        ids = {id(u) for u in units}
+        while pending := [
+            task
+            for task, items in self.dispatch.tasks.items()
+            if any(id(i.unit) in ids for i in items)
+        ]:
+            left = end - time.monotonic()
+            if left <= 0:
+                return len(pending)
+            await asyncio.wait(pending, timeout=left)
+        return 0
 
     async def stop(self) -> None:
         await self.windower.stop()

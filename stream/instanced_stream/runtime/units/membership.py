@@ -22,7 +22,7 @@ from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka import clients
 from instanced_stream.runtime.units.fetcher import MAX_UNCOMMITTED, Fetcher
 from instanced_stream.runtime.units.producers import Producers
-from instanced_stream.runtime.units.rebalance import Rebalance
+from instanced_stream.runtime.units.rebalance import Landed, Rebalance
 from instanced_stream.runtime.units.unit import Unit
 from instanced_stream.runtime.units.unit_manager import OnOpen, UnitManager
 
@@ -65,11 +65,15 @@ class Membership:
         on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
         progress: Callable[[int], int] = lambda _p: 0,
         max_uncommitted: int = MAX_UNCOMMITTED,
+        landed: Landed | None = None,
+        landing_s: float = 0.0,
         probe: Probe = NO_PROBE,
     ) -> None:
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
+        # A revocation may wait this long for the batches in flight (`Rebalance._land`).
+        self.landing_s = landing_s if landed is not None else 0.0
         self.identity = _identity(client_id, group_instance_id)
         self.producers = producers
         next_offsets: dict[TopicPartition, int] = {}  # the fetcher's; seeking writes it
@@ -93,6 +97,8 @@ class Membership:
             self.manager,
             on_rebalance=on_rebalance,
             on_assigned=on_assigned,
+            landed=landed,
+            landing_s=self.landing_s,
             probe=probe,
         )
         # The rebalance listener's, named here for the service and readiness.
@@ -130,6 +136,10 @@ class Membership:
             partition_assignment_strategy=self.strategy,
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
+            # aiokafka's default is the session timeout: the broker puts out a member
+            # that has not rejoined by then. A revocation that waits for its batches in
+            # flight takes up to `landing_s` before it rejoins, so that is added.
+            rebalance_timeout_ms=int((self.session_timeout_s + self.landing_s) * 1000),
             max_poll_interval_ms=300_000,
             **self.identity,
         )

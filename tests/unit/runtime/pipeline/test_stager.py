@@ -141,3 +141,37 @@ async def test_a_batch_whose_partitions_all_closed_is_cancelled_and_frees_its_sl
     await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled() and not rig.stager.dispatch.tasks
     assert rig.stager.dispatch.limiter.in_flight == 0
+
+
+async def test_a_revoked_unit_waits_for_its_batches_in_flight_up_to_its_budget() -> None:
+    """A revocation gives the batches in flight on its units a bounded time to come back
+    (`Stager.landed`, runtime/units/rebalance.py): what lands is staged on the suspended
+    unit and its commit carries it, so the partition's next owner has nothing to ask the
+    model again; a batch of other units' items is not waited for, and one that does not
+    land within the budget is counted, not waited out."""
+    rig = _rig()
+    gate = asyncio.Event()
+    asked = asyncio.Event()
+    answer = rig.llm.complete
+
+    async def gated(*args: Any, **kw: Any) -> Any:
+        asked.set()
+        await gate.wait()
+        return await answer(*args, **kw)
+
+    rig.llm.complete = gated  # type: ignore[method-assign]
+    for i in range(3):
+        await rig.offer(_item(i), 1, i)
+    rig.unit(0)  # a unit with nothing in flight
+    await rig.stager.windower.flush()
+    await asyncio.wait_for(asked.wait(), 5)
+    assert await rig.stager.landed([rig.units[0]], 5) == 0  # at once: none of its items
+    assert await rig.stager.landed([rig.units[1]], 0.05) == 1  # the budget, then counted
+    landing = asyncio.create_task(rig.stager.landed([rig.units[1]], 5))
+    await asyncio.sleep(0.05)
+    assert not landing.done()
+    gate.set()
+    assert await asyncio.wait_for(landing, 5) == 0
+    await rig.units[1].commit()
+    assert rig.offsets() == {1: 3}
+    assert len(rig.on("activity.moderateComment")) == 3

@@ -1,7 +1,7 @@
-"""The rebalance listener (runtime/units/rebalance.py): a revocation commits each running
-unit's finished prefix and suspends it (still held); a member is stable only in a
-generation it was assigned, and more than UNSTABLE_PER_MIN rebalances a minute is a
-storm."""
+"""The rebalance listener (runtime/units/rebalance.py): a revocation suspends each running
+unit (still held), waits a bounded time for its batches in flight and commits its
+finished prefix; a member is stable only in a generation it was assigned, and more than
+UNSTABLE_PER_MIN rebalances a minute is a storm."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 from aiokafka.structs import TopicPartition
 from instanced_stream.runtime.units.lifecycle import UnitState
 from instanced_stream.runtime.units.rebalance import UNSTABLE_PER_MIN, Rebalance
+from instanced_stream.runtime.units.unit import Unit
 
 from tests.fakes import UNIT_TOPICS, FakeProducer, fake_unit_manager
 
@@ -61,4 +62,36 @@ async def test_a_member_is_stable_only_in_a_generation_it_was_assigned_and_storm
     assert listener.stable() and group["storm"]
     assert group["rebalances_last_min"] == UNSTABLE_PER_MIN + 1
     assert group["waiting_for_assignment_s"] is None
+    await listener.manager.close_all(commit=False)
+
+
+async def test_a_revocation_waits_for_the_batches_in_flight_before_it_commits() -> None:
+    """What lands while the revocation waits (`landed`, bounded by `landing_s`) is in its
+    commit: the partition's next owner starts after it and asks nothing again (issue 55).
+    A stopping member does not wait: its drain gave the batches their time."""
+    manager, made = fake_unit_manager()
+    waits: list[tuple[list[int], float]] = []
+
+    async def landed(units: list[Unit], deadline_s: float) -> int:
+        waits.append(([u.partition for u in units], deadline_s))
+        await asyncio.sleep(0.01)
+        unit.finish(slot)  # the batch's answer came back and was staged on the unit
+        return 0
+
+    listener = Rebalance("items", manager, landed=landed, landing_s=3.0)
+    await listener.on_partitions_assigned(_tps())
+    await _opened(listener)
+    unit = listener.manager.units[0]
+    slot = unit.track("items", 0)
+    await listener.on_partitions_revoked(_tps())
+    assert waits == [([0], 3.0)]
+    assert made[0].committed == {TopicPartition("items", 0): 1}
+    await listener.manager.close_all(commit=False)
+    stopping, _ = fake_unit_manager()
+    listener = Rebalance("items", stopping, landed=landed, landing_s=3.0)
+    await listener.on_partitions_assigned(_tps())
+    await _opened(listener)
+    stopping.openings.stopping = True
+    await listener.on_partitions_revoked(_tps())
+    assert len(waits) == 1
     await listener.manager.close_all(commit=False)
