@@ -167,7 +167,7 @@ class Settings(BaseSettings):
         ge=0,
         description="On SIGTERM, batches in flight get this long to finish and be committed "
         "before the worker stops (keep it below the pod's terminationGracePeriodSeconds); "
-        "on a revocation, at most this and the session timeout, so an answer in flight is "
+        "on a revocation, at most this and half the session timeout, so an answer in flight is "
         "committed before its partition moves instead of asked again by its next owner",
     )
     commit_interval: float = Field(

@@ -106,7 +106,9 @@ async def test_a_partition_moved_by_a_join_is_not_asked_again_while_its_answer_i
     """The old owner's batch in flight when a member joins: its answers must reach the
     new owner (committed before the move, or journaled before the new owner reads the
     journal), never be asked for again by it."""
-    dep = await deploy()
+    # A revocation waits up to half the session timeout: 8 s covers what is left of the
+    # 6 s answer when the second member joins, with room for a loaded machine.
+    dep = await deploy(STREAM_SESSION_TIMEOUT_S="16")
     port = _port()
     second = ProcessorProcess(
         {**dep.proc.env, "STREAM_WEB_PORT": str(port)},

@@ -265,12 +265,15 @@ def assemble(
         on_failed=lambda p, _exc: metrics.partitions.failed(p),
         progress=restores.progress if restores else lambda _p: 0,
         # A revocation waits for the batches in flight (runtime/units/rebalance.py): up
-        # to the drain's budget, what a stop gives them, and never past a session
-        # timeout, which the group already waits for a silent member. The rebalance
-        # timeout grows by it: 30 s at the default 15 s session, below the 40 s in which
-        # aiokafka's join request must be answered.
+        # to the drain's budget, what a stop gives them, and never past half the session
+        # timeout. The group waits for a member to rejoin up to its rebalance timeout
+        # (aiokafka's: the session timeout), counted from the rebalance's start, which
+        # the member hears of at its next heartbeat (a fifth of the session): half leaves
+        # room for that and the commit. Not a longer rebalance timeout: the broker waits
+        # that long for a member that asked to join and died, so every member killed in
+        # its join would hold the whole group longer.
         landed=stager.landed,
-        landing_s=min(settings.drain_s, settings.session_timeout_s),
+        landing_s=min(settings.drain_s, settings.session_timeout_s / 2),
         on_open=routes.opened if parts.flows or submissions or journal else None,
         on_close=routes.closed,
         probe=probe,

@@ -72,7 +72,8 @@ class Membership:
         self.bootstrap, self.group_id = bootstrap, group_id
         self.topics, self.input = topics, topics[0]
         self.session_timeout_s = session_timeout_s
-        # A revocation may wait this long for the batches in flight (`Rebalance._land`).
+        # A revocation may wait this long for the batches in flight (`Rebalance._land`);
+        # the caller keeps it within the group's rebalance timeout (the session's).
         self.landing_s = landing_s if landed is not None else 0.0
         self.identity = _identity(client_id, group_instance_id)
         self.producers = producers
@@ -136,10 +137,6 @@ class Membership:
             partition_assignment_strategy=self.strategy,
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 1000 / 5),
-            # aiokafka's default is the session timeout: the broker puts out a member
-            # that has not rejoined by then. A revocation that waits for its batches in
-            # flight takes up to `landing_s` before it rejoins, so that is added.
-            rebalance_timeout_ms=int((self.session_timeout_s + self.landing_s) * 1000),
             max_poll_interval_ms=300_000,
             **self.identity,
         )

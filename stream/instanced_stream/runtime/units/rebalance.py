@@ -113,7 +113,7 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         earlier owner still has in flight, and the eager protocol opens nothing until
         every member has rejoined, so no unit anywhere opens in between. The cost is a
         rebalance longer by what is left of the batches in flight (their answer's time,
-        not a fixed wait), bounded by `landing_s`; the membership adds that to the group's
+        not a fixed wait), bounded by `landing_s`, which stays within the group's
         rebalance timeout, so this member is not put out for waiting. What is not back by
         then is left to the partition's next owner, as before. A stopping member's drain
         already gave its batches their time."""
