@@ -10,13 +10,13 @@ heartbeats and rebalances go on. Nothing here knows about transactions; the unit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from functools import partial
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import mode
@@ -159,7 +159,7 @@ class _Service(mode.Service):
         self.fetching = self.add_future(self._fetch_loop())
         self.add_future(self._intake())
         self.add_future(self._next_turns())
-        failed = partial(self.metrics.count, {"timer_errors": 1})
+        failed = functools.partial(self.metrics.count, {"timer_errors": 1})
         self.add_future(every(5.0, self._lag, failed))
         self.add_future(every(1.0, self._expire, failed))
         self.add_future(every(30.0, self._report, failed))
@@ -277,32 +277,44 @@ async def every(
             log.exception("timer %s failed; it runs again in %.0fs", step.__name__, seconds)
 
 
+@contextlib.contextmanager
+def _signals(handlers: dict[signal.Signals, Callable[[], None]]) -> Iterator[None]:
+    """`handlers` on the running loop for as long as the block runs; then the handlers
+    that were there before, back (asyncio leaves the default: the CLI's would be lost)."""
+    loop = asyncio.get_running_loop()
+    before = {sig: signal.getsignal(sig) for sig in handlers}
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, previous in before.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous)
+
+
+_STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
 async def _unless_stopped(work: Awaitable[Any]) -> Any:
     """`work`, or None when SIGTERM or SIGINT came first: the start-up is cancelled like
     any task, its clients closed by their own `finally`, instead of an interrupt raised
     wherever the signal landed (inside a connection attempt, it left a task group's
     traceback and unclosed clients)."""
-    loop, stopped = asyncio.get_running_loop(), asyncio.Event()
+    stopped = asyncio.Event()
     task = asyncio.ensure_future(work)
 
     def stop() -> None:
         stopped.set()
         task.cancel()
 
-    signals = (signal.SIGTERM, signal.SIGINT)
-    before = {sig: signal.getsignal(sig) for sig in signals}
-    for sig in signals:
-        loop.add_signal_handler(sig, stop)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if stopped.is_set():
-            return None
-        raise
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, before[sig])  # asyncio leaves the default: the CLI's back
+    with _signals(dict.fromkeys(_STOPS, stop)):
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if stopped.is_set():
+                return None
+            raise
 
 
 def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
@@ -336,21 +348,16 @@ def run_processor(settings: Settings, spec: AgentSpec, bootstrap: str) -> int:
     if setup_tracing("instanced-stream-processor"):
         log.info("tracing: spans go over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)")
     try:
-        return asyncio.run(_serve(settings, pinned, bootstrap, llm_url, overrides, probe))
+        make = functools.partial(_Service, settings, pinned, bootstrap, llm_url, overrides, probe)
+        return asyncio.run(_serve(make))
     finally:
         shutdown_tracing()
 
 
-async def _serve(
-    settings: Settings,
-    spec: AgentSpec,
-    bootstrap: str,
-    llm_url: str,
-    overrides: tuple[Messages, dict[int, int]],
-    probe: Probe,
-) -> int:
+async def _serve(make: Callable[[], mode.Service]) -> int:
+    # Built here, inside the loop that runs it: its clients bind to the running loop.
     quiet_fenced_transactions(asyncio.get_running_loop())  # a fenced stop: one line
-    return await run_until_signalled(_Service(settings, spec, bootstrap, llm_url, overrides, probe))
+    return await run_until_signalled(make())
 
 
 async def run_until_signalled(service: mode.Service) -> int:
@@ -360,7 +367,6 @@ async def run_until_signalled(service: mode.Service) -> int:
     stop waits out a fixed one-second sleep of its own, paid by every stop and restart
     (and by the tests, hundreds of times), and it owns logging and the loop, which the
     CLI already set up."""
-    loop = asyncio.get_running_loop()
     starting = asyncio.ensure_future(service.start())
     stop_requested = asyncio.Event()
 
@@ -368,17 +374,22 @@ async def run_until_signalled(service: mode.Service) -> int:
         stop_requested.set()
         starting.cancel()  # a start still joining its group stops where it waits
 
-    stops = (signal.SIGTERM, signal.SIGINT)
-    before = {sig: signal.getsignal(sig) for sig in (*stops, signal.SIGUSR1)}
-    for sig in stops:
-        loop.add_signal_handler(sig, stop)
-    loop.add_signal_handler(signal.SIGUSR1, functools.partial(cry, sys.stderr))
-    try:
+    handlers = dict.fromkeys(_STOPS, stop)
+    handlers[signal.SIGUSR1] = functools.partial(cry, sys.stderr)
+    with _signals(handlers):
         try:
             await starting
         except asyncio.CancelledError:
             if not stop_requested.is_set():
                 raise
+        except Exception:
+            # A start that failed (no broker, a refused login) closes what it had
+            # started, then its error goes on to the CLI, which says it in one line.
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("stopping after a failed start failed too")
+            raise
         if not stop_requested.is_set():
             stopped = asyncio.ensure_future(service.wait_until_stopped())
             asked = asyncio.ensure_future(stop_requested.wait())
@@ -386,10 +397,6 @@ async def run_until_signalled(service: mode.Service) -> int:
             for waiter in (stopped, asked):
                 waiter.cancel()
         await service.stop()  # once: mode's stop is idempotent, on_stop runs a single time
-    finally:
-        for sig, handler in before.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)  # asyncio leaves the default: the caller's back
     if service.crashed:
         log.error("processor crashed: %s", service.crash_reason)
         return 1

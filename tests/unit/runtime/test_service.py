@@ -1,6 +1,7 @@
 """The processor's timers survive their steps' errors (issue 24: a timer's exception,
 an `end_offsets` timeout in a rebalance, stopped the whole worker), and its run: a crash
-exits 1, SIGTERM stops it once, SIGUSR1 dumps the tasks."""
+exits 1, SIGTERM stops it once, SIGUSR1 dumps the tasks, a failed start closes what it
+opened and raises its error for the CLI to say."""
 
 from __future__ import annotations
 
@@ -88,3 +89,30 @@ async def test_sigusr1_writes_every_tasks_stack_to_stderr(
     os.kill(os.getpid(), signal.SIGTERM)
     assert await asyncio.wait_for(running, 10) == 0
     assert "run_until_signalled" in capsys.readouterr().err
+
+
+class _FailsToStart(mode.Service):
+    """A service whose start opens a client, then fails (as a refused login would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = False
+        self.stops = 0
+
+    async def on_start(self) -> None:
+        self.opened = True
+        raise ConnectionError("no broker at that address")
+
+    async def on_stop(self) -> None:
+        self.stops += 1
+        self.opened = False
+
+
+async def test_a_failed_start_closes_what_it_opened_and_raises_its_error() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    service = _FailsToStart()
+    with pytest.raises(ConnectionError, match="no broker"):
+        await asyncio.wait_for(run_until_signalled(service), 10)
+    assert service.stops == 1
+    assert not service.opened
+    assert signal.getsignal(signal.SIGTERM) is before
