@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import orjson
 from instanced_stream.llm.client import LLM
-from instanced_stream.llm.shape import RequestShape
+from instanced_stream.llm.options import Collaborators, Listener, Recovery, RequestOptions
 from instanced_stream.retry import RetryPolicy
 from instanced_stream_bench.testing.sim.provider import ProviderName, Refusal, refusal
 from instanced_stream_bench.testing.sim.request import read_request
@@ -64,15 +64,23 @@ class MemoryEndpoint:
             },
         )
 
-    def llm(self, **options: Any) -> LLM:
+    def llm(
+        self,
+        request: RequestOptions | None = None,
+        *,
+        adapt: bool = False,
+        listener: Listener | None = None,
+    ) -> LLM:
+        """A client of this endpoint that retries within milliseconds."""
         transport = httpx2.MockTransport(self.handle)
-        options.setdefault("retry", RetryPolicy(base_s=0.001, cap_s=0.005))
-        options.setdefault("shape", RequestShape())
         return LLM(
             base_url="http://memory/v1",
             api_key="none",
             model=self.model,
             timeout_s=5,
-            http_client=httpx2.AsyncClient(transport=transport),
-            **options,
+            request=request,
+            recovery=Recovery(retry=RetryPolicy(base_s=0.001, cap_s=0.005), adapt=adapt),
+            collaborators=Collaborators(
+                listener=listener, http_client=httpx2.AsyncClient(transport=transport)
+            ),
         )

@@ -13,6 +13,7 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.client import LLM, RetryPolicy
+from instanced_stream.llm.options import Collaborators, Recovery
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream_bench.testing.sim.server import Faults, Simulator
 
@@ -42,7 +43,7 @@ def _llm(url: str, timeout_s: float = 10) -> LLM:
         api_key="sk-test",
         model="stream-sim-1",
         timeout_s=timeout_s,
-        retry=RetryPolicy(base_s=0.05, cap_s=2),
+        recovery=Recovery(retry=RetryPolicy(base_s=0.05, cap_s=2)),
     )
 
 
@@ -134,8 +135,8 @@ async def test_a_refused_key_mid_run_pauses_loudly_then_resumes(
         api_key="sk-test",
         model="stream-sim-1",
         timeout_s=10,
-        retry=RetryPolicy(base_s=0.05, cap_s=0.2),
-        listener=seen,
+        recovery=Recovery(retry=RetryPolicy(base_s=0.05, cap_s=0.2)),
+        collaborators=Collaborators(listener=seen),
     )
     with caplog.at_level("WARNING", logger="instanced_stream.llm"):
         done = await llm.complete(*_messages(2))

@@ -20,6 +20,7 @@ import pytest
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.llm.client import LLM
+from instanced_stream.llm.options import Collaborators
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream_bench.testing.sim.account import SimConfig
@@ -53,7 +54,13 @@ async def _run_until(
 ) -> int:
     """REQUESTS requests, AT_ONCE at a time, until `done()` (or the test's deadline);
     returns how many the pacer held back then."""
-    llm = LLM(base_url=url, api_key="none", model="gpt-4o-mini", timeout_s=30, pacer=pacer)
+    llm = LLM(
+        base_url=url,
+        api_key="none",
+        model="gpt-4o-mini",
+        timeout_s=30,
+        collaborators=Collaborators(pacer=pacer),
+    )
     gate = asyncio.Semaphore(AT_ONCE)
     prompt = PromptBuilder(load_spec(DEFAULT_SPEC))
 

@@ -31,6 +31,7 @@ from instanced_stream.core.validate import Validator
 from instanced_stream.kafka.topics import activity_topics, read_json, read_topic, state_changelog
 from instanced_stream.llm.client import LLM
 from instanced_stream.llm.limiter import Limiter
+from instanced_stream.llm.options import Collaborators, RequestOptions
 from instanced_stream.ops.workflow_audit import audit_workflows
 from instanced_stream.settings import DEFAULT_SPEC, EXAMPLES, Settings
 from instanced_stream_bench.harness.demo import (
@@ -113,15 +114,22 @@ def _instances(n: int, tag: str) -> list[Instance]:
     ]
 
 
-def _llm(served: tuple[str, str], spec: AgentSpec, **kw: Any) -> LLM:
+def _llm(
+    served: tuple[str, str],
+    spec: AgentSpec,
+    *,
+    timeout_s: float = 120,
+    max_output_tokens: int | None = None,
+    limiter: Limiter | None = None,
+) -> LLM:
     url, model = served
     return LLM(
         base_url=url,
         api_key="none",
         model=model,
-        timeout_s=kw.pop("timeout_s", 120),
-        max_output_tokens=kw.pop("max_output_tokens", None),
-        **kw,
+        timeout_s=timeout_s,
+        request=RequestOptions(max_output_tokens=max_output_tokens),
+        collaborators=Collaborators(limiter=limiter),
     )
 
 

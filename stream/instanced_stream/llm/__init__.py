@@ -5,11 +5,15 @@ machine, for tests and the demo, is the bench's: instanced_stream_bench.testing.
 from instanced_stream.llm.client import LLM, Completion, RetryPolicy
 from instanced_stream.llm.factory import build_llm, endpoint, resolve_api_key
 from instanced_stream.llm.limiter import Limiter
+from instanced_stream.llm.options import Collaborators, Recovery, RequestOptions
 
 __all__ = [
     "LLM",
+    "Collaborators",
     "Completion",
     "Limiter",
+    "Recovery",
+    "RequestOptions",
     "RetryPolicy",
     "build_llm",
     "endpoint",

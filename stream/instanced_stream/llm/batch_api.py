@@ -168,19 +168,9 @@ class BatchModel:
     def _body(
         self, messages: list[dict[str, str]], rf: dict[str, Any], max_tokens: int | None
     ) -> dict[str, Any]:
-        llm = self.llm
-        caps = [c for c in (llm.max_output_tokens, max_tokens) if c is not None]
-        cap = min(caps) if caps else None
-        if cap is not None and llm.shape.tokens_param == "max_completion_tokens":
-            cap += llm.reasoning_headroom
-        return llm.shape.body(
-            llm.model,
-            messages,
-            rf,
-            temperature=llm.temperature,
-            cap=cap,
-            reasoning_effort=llm.reasoning_effort,
-        )
+        # Built as the online client builds its requests, in the shape it uses now.
+        request = self.llm.request
+        return request.body(self.model, messages, rf, request.cap(max_tokens))
 
     def resume(self, keys: tuple[str, ...], batch_id: str, custom_id: str) -> None:
         """A line submitted before a restart: the request asking about `keys` polls it."""

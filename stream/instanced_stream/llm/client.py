@@ -24,7 +24,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from dataclasses import replace
+from typing import Any, cast
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -33,25 +34,14 @@ from instanced_stream.core.model import Completion
 from instanced_stream.errors import LLMError
 from instanced_stream.llm.deadline import Deadline
 from instanced_stream.llm.failures import REFUSED, classify
-from instanced_stream.llm.limiter import Limiter
-from instanced_stream.llm.pacer import Pacer
+from instanced_stream.llm.options import Collaborators, Recovery, RequestOptions
 from instanced_stream.llm.shape import RequestShape
 from instanced_stream.observe.telemetry import answered, llm_span
 from instanced_stream.retry import RetryPolicy
 
-__all__ = ["LLM", "Completion", "Listener", "RetryPolicy"]
+__all__ = ["LLM", "Completion", "RetryPolicy"]
 
 log = logging.getLogger("instanced_stream.llm")
-
-
-class Listener(Protocol):
-    """Told of every answer, retry and circuit change (the processor's metrics)."""
-
-    def observe_latency(self, seconds: float) -> None: ...
-    def on_retry(self) -> None: ...
-    def on_circuit(self, is_open: bool) -> None: ...
-    def on_refused(self, status: int | None) -> None: ...
-    def on_shape(self, labels: dict[str, str]) -> None: ...
 
 
 def _completion(resp: ChatCompletion, started: float) -> Completion:
@@ -118,6 +108,9 @@ def _say_refused(exc: LLMError, shape: RequestShape, model: str) -> None:
 
 
 class LLM:
+    """One model endpoint's client: the four required arguments say which endpoint,
+    `request`, `recovery` and `collaborators` (llm/options.py) the rest, each defaulted."""
+
     def __init__(
         self,
         *,
@@ -125,42 +118,20 @@ class LLM:
         api_key: str,
         model: str,
         timeout_s: float,
-        temperature: float = 0.0,
-        max_output_tokens: int | None = None,
-        retry: RetryPolicy | None = None,
-        listener: Listener | None = None,
-        limiter: Limiter | None = None,
-        shape: RequestShape | None = None,
-        reasoning_effort: str | None = None,
-        reasoning_headroom: int = 0,
-        server_attempts: int = 3,
-        http_client: Any = None,
-        pacer: Pacer | None = None,
-        api_version: str | None = None,
-        adapt: bool = False,
-        provider: str | None = None,
+        request: RequestOptions | None = None,
+        recovery: Recovery | None = None,
+        collaborators: Collaborators | None = None,
     ) -> None:
         self.model = model
-        self.provider = provider  # traces' gen_ai.provider.name; None: from the URL
-        self.shape = shape or RequestShape()
-        self.reasoning_effort = reasoning_effort
-        # max_completion_tokens bounds hidden reasoning too: room for it on top of the
-        # answer's own cap, or a reasoning model would stop before it wrote anything.
-        self.reasoning_headroom = reasoning_headroom
-        self.server_attempts = server_attempts
-        # The shape was not proven at start (the endpoint did not answer the probe) and
-        # the spec does not force one: a refused parameter is switched as the probe would.
-        self.adapt = adapt
+        self.request = request or RequestOptions()  # replaced when its shape is switched
+        self.recovery = recovery or Recovery()
+        self.collaborators = collaborators or Collaborators()
         # A harmless one-item request (`instanced_stream.llm.preflight.canary`): asked when one
         # item's request keeps failing with 5xx and nothing else was answered meanwhile.
         self.canary: Callable[[], Awaitable[object]] | None = None
-        self.pacer = pacer  # the provider's per-minute budget, learnt from its headers
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.deadline = Deadline(timeout_s)
-        self.temperature = temperature
-        self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
         self.retries = 0
         self.failing = 0  # consecutive retriable failures: the circuit is open while > 2
         # An ongoing refusal (401/403/404, or a 400 naming the request's shape): its status
@@ -168,22 +139,31 @@ class LLM:
         self.refused: int | None = None
         self._refusal: tuple[int | None, str | None] | None = None
         self.last_answer = 0.0  # monotonic time of the latest answer: is it answering?
-        self.listener = listener
-        if listener is not None:
-            listener.on_shape(self.shape.labels())
-        self.limiter = limiter  # told of every answer and every refusal
-        if http_client is None and pacer is not None:
+        if self.collaborators.listener is not None:
+            self.collaborators.listener.on_shape(self.shape.labels())
+        http_client = self.collaborators.http_client
+        if http_client is None and self.collaborators.pacer is not None:
             # The SDK's own HTTP client, with a hook that shows the pacer every answer's
             # headers (429s included).
             http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._headers]})
-        self.client = _client(base_url, api_key, timeout_s, api_version, http_client)
+        self.client = _client(base_url, api_key, timeout_s, self.request.api_version, http_client)
+
+    @property
+    def shape(self) -> RequestShape:
+        """The shape every request is built in: the request options', switched after a
+        refusal (`Recovery.adapt`) or by the start-up probe."""
+        return self.request.shape
+
+    @shape.setter
+    def shape(self, shape: RequestShape) -> None:
+        self.request = replace(self.request, shape=shape)
 
     async def close(self) -> None:
         await self.client.close()
 
     async def _headers(self, response: Any) -> None:
-        if self.pacer is not None:
-            self.pacer.observe(response.headers)
+        if self.collaborators.pacer is not None:
+            self.collaborators.pacer.observe(response.headers)
 
     async def complete_once(
         self,
@@ -197,23 +177,15 @@ class LLM:
         # `chat.completions.create`: that walks its forty typed parameters and a typed
         # `response_format` on every request and changes nothing in them, 8% of the
         # processor's time with a fast model. The wire body is the same.
-        caps = [c for c in (self.max_output_tokens, max_tokens) if c is not None]
-        cap = min(caps) if caps else None
-        if cap is not None and self.shape.tokens_param == "max_completion_tokens":
-            cap += self.reasoning_headroom
-        body = self.shape.body(
-            self.model,
-            messages,
-            response_format,
-            temperature=self.temperature,
-            cap=cap,
-            reasoning_effort=self.reasoning_effort,
-        )
-        if self.pacer is not None:
+        request = self.request
+        cap = request.cap(max_tokens)
+        body = request.body(self.model, messages, response_format, cap)
+        pacer = self.collaborators.pacer
+        if pacer is not None:
             # What the request may spend: its prompt (about 4 characters a token) and cap.
-            await self.pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
+            await pacer.wait(sum(len(m["content"]) for m in messages) // 4 + (cap or 0))
             started = time.perf_counter()  # the endpoint's latency, not the budget's wait
-        with llm_span(self.model, self.base_url, self.provider) as span:
+        with llm_span(self.model, self.base_url, request.provider) as span:
             try:
                 resp = await self.client.post(
                     "/chat/completions",
@@ -262,16 +234,16 @@ class LLM:
                 if exc.timeout and elsewhere:
                     raise
                 server_failures = server_failures + 1 if (exc.status or 0) >= 500 else 0
-                if server_failures >= self.server_attempts and not elsewhere:
+                if server_failures >= self.recovery.server_attempts and not elsewhere:
                     elsewhere = await self._answers_others()
-                if server_failures >= self.server_attempts and elsewhere:
+                if server_failures >= self.recovery.server_attempts and elsewhere:
                     raise LLMError(
                         f"{exc.message} ({server_failures} attempts)",
                         retriable=True,
                         status=exc.status,
                         server=True,
                     ) from exc
-                delay = self.retry.delay(attempt, exc.retry_after)
+                delay = self.recovery.retry.delay(attempt, exc.retry_after)
                 attempt += 1
                 self.retries += 1
                 if exc.shape and self._switched(exc):
@@ -294,14 +266,15 @@ class LLM:
         self.failing += 1
         if exc.timeout:
             self.deadline.timed_out()
-        if self.limiter is not None:
+        limiter, listener = self.collaborators.limiter, self.collaborators.listener
+        if limiter is not None:
             if exc.overload:
-                self.limiter.on_overload(exc.retry_after)
+                limiter.on_overload(exc.retry_after)
             if exc.timeout:
-                self.limiter.on_timeout(items)
-        if self.listener is not None:
-            self.listener.on_retry()
-            self.listener.on_circuit(self.failing > 2)
+                limiter.on_timeout(items)
+        if listener is not None:
+            listener.on_retry()
+            listener.on_circuit(self.failing > 2)
 
     async def _answers_others(self) -> bool:
         """Whether the endpoint answers the canary while this request keeps failing with
@@ -316,15 +289,15 @@ class LLM:
         return True
 
     def _switched(self, exc: LLMError) -> bool:
-        nxt = _alternative(self.shape, exc) if self.adapt else None
+        nxt = _alternative(self.shape, exc) if self.recovery.adapt else None
         if nxt is None:
             return False
         log.warning(
             "endpoint refused %s (%s); now %s", self.shape.label(), exc.message, nxt.label()
         )
         self.shape = nxt
-        if self.listener is not None:
-            self.listener.on_shape(nxt.labels())
+        if self.collaborators.listener is not None:
+            self.collaborators.listener.on_shape(nxt.labels())
         return True
 
     def _refused(self, exc: LLMError, delay: float) -> None:
@@ -332,27 +305,28 @@ class LLM:
         what = (exc.status, exc.data.get("param") or exc.data.get("code"))
         if self._refusal != what:
             _say_refused(exc, self.shape, self.model)
-            if self.listener is not None:
-                self.listener.on_refused(exc.status)
+            if self.collaborators.listener is not None:
+                self.collaborators.listener.on_refused(exc.status)
         self._refusal = what
         self.refused = exc.status
         log.debug("endpoint still refusing, next try in %.1fs", delay)
 
     def _answered(self, done: Completion, items: int) -> None:
+        limiter, listener = self.collaborators.limiter, self.collaborators.listener
         self.last_answer = time.monotonic()
         self.deadline.observe(done.completion_tokens, done.latency_s)
         if self.refused is not None:
             log.warning("the model endpoint answers again; consumption resumes")
             self.refused = None
             self._refusal = None
-            if self.listener is not None:
-                self.listener.on_refused(None)
-        if self.limiter is not None:
-            self.limiter.on_success(
+            if listener is not None:
+                listener.on_refused(None)
+        if limiter is not None:
+            limiter.on_success(
                 done.latency_s, done.completion_tokens, items, done.latency_s / self.timeout_s
             )
-        if self.listener is not None:
-            self.listener.observe_latency(done.latency_s)
+        if listener is not None:
+            listener.observe_latency(done.latency_s)
             if self.failing:
-                self.listener.on_circuit(False)
+                listener.on_circuit(False)
         self.failing = 0

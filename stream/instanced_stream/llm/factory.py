@@ -9,8 +9,9 @@ from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.strict_form import strict_form
 from instanced_stream.errors import SpecError, StreamError
-from instanced_stream.llm.client import LLM, Listener
+from instanced_stream.llm.client import LLM
 from instanced_stream.llm.limiter import Limiter
+from instanced_stream.llm.options import Collaborators, Listener, Recovery, RequestOptions
 from instanced_stream.llm.pacer import Pacer
 from instanced_stream.llm.preflight import Probed, canary, probe
 from instanced_stream.llm.shape import RequestShape
@@ -117,17 +118,21 @@ def build_llm(
         api_key=resolve_api_key(settings, spec),
         model=settings.llm_model or spec.model.name,
         timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
-        temperature=spec.model.temperature,
-        max_output_tokens=spec.model.max_output_tokens,
-        listener=listener,
-        limiter=limiter,
-        shape=shape or initial_shape(spec),
-        reasoning_effort=spec.model.reasoning_effort,
-        reasoning_headroom=spec.model.reasoning_headroom,
-        pacer=Pacer() if settings.llm_pacing else None,
-        api_version=settings.llm_api_version or spec.model.api_version,
-        adapt=spec.model.request is None,
-        provider=settings.llm_provider,
+        request=RequestOptions(
+            shape=shape or initial_shape(spec),
+            temperature=spec.model.temperature,
+            max_output_tokens=spec.model.max_output_tokens,
+            reasoning_effort=spec.model.reasoning_effort,
+            reasoning_headroom=spec.model.reasoning_headroom,
+            api_version=settings.llm_api_version or spec.model.api_version,
+            provider=settings.llm_provider,
+        ),
+        recovery=Recovery(adapt=spec.model.request is None),
+        collaborators=Collaborators(
+            listener=listener,
+            limiter=limiter,
+            pacer=Pacer() if settings.llm_pacing else None,
+        ),
     )
     llm.canary = canary(llm, PromptBuilder(spec))
     return llm

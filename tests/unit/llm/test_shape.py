@@ -10,6 +10,7 @@ import pytest
 from instanced_stream.core.prompt import PromptBuilder
 from instanced_stream.core.spec import load_spec
 from instanced_stream.errors import StreamError
+from instanced_stream.llm.options import RequestOptions
 from instanced_stream.llm.preflight import probe
 from instanced_stream.llm.shape import RequestShape
 from instanced_stream.settings import DEFAULT_SPEC
@@ -110,9 +111,11 @@ async def test_the_probe_keeps_a_shape_an_older_model_accepts() -> None:
 async def test_reasoning_tokens_are_read_and_the_cap_leaves_room_for_them() -> None:
     endpoint = MemoryEndpoint("openai", model="gpt-5-mini")
     llm = endpoint.llm(
-        shape=RequestShape(tokens_param="max_completion_tokens", temperature=False),
-        reasoning_effort="low",
-        reasoning_headroom=500,
+        RequestOptions(
+            shape=RequestShape(tokens_param="max_completion_tokens", temperature=False),
+            reasoning_effort="low",
+            reasoning_headroom=500,
+        )
     )
     spec = load_spec(DEFAULT_SPEC)
     prompt = PromptBuilder(spec)

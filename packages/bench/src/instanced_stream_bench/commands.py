@@ -118,6 +118,7 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from instanced_stream.core.spec import load_spec
     from instanced_stream.llm.client import LLM
     from instanced_stream.llm.factory import initial_shape, resolve_api_key
+    from instanced_stream.llm.options import RequestOptions
     from instanced_stream.llm.preflight import probe
 
     from instanced_stream_bench.harness.eval import disagreements, load_items, markdown
@@ -149,11 +150,13 @@ def evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 api_key=key,
                 model=target.model,
                 timeout_s=settings.llm_timeout_s or spec.model.timeout_s,
-                temperature=spec.model.temperature,
-                max_output_tokens=spec.model.max_output_tokens,
-                shape=initial_shape(spec),
-                reasoning_effort=spec.model.reasoning_effort,
-                reasoning_headroom=spec.model.reasoning_headroom,
+                request=RequestOptions(
+                    shape=initial_shape(spec),
+                    temperature=spec.model.temperature,
+                    max_output_tokens=spec.model.max_output_tokens,
+                    reasoning_effort=spec.model.reasoning_effort,
+                    reasoning_headroom=spec.model.reasoning_headroom,
+                ),
             )
             try:
                 # The same request shape `stream process` would send.
