@@ -23,6 +23,7 @@ from instanced_stream.kafka.publish import home_partition
 from instanced_stream.runtime.assembly import assemble_pipeline, limiter_for, metrics_for
 from instanced_stream.runtime.pipeline.answers import instance_of
 from instanced_stream.runtime.pipeline.intake import source_of
+from instanced_stream.runtime.pipeline.stager import Hosting, ModelAccess
 from instanced_stream.runtime.pipeline.workflows import recalled
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.state.transaction import Transaction
@@ -101,12 +102,13 @@ class Rig:
         built = assemble_pipeline(
             self.settings,
             spec,
-            self.model,
-            limiter=limiter_for(spec, self.metrics),
-            metrics=self.metrics,
-            worker=self.worker,
+            ModelAccess(self.model, limiter_for(spec, self.metrics)),
+            Hosting(
+                self.worker,
+                self.metrics,
+                ready=lambda unit, ready: self.ready.extend((unit, inst) for inst in ready),
+            ),
             stores=lambda: self.stores,
-            ready=lambda unit, ready: self.ready.extend((unit, inst) for inst in ready),
         )
         # The next turns the batches' turns made ready, as the service's queue gets them;
         # a test offers them (`turns`) when it wants them asked.

@@ -11,7 +11,7 @@ import secrets
 import pytest
 from aiokafka.structs import TopicPartition
 from instanced_stream.kafka.topics import ensure_topics
-from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.membership import GroupAddress, MemberBounds, Membership
 from instanced_stream.runtime.units.producers import Producers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -23,9 +23,8 @@ def _member(bootstrap: str, group: str, topics: list[str], name: str) -> Members
     producers = Producers(
         bootstrap, group, transactional=False, transactional_prefix=f"{group}.{name}"
     )
-    return Membership(
-        bootstrap, group, topics, producers, session_timeout_s=6, client_id=f"{group}-{name}"
-    )
+    address = GroupAddress(bootstrap, group, topics, client_id=f"{group}-{name}")
+    return Membership(address, producers, MemberBounds(session_timeout_s=6))
 
 
 def _owned(member: Membership) -> set[int]:

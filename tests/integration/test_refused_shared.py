@@ -12,7 +12,7 @@ import secrets
 import pytest
 from instanced_stream.kafka.records import OutRecord
 from instanced_stream.kafka.topics import ensure_topics, read_topic
-from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.membership import GroupAddress, MemberBounds, Membership
 from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.unit import Unit
 
@@ -48,7 +48,7 @@ async def test_a_refused_record_does_not_break_its_partition_for_later_sends(
     shared = Producers(
         bootstrap, group, transactional=False, transactional_prefix=prefix, replace=replace
     )
-    member = Membership(bootstrap, group, topics, shared, session_timeout_s=6)
+    member = Membership(GroupAddress(bootstrap, group, topics), shared, MemberBounds(6))
     await member.start()
     try:
         deadline = asyncio.get_running_loop().time() + 60

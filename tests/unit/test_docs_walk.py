@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestServer
 from aiokafka.structs import TopicPartition
 from instanced_stream.core.spec import load_spec
 from instanced_stream.llm.factory import build_llm
-from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.membership import GroupAddress, MemberBounds, Membership
 from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.settings import DEFAULT_SPEC
 from instanced_stream_bench.testing.sim.server import Simulator
@@ -103,7 +103,7 @@ async def _walk_one_item() -> tuple[Tracer, FakeProducer]:
         replace=rig.stager.staging.replacement,
         make=lambda _bootstrap, **_options: rig.producer,
     )
-    membership = Membership("unused:9092", "g", topics, units, session_timeout_s=6)
+    membership = Membership(GroupAddress("unused:9092", "g", topics), units, MemberBounds(6))
     tp = TopicPartition(rig.topics.input, 0)
     consumer = FakeConsumer({TopicPartition(t, 0) for t in topics}, {tp: 0})
     membership.consumer = consumer

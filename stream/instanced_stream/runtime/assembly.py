@@ -7,6 +7,11 @@ loop, the routing of results and approvals, the timers, readiness). Its pipeline
 also what the test rig builds (tests/flows.py), given its own model and stores, so the
 tests run the wiring the product runs. Nothing here starts, fetches or sends: building a
 piece opens no connection.
+
+What travels together is built here once, as a frozen value, and handed on whole: the
+pipeline's `ModelAccess` and `Hosting` (runtime/pipeline/stager.py), through
+`assemble_pipeline` to the stager; the membership's `GroupAddress`, `MemberBounds` and
+`MemberHooks` (runtime/units/membership.py).
 """
 
 from __future__ import annotations
@@ -21,11 +26,10 @@ from typing import Protocol
 
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.live_spec import LiveSpec
-from instanced_stream.core.model import Model
 from instanced_stream.core.overrides import Messages, apply_overrides
 from instanced_stream.core.spec import AgentSpec
 from instanced_stream.core.workflow import Workflow
-from instanced_stream.faultpoints import NO_PROBE, Probe
+from instanced_stream.faultpoints import Probe
 from instanced_stream.kafka.topics import answer_journal, batch_changelog, state_changelog
 from instanced_stream.llm.batch_api import BatchModel
 from instanced_stream.llm.client import LLM
@@ -42,13 +46,18 @@ from instanced_stream.runtime.pipeline.outcomes.records import RecordBuilder
 from instanced_stream.runtime.pipeline.overrides import OverrideFollower
 from instanced_stream.runtime.pipeline.replies import Replies
 from instanced_stream.runtime.pipeline.restore import Restores
-from instanced_stream.runtime.pipeline.stager import Stager
-from instanced_stream.runtime.pipeline.tier import ONLINE, Tier
+from instanced_stream.runtime.pipeline.stager import Hosting, ModelAccess, Stager
+from instanced_stream.runtime.pipeline.tier import ONLINE
 from instanced_stream.runtime.pipeline.workflows import Flows
 from instanced_stream.runtime.state.recall import Recall
 from instanced_stream.runtime.state.store import Stores
 from instanced_stream.runtime.units.lanes import Lanes
-from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.membership import (
+    GroupAddress,
+    MemberBounds,
+    MemberHooks,
+    Membership,
+)
 from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.unit import Unit, uncommitted
 from instanced_stream.settings import Settings
@@ -95,23 +104,17 @@ class Pipeline:
 def assemble_pipeline(
     settings: Settings,
     spec: AgentSpec,
-    llm: Model,
+    access: ModelAccess,
+    hosting: Hosting,
     *,
-    limiter: Limiter,
-    metrics: Metrics,
-    worker: str,
     stores: Callable[[], Stores],
-    probe: Probe = NO_PROBE,
-    second: Model | None = None,
-    tier: Tier = ONLINE,
-    journal: AnswerJournal | None = None,
-    ready: Callable[[Unit, list[Instance]], None] | None = None,
 ) -> Pipeline:
-    """The pipeline on `llm` (`second`: model.escalate's client), its state in the stores
-    `stores` makes (asked only for a spec with a plan); `ready` takes the next turns a
-    batch's turns made ready (the service's `Routes.ready`)."""
+    """The pipeline on the model `access` reaches, in the process `hosting` describes
+    (both handed to the stager whole), its state in the stores `stores` makes (asked only
+    for a spec with a plan)."""
+    metrics, worker = hosting.metrics, hosting.worker
     live = LiveSpec(spec)
-    builder = RecordBuilder(live, settings.topics, llm.model)
+    builder = RecordBuilder(live, settings.topics, access.llm.model)
     flows = None
     # The seeds: no Plan message, one-shot and stateless. A plan-less spec gets no
     # store, no changelog and no workflow: nothing of an instance outlives its request.
@@ -129,21 +132,7 @@ def assemble_pipeline(
             state_changelog(settings),
             settings.max_output_bytes,
         )
-    stager = Stager(
-        settings,
-        live,
-        llm,
-        limiter=limiter,
-        metrics=metrics,
-        builder=builder,
-        probe=probe,
-        worker=worker,
-        flows=flows,
-        second=second,
-        tier=tier,
-        journal=journal,
-        ready=ready,
-    )
+    stager = Stager(settings, live, access, hosting, builder=builder, flows=flows)
     answers = Answers(flows) if flows is not None else None
     return Pipeline(live, builder, flows, answers, stager)
 
@@ -227,16 +216,9 @@ def assemble(
     parts = assemble_pipeline(
         settings,
         merged,
-        llm,
-        limiter=limiter,
-        metrics=metrics,
-        worker=worker,
+        ModelAccess(llm, limiter, second=second, tier=submissions or ONLINE, journal=journal),
+        Hosting(worker, metrics, probe=probe, ready=routes.ready),
         stores=lambda: Stores(Recall(bootstrap, state_changelog(settings))),
-        probe=probe,
-        second=second,
-        tier=submissions or ONLINE,
-        journal=journal,
-        ready=routes.ready,
     )
     restores = Restores(parts.flows, bootstrap) if parts.flows is not None else None
     stager = parts.stager
@@ -251,19 +233,15 @@ def assemble(
     )
     lanes = Lanes(replies.take)
     group = settings.topic_prefix + settings.app_id
-    membership = Membership(
+    address = GroupAddress(
         bootstrap,
         group,
         [topics.input, topics.results, topics.approvals],
-        _producers(settings, bootstrap, group, stager, probe),
-        session_timeout_s=settings.session_timeout_s,
         client_id=f"{group}-{socket.gethostname()}-{os.getpid()}-{worker}",
         group_instance_id=settings.group_instance_id,
-        on_rebalance=metrics.rebalances.inc,
-        # The spend ceiling is the group's: each member keeps its partitions' share.
-        on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
-        on_failed=lambda p, _exc: metrics.partitions.failed(p),
-        progress=restores.progress if restores else lambda _p: 0,
+    )
+    bounds = MemberBounds(
+        settings.session_timeout_s,
         # A revocation waits for the batches in flight (runtime/units/rebalance.py): up
         # to the drain's budget, what a stop gives them, and never past half the session
         # timeout. The group waits for a member to rejoin up to its rebalance timeout
@@ -272,12 +250,20 @@ def assemble(
         # room for that and the commit. Not a longer rebalance timeout: the broker waits
         # that long for a member that asked to join and died, so every member killed in
         # its join would hold the whole group longer.
-        landed=stager.landed,
         landing_s=min(settings.drain_s, settings.session_timeout_s / 2),
+    )
+    hooks = MemberHooks(
         on_open=routes.opened if parts.flows or submissions or journal else None,
         on_close=routes.closed,
-        probe=probe,
+        on_rebalance=metrics.rebalances.inc,
+        # The spend ceiling is the group's: each member keeps its partitions' share.
+        on_assigned=lambda n: stager.dispatch.spend.owns(n, settings.partitions),
+        on_failed=lambda p, _exc: metrics.partitions.failed(p),
+        restore_progress=restores.progress if restores else lambda _p: 0,
+        landed=stager.landed,
     )
+    producers = _producers(settings, bootstrap, group, stager, probe)
+    membership = Membership(address, producers, bounds, hooks, probe=probe)
     follower = OverrideFollower(bootstrap, topics.context, spec, messages, ends, routes.reconfigure)
     # Ready: in a stable generation of the group and serving every partition it was
     # given (what a rollout and a disruption budget need to know): a unit restoring or

@@ -4,6 +4,11 @@ walk, module by module, is docs/architecture.md's "The walk of one item".
 
 Batches still span every partition this process owns (fewer, fuller LLM requests); what
 binds an item to exactly-once delivery is its slot on its partition's unit.
+
+What the stager is given from outside the pipeline comes as two frozen values, built once
+by the composition root (runtime/assembly.py) and handed through `assemble_pipeline`
+whole: how the pipeline reaches the model (`ModelAccess`) and what the process hosting
+it lends it (`Hosting`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from aiokafka import ConsumerRecord
 
@@ -22,7 +28,7 @@ from instanced_stream.core.live_spec import LiveSpec
 from instanced_stream.core.messages import SourcePosition
 from instanced_stream.core.model import Model
 from instanced_stream.core.tokenizer import Tokenizer
-from instanced_stream.faultpoints import Probe
+from instanced_stream.faultpoints import NO_PROBE, Probe
 from instanced_stream.kafka.schemas import output_frames
 from instanced_stream.llm.limiter import Limiter
 from instanced_stream.observe.metrics import Metrics
@@ -43,33 +49,56 @@ from instanced_stream.runtime.pipeline.workflows import Flows
 from instanced_stream.runtime.units.unit import Slot, Unit, UnitGone
 from instanced_stream.settings import Settings
 
-__all__ = ["Stager"]
+__all__ = ["Hosting", "ModelAccess", "Stager"]
 
 log = logging.getLogger("stream.processor")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAccess:
+    """How the pipeline gets a window answered: the model it asks (`llm`), the limiter of
+    its requests in flight, model.escalate's client (`second`), the tier items reach the
+    model by (`ONLINE`, or the Batch API's `Submissions`), and the answer journal a redo
+    takes its answers from instead of asking again (None: STREAM_ANSWER_JOURNAL off)."""
+
+    llm: Model
+    limiter: Limiter
+    second: Model | None = None
+    tier: Tier = ONLINE
+    journal: AnswerJournal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hosting:
+    """What the process that runs the pipeline lends it: its name (`worker`, in its
+    batches' ids and its workflows' records), its metrics, its fault probe (`NO_PROBE` in
+    production) and where the next turns a batch's turns made ready go (`ready`: the
+    service's `Routes.ready`; None: nobody takes them, a rig that looks itself)."""
+
+    worker: str
+    metrics: Metrics
+    probe: Probe = NO_PROBE
+    ready: Callable[[Unit, list[Instance]], None] | None = None
 
 
 class Stager:
     """Wiring: builds admission, the windower, dispatch and staging on the live spec and
     connects them. Each reads the spec from its one holder (`LiveSpec`, core/live_spec.py)
-    when it needs it: a change installed there is heard by all, and written into none."""
+    when it needs it: a change installed there is heard by all, and written into none.
+    `builder` and `flows` (None: a stateless spec) are the pipeline's own, built on the
+    same live spec (`assemble_pipeline`)."""
 
     def __init__(
         self,
         settings: Settings,
         live: LiveSpec,
-        llm: Model,
+        access: ModelAccess,
+        hosting: Hosting,
         *,
-        limiter: Limiter,
-        metrics: Metrics,
         builder: RecordBuilder,
-        probe: Probe,
-        worker: str,
         flows: Flows | None = None,
-        second: Model | None = None,  # model.escalate's client
-        tier: Tier = ONLINE,
-        journal: AnswerJournal | None = None,
-        ready: Callable[[Unit, list[Instance]], None] | None = None,
     ) -> None:
+        tier, metrics, limiter = access.tier, hosting.metrics, access.limiter
         self.tier = tier
         self.flows = flows
         self.metrics = metrics
@@ -84,20 +113,25 @@ class Stager:
         # The one author of the window's size: spec, limiter, output budget, quality.
         self.size = WindowSize(live, self.tokenizer, limiter)
         self.staging = Staging(
-            settings, metrics=metrics, builder=builder, tier=tier, flows=flows, ready=ready
+            settings,
+            metrics=metrics,
+            builder=builder,
+            tier=tier,
+            flows=flows,
+            ready=hosting.ready,
         )
         shared = Shared(
             settings, live, metrics, builder, flows, self.size, self.tokenizer, self.queued_turns
         )
         self.dispatch = Dispatch(
             shared,
-            llm,
+            access.llm,
             limiter=limiter,
-            probe=probe,
-            worker=worker,
+            probe=hosting.probe,
+            worker=hosting.worker,
             staging=self.staging,
-            second=second,
-            journal=journal,
+            second=access.second,
+            journal=access.journal,
         )
         self.admission = Admission(shared)
         self.windower: Windower[Staged] = Windower(

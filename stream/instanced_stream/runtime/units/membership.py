@@ -7,12 +7,16 @@ takes the group's callbacks; the units' manager (`UnitManager`, runtime/units/un
 drives each partition's lifecycle and owns the units (a revoked unit is suspended, not
 dropped; a failed one moves its partition at once); the fetcher (`Fetcher`,
 runtime/units/fetcher.py) reads the running units' records. This module builds the
-three around the one consumer, starts and stops them.
+three around the one consumer, starts and stops them. What it is given comes as frozen
+values, each handed on whole by the composition root (runtime/assembly.py) instead of a
+keyword list: where it joins (`GroupAddress`), its timeouts and caps (`MemberBounds`) and
+what it tells the service and asks of it (`MemberHooks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -26,7 +30,51 @@ from instanced_stream.runtime.units.rebalance import Landed, Rebalance
 from instanced_stream.runtime.units.unit import Unit
 from instanced_stream.runtime.units.unit_manager import OnOpen, UnitManager
 
-__all__ = ["Membership"]
+__all__ = ["GroupAddress", "MemberBounds", "MemberHooks", "Membership"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAddress:
+    """Where the member joins: the broker, the group, the topics it subscribes to (the
+    input topic first, then the co-partitioned ones: results, approvals), and the names it
+    joins under (`client_id`; `group_instance_id` for static membership, see
+    `_identity`)."""
+
+    bootstrap: str
+    group_id: str
+    topics: list[str]
+    client_id: str | None = None
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberBounds:
+    """How long and how much: the group's session timeout (its heartbeats follow it), the
+    records a unit may have tracked and not committed before its input is held
+    (`max_uncommitted`), and how long a revocation may wait for the batches in flight
+    (`landing_s`; 0 unless `MemberHooks.landed` is given)."""
+
+    session_timeout_s: float
+    max_uncommitted: int = MAX_UNCOMMITTED
+    landing_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHooks:
+    """What the member tells the service and asks of it. Told: a unit opened (`on_open`,
+    awaited in its open task; None: nothing to restore) or closed (`on_close`), a
+    rebalance began (`on_rebalance`), how many partitions an assignment gave it
+    (`on_assigned`), a partition failed (`on_failed`). Asked: a partition's records
+    restored so far (`restore_progress`), and to let the batches in flight on revoked
+    units come back (`landed`; None: a revocation does not wait)."""
+
+    on_open: OnOpen | None = None
+    on_close: Callable[[Unit], None] | None = None
+    on_rebalance: Callable[[], None] = lambda: None
+    on_assigned: Callable[[int], None] = lambda _n: None
+    on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None
+    restore_progress: Callable[[int], int] = lambda _p: 0
+    landed: Landed | None = None
 
 
 def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
@@ -43,62 +91,52 @@ def _identity(client_id: str | None, instance_id: str | None) -> dict[str, Any]:
 
 
 class Membership:
-    """`topics`: the input topic first, then the co-partitioned ones (results,
-    approvals). `producers`: the units' (`Producers`). `units`: the open units, taking
+    """`address`: where it joins (`GroupAddress`). `producers`: the units' (`Producers`).
+    `bounds`: its timeouts and caps (`MemberBounds`). `hooks`: what it tells the service
+    and asks of it (`MemberHooks`; none by default). `units`: the open units, taking
     work; `opening`: the assigned partitions whose unit is being opened or waits to be
     opened again; both views of `lifecycle`."""
 
     def __init__(
         self,
-        bootstrap: str,
-        group_id: str,
-        topics: list[str],
+        address: GroupAddress,
         producers: Producers,
+        bounds: MemberBounds,
+        hooks: MemberHooks | None = None,
         *,
-        session_timeout_s: float,
-        on_open: OnOpen | None = None,
-        on_close: Callable[[Unit], None] | None = None,
-        client_id: str | None = None,
-        group_instance_id: str | None = None,
-        on_rebalance: Callable[[], None] = lambda: None,
-        on_assigned: Callable[[int], None] = lambda _n: None,
-        on_failed: Callable[[int, BaseException], None] = lambda _p, _e: None,
-        progress: Callable[[int], int] = lambda _p: 0,
-        max_uncommitted: int = MAX_UNCOMMITTED,
-        landed: Landed | None = None,
-        landing_s: float = 0.0,
         probe: Probe = NO_PROBE,
     ) -> None:
-        self.bootstrap, self.group_id = bootstrap, group_id
-        self.topics, self.input = topics, topics[0]
-        self.session_timeout_s = session_timeout_s
+        hooks = hooks if hooks is not None else MemberHooks()
+        self.bootstrap, self.group_id = address.bootstrap, address.group_id
+        self.topics, self.input = address.topics, address.topics[0]
+        self.session_timeout_s = bounds.session_timeout_s
         # A revocation may wait this long for the batches in flight (`Rebalance._land`);
         # the caller keeps it within the group's rebalance timeout (the session's).
-        self.landing_s = landing_s if landed is not None else 0.0
-        self.identity = _identity(client_id, group_instance_id)
+        self.landing_s = bounds.landing_s if hooks.landed is not None else 0.0
+        self.identity = _identity(address.client_id, address.group_instance_id)
         self.producers = producers
         next_offsets: dict[TopicPartition, int] = {}  # the fetcher's; seeking writes it
         self.manager = UnitManager(
-            topics,
+            self.topics,
             producers,
             next_offsets,
-            on_open=on_open,
-            on_close=on_close,
-            on_failed=on_failed,
-            progress=progress,
+            on_open=hooks.on_open,
+            on_close=hooks.on_close,
+            on_failed=hooks.on_failed,
+            progress=hooks.restore_progress,
         )
         self.lifecycle = self.manager.lifecycle
         self.units, self.opening = self.manager.units, self.manager.opening
         self.fetcher = Fetcher(
-            self.input, self.units, self.opening, max_uncommitted=max_uncommitted
+            self.input, self.units, self.opening, max_uncommitted=bounds.max_uncommitted
         )
         self.fetcher.next = next_offsets
         self.rebalance = Rebalance(
             self.input,
             self.manager,
-            on_rebalance=on_rebalance,
-            on_assigned=on_assigned,
-            landed=landed,
+            on_rebalance=hooks.on_rebalance,
+            on_assigned=hooks.on_assigned,
+            landed=hooks.landed,
             landing_s=self.landing_s,
             probe=probe,
         )

@@ -19,13 +19,20 @@ from instanced_stream.runtime.units.lifecycle import (
     Opening,
     UnitState,
 )
-from instanced_stream.runtime.units.membership import Membership
+from instanced_stream.runtime.units.membership import (
+    GroupAddress,
+    MemberBounds,
+    MemberHooks,
+    Membership,
+)
 from instanced_stream.runtime.units.producers import Producers
 from instanced_stream.runtime.units.unit import Unit, UnitGone
 
 from tests.fakes import FakeConsumer, FakeProducer
 
 TOPICS = ["items", "stream.results", "stream.approvals"]
+ADDRESS = GroupAddress("broker:9092", "g", TOPICS)
+BOUNDS = MemberBounds(session_timeout_s=6)
 
 
 def _tps(*partitions: int) -> set[TopicPartition]:
@@ -66,7 +73,7 @@ def _membership(
     made = Producers(
         "broker:9092", "g", transactional=True, transactional_prefix="g.items", make=producers
     )
-    membership = Membership("broker:9092", "g", TOPICS, made, session_timeout_s=6, on_open=on_open)
+    membership = Membership(ADDRESS, made, BOUNDS, MemberHooks(on_open=on_open))
     consumer = FakeConsumer(_tps(*partitions), {TopicPartition("items", 2): 40})
     membership.consumer = consumer
     return membership, consumer
@@ -368,7 +375,7 @@ async def test_a_broken_shared_producer_is_renewed_before_its_unit_reopens() -> 
     shared = Producers(
         "broker:9092", "g", transactional=False, transactional_prefix="", make=producers
     )
-    membership = Membership("broker:9092", "g", TOPICS, shared, session_timeout_s=6)
+    membership = Membership(ADDRESS, shared, BOUNDS)
     membership.consumer = FakeConsumer(_tps(0), {})
     await shared.start()
     await membership.on_partitions_assigned(_tps(0))
