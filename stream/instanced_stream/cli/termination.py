@@ -6,19 +6,16 @@ context managers and `finally` blocks that stop them. Ctrl-C (SIGINT) runs those
 KeyboardInterrupt; SIGTERM (`timeout`, `kill`, a container runtime, a CI job's end)
 ended the interpreter at once by default, and the children, in sessions of their own,
 were left running under init. Here SIGTERM raises `Terminated`, a KeyboardInterrupt, so
-the same unwinding runs, at the first moment no import is under way (an exception raised
-inside one can crash a native extension's initialisation). Commands with a graceful
-stop of their own (`stream process`, `stream activities`, `stream broker`,
-`stream llm-local`) install their handlers while they run and take precedence.
+the same unwinding runs. Commands with a graceful stop of their own (`stream process`,
+`stream activities`, `stream broker`, `stream llm-local`) install their handlers while
+they run and take precedence.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
-import threading
 from types import FrameType
 
 __all__ = [
@@ -37,32 +34,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: unwinding, children first."""
 
 
-# How soon a SIGTERM that came during an import is delivered again.
-_REDELIVER_S = 0.02
-
-
-def _importing(frame: FrameType | None) -> bool:
-    """Whether the main thread is inside an import (its frames run under importlib)."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _redeliver() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _raise(signum: int, frame: FrameType | None) -> None:
-    if _importing(frame):
-        # Not now: raised inside an import, the exception can land in Python code that a
-        # native extension runs while it initialises (orjson's module init imports other
-        # modules), and an extension that does not check that import's result crashes
-        # (SIGSEGV, exit -11, seen with a SIGTERM 0.1 s into `stream process`). The
-        # signal comes again shortly, from a timer thread, until no import is under way.
-        threading.Timer(_REDELIVER_S, _redeliver).start()
-        return
     # Once: a second SIGTERM during the clean-up must not cut it short (the children's
     # own stops are bounded; SIGKILL still ends everything).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

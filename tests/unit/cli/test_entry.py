@@ -3,18 +3,15 @@ while they load is a clean stop with a line, not Python's silent 143."""
 
 from __future__ import annotations
 
-import importlib
 import signal
 import subprocess
 import sys
-import time
 import types
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from instanced_stream.cli import entry
-from instanced_stream.cli.termination import BEFORE_START, Terminated, unwind_on_sigterm
+from instanced_stream.cli.termination import BEFORE_START, Terminated
 
 
 @pytest.fixture
@@ -61,35 +58,3 @@ def test_the_commands_answer_through_it(monkeypatch: pytest.MonkeyPatch, own_sig
     loaded.main = lambda argv=None: 7 if argv == ["x"] else 1  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "instanced_stream.cli.main", loaded)
     assert entry.main(["x"]) == 7
-
-
-def test_a_sigterm_during_an_import_unwinds_once_the_import_is_done(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_sigterm: None
-) -> None:
-    """Raised inside an import, `Terminated` can land in code a native extension runs
-    while it initialises, and one that does not check for it crashes: a SIGTERM 0.1 s
-    into `stream process` ended it with SIGSEGV inside orjson's import. The signal is
-    held until the import is done, then unwinds as before."""
-    (tmp_path / "slow_to_import.py").write_text(
-        "import os, signal, time\n"
-        "os.kill(os.getpid(), signal.SIGTERM)\n"
-        "end = time.monotonic() + 0.3\n"
-        "while time.monotonic() < end:\n"
-        "    pass\n"
-        "finished = True\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
-    unwind_on_sigterm()
-    imported: list[types.ModuleType] = []
-
-    def import_then_wait() -> None:
-        imported.append(importlib.import_module("slow_to_import"))
-        time.sleep(10)  # the signal held during the import ends this
-
-    began = time.monotonic()
-    with pytest.raises(Terminated):
-        import_then_wait()
-    assert imported and imported[0].finished, "it was raised inside the import"
-    assert time.monotonic() - began < 5
-    sys.modules.pop("slow_to_import", None)
