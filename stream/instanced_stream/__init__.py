@@ -2,19 +2,17 @@
 
 Floors, each importing only from those below it (tests/unit/test_layout.py checks it):
 
-- base modules: `errors`, `retry`, `settings`, `faultpoints` (the pipeline's named moments).
+- base modules: `errors`, `retry`, `settings`, `faultpoints` (the pipeline's named moments),
+  `termination` (SIGTERM, recorded while a command starts).
 - `core`: the protocols (spec, messages, prompt, validation, solving, advice, workflow,
   state). Pure: no Kafka, no HTTP.
 - `observe` (metrics, traces, the probes' and live page's server, logs) and `kafka`
   (clients, security, topics, the producer, trace headers).
 - `llm` (the model endpoint through the openai client, its limiter, a local server) and
   `activities` (the SDK for workers that run activity calls).
-- `testing`: the LLM simulator (`testing.sim`), the local broker launcher, samples,
-  fault injection.
 - `runtime`: the processor: the pipeline, quality control, the units (the exactly-once
   kernel) and their state, the Batch API tier, and the service that assembles them.
 - `ops`: the operator's commands: audit, redrive, approvals, console, tail, check, schemas.
-- `harness`: the benchmark and demo harness: demo, bench, churn, storm, soak, load, eval.
 - `cli`: the `stream` command.
 """
 

@@ -29,7 +29,7 @@ MAX_CLASS_LINES = 250
 # two packages of one floor (observe and kafka; llm and activities) do not import each
 # other. Inside `runtime` the sub-packages are floors of their own, in this order.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("",),  # the base modules: errors, retry, settings, faultpoints
+    ("",),  # the base modules: errors, retry, settings, faultpoints, termination
     ("core",),
     ("observe", "kafka"),
     ("llm", "activities"),

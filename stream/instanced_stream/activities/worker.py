@@ -38,6 +38,7 @@ from aiokafka.errors import (
 )
 from pydantic import ValidationError
 
+from instanced_stream import termination
 from instanced_stream.core.messages import ActivityRecord, Call, DeadLetter, ResultRecord
 from instanced_stream.core.spec import AgentSpec, Tool
 from instanced_stream.core.wire import json_bytes
@@ -371,6 +372,8 @@ def serve_forever(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if termination.asked():  # recorded while the worker started (`termination`)
+            stop.set()
         log.info(
             "activities worker: tools %s, concurrency %d, port %d",
             sorted(registry.handlers),

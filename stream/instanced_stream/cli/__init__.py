@@ -1,7 +1,7 @@
 """The `stream` command, the top floor: the parser (`parser`), what every command shares
 (`runner`), the product's commands (`main`, `commands`), the activity worker's command
-(`activities`, the whole CLI of the worker distribution) and SIGTERM handling
-(`termination`)."""
+(`activities`, the whole CLI of the worker distribution). SIGTERM handling is the base
+module `termination`: the service and the worker act on what it records."""
 
 __all__ = [
     "activities",
@@ -9,5 +9,4 @@ __all__ = [
     "main",
     "parser",
     "runner",
-    "termination",
 ]

@@ -15,8 +15,8 @@ import orjson
 from instanced_stream.cli.activities import activities
 from instanced_stream.cli.parser import build_parser
 from instanced_stream.cli.runner import Command, configured, run
-from instanced_stream.cli.termination import Terminated, stopped_before_start
 from instanced_stream.errors import StreamError
+from instanced_stream.termination import stop_if_asked
 
 if TYPE_CHECKING:
     from instanced_stream.settings import Settings
@@ -25,19 +25,18 @@ __all__ = ["main"]
 
 
 def _process(_: argparse.Namespace, settings: Settings) -> int:
-    try:
-        # imported inside: loading the runtime is a good part of the start
-        from instanced_stream.ops.check import preflight
-        from instanced_stream.runtime.service import run_processor
+    # imported inside: loading the runtime is a good part of the start
+    from instanced_stream.ops.check import preflight
+    from instanced_stream.runtime.service import run_processor
 
-        spec, bootstrap = configured(settings)
-        preflight(settings, spec)  # what `stream check` refuses, refused here the same way
-        return run_processor(settings, spec, bootstrap)
-    except Terminated:
-        # Before the service installs its own handlers (probe, topics, context): a pod
-        # deleted while it starts. Nothing was consumed or committed, so it is a clean
-        # stop, not the silent 143 it was.
-        return stopped_before_start()
+    # Still in the deferred mode of the start (`termination`): a SIGTERM from here until
+    # the service's own handlers take over (probe, topics, context) is a clean stop at
+    # the next safe point; nothing was consumed or committed.
+    stop_if_asked()
+    spec, bootstrap = configured(settings)
+    preflight(settings, spec)  # what `stream check` refuses, refused here the same way
+    stop_if_asked()
+    return run_processor(settings, spec, bootstrap)
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:

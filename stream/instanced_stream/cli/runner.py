@@ -15,13 +15,15 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
 from instanced_stream.cli.parser import SETTING_FLAGS
-from instanced_stream.cli.termination import (
+from instanced_stream.errors import KafkaUnreachable, StreamError
+from instanced_stream.termination import (
     TERMINATED_EXIT,
     Terminated,
+    defer_sigterm,
+    stop_if_asked,
     stopped_before_start,
     unwind_on_sigterm,
 )
-from instanced_stream.errors import KafkaUnreachable, StreamError
 
 if TYPE_CHECKING:
     from instanced_stream.core.spec import AgentSpec
@@ -45,6 +47,10 @@ _QUIET = (
     "check",
     "redrive",
 )
+# Their start stays in the deferred mode of SIGTERM (`termination`) until their own loop
+# handlers take over, which act on a SIGTERM recorded before: no exception is ever raised
+# from the handler into the imports and validation of a deployment's start.
+_STOP_THEMSELVES = ("process", "activities")
 
 
 def configured(settings: Settings) -> tuple[AgentSpec, str]:
@@ -100,15 +106,17 @@ def _logging(args: argparse.Namespace, settings: Settings) -> None:
 def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:
     """Runs the parsed command; a user's mistake ends in one line and its exit code."""
     settings = None
-    dispatched = False
-    unwind_on_sigterm()
+    defer_sigterm()  # kept if the entry point set it; the worker distribution's starts here
     try:
         settings = _settings(args)
         _logging(args, settings)
         from instanced_stream.settings import warn_unknown_variables
 
         warn_unknown_variables(os.environ)
-        dispatched = True
+        if args.command in _STOP_THEMSELVES:
+            stop_if_asked()
+        else:
+            unwind_on_sigterm()  # raises now if a SIGTERM came while the settings were read
         return int(commands[args.command](args, settings))
     except KafkaUnreachable as exc:
         print(f"stream: error: {exc.message}", file=sys.stderr)
@@ -125,8 +133,9 @@ def run(args: argparse.Namespace, commands: Mapping[str, Command]) -> int:
 
         print(f"stream: error: {setting_problem(exc)}", file=sys.stderr)
         return 2
-    except Terminated:
-        # before the command began (settings, logging): nothing of it to undo
-        return TERMINATED_EXIT if dispatched else stopped_before_start()
+    except Terminated as stop:
+        # Raised at a safe point of a start: nothing of it to undo. Raised while a command
+        # ran: its children are stopped by now, and the exit is the shell's for SIGTERM.
+        return stopped_before_start() if stop.before_start else TERMINATED_EXIT
     except KeyboardInterrupt:
         return 130

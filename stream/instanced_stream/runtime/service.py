@@ -23,6 +23,7 @@ import mode
 import orjson
 from mode.utils.logging import cry
 
+from instanced_stream import termination
 from instanced_stream.core.instance import Instance
 from instanced_stream.core.overrides import Messages
 from instanced_stream.core.spec import AgentSpec
@@ -280,11 +281,15 @@ async def every(
 @contextlib.contextmanager
 def _signals(handlers: dict[signal.Signals, Callable[[], None]]) -> Iterator[None]:
     """`handlers` on the running loop for as long as the block runs; then the handlers
-    that were there before, back (asyncio leaves the default: the CLI's would be lost)."""
+    that were there before, back (asyncio leaves the default: the CLI's would be lost).
+    A SIGTERM that the CLI's deferred handler recorded before (`termination`) is acted on
+    at once."""
     loop = asyncio.get_running_loop()
     before = {sig: signal.getsignal(sig) for sig in handlers}
     for sig, handler in handlers.items():
         loop.add_signal_handler(sig, handler)
+    if signal.SIGTERM in handlers and termination.asked():
+        loop.call_soon(handlers[signal.SIGTERM])
     try:
         yield
     finally:

@@ -11,6 +11,7 @@ import signal
 
 import mode
 import pytest
+from instanced_stream import termination
 from instanced_stream.runtime.service import every, run_until_signalled
 
 
@@ -116,3 +117,14 @@ async def test_a_failed_start_closes_what_it_opened_and_raises_its_error() -> No
     assert service.stops == 1
     assert not service.opened
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+async def test_a_sigterm_recorded_while_it_started_stops_it_as_soon_as_its_handlers_are_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI's start defers a SIGTERM (`termination`): the one that came before the
+    service's own handlers were installed is acted on by them, not lost."""
+    monkeypatch.setattr(termination._Request, "asked", True)
+    service = _Probe(crash=False)
+    assert await asyncio.wait_for(run_until_signalled(service), 10) == 0
+    assert service.stops == 1

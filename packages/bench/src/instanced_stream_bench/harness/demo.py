@@ -419,7 +419,7 @@ async def until_signalled(work: Coroutine[Any, Any, _T]) -> _T:
     """`work`, until SIGINT or SIGTERM: then it is cancelled, and cancelled again each
     second while it runs on (a cancellation swallowed by a client library below once kept
     the demo waiting out its 600 s timeout after Ctrl-C), and the signal is raised as the
-    CLI's SIGTERM handler would (cli/termination.py) or as KeyboardInterrupt, so every
+    CLI's SIGTERM handler would (termination.py) or as KeyboardInterrupt, so every
     `finally` and context manager above stops what it started."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
